@@ -1,0 +1,3 @@
+from amk.cli import main
+
+raise SystemExit(main())

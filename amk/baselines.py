@@ -1,0 +1,144 @@
+"""Baselines that `amk bench` measures in the same run, on the same device, as the megakernel.
+
+(a) ``hf_eager``: HF forward, one token per call, with its dynamic KV cache, plus argmax.
+(b) ``hf_compiled_graph``: one decode step (HF forward with a ``StaticCache`` and
+    ``cache_position``, argmax, and the bump of the position and token) compiled by
+    ``torch.compile`` (inductor) and captured in one CUDA graph that is replayed per token.
+    This is the strongest simple baseline a user can build without writing kernels.
+
+Both are timed per decode step without Python ``generate`` overhead, and each returns the
+greedy tokens it produced so that its correctness is checked against HF ``generate``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from amk.timing import Timing, time_per_call
+
+
+@dataclass
+class BaselineResult:
+    """One baseline's outcome: tokens generated after the prompt, per-step timing, verdict."""
+
+    name: str
+    tokens: list[int]
+    timing: Timing | None
+    correct: bool | None = None
+    note: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "latency_ms_median": self.timing.median_ms if self.timing else None,
+            "timing": self.timing.to_json() if self.timing else None,
+            "correct": self.correct,
+            "note": self.note,
+            **self.extra,
+        }
+
+
+def reference_tokens(model, prompt_ids: torch.Tensor, n_tokens: int) -> list[int]:
+    """Greedy continuation by HF ``generate`` (the correctness reference).
+
+    ``prompt_ids``: int64 [1, P] on the model's device. Returns ``n_tokens`` token ids.
+    """
+    with torch.no_grad():
+        out = model.generate(prompt_ids, max_new_tokens=n_tokens, min_new_tokens=n_tokens,
+                             do_sample=False, pad_token_id=0)
+    return out[0, prompt_ids.shape[1]:].tolist()
+
+
+def hf_eager(model, prompt_ids: torch.Tensor, n_tokens: int, warmup: int = 3) -> BaselineResult:
+    """Baseline (a): eager HF forward per token with a DynamicCache.
+
+    The prompt is prefilled in one forward (not timed); the first ``warmup`` decode steps
+    are not timed, the remaining ``n_tokens - 1 - warmup`` are timed one by one.
+    """
+    from transformers import DynamicCache
+
+    if n_tokens < warmup + 2:
+        raise ValueError(f"n_tokens={n_tokens} must be at least warmup + 2 = {warmup + 2}")
+    dev = prompt_ids.device
+    with torch.no_grad():
+        cache = DynamicCache(config=model.config)
+        out = model(input_ids=prompt_ids, past_key_values=cache, use_cache=True)
+        toks = [out.logits[:, -1:].argmax(-1)]
+
+        def step():
+            o = model(input_ids=toks[-1], past_key_values=cache, use_cache=True)
+            toks.append(o.logits[:, -1:].argmax(-1))
+
+        timing = time_per_call(step, iters=n_tokens - 1 - warmup, warmup=warmup, device=dev)
+    return BaselineResult("hf_eager", [int(t) for t in toks][:n_tokens], timing)
+
+
+def hf_compiled_graph(model, prompt_ids: torch.Tensor, n_tokens: int,
+                      max_cache_len: int | None = None) -> BaselineResult:
+    """Baseline (b): a decode step over a StaticCache, compiled, in one CUDA graph.
+
+    The prompt is fed token by token through the same graph (position = step index).
+    Requires CUDA. Returns the ``n_tokens`` greedy tokens after the prompt and the per-replay
+    timing of the decode steps (each replay is one whole decode step).
+    """
+    from transformers import StaticCache
+
+    dev = prompt_ids.device
+    if dev.type != "cuda":
+        raise RuntimeError("the compiled CUDA-graph baseline needs a CUDA device")
+    p = prompt_ids.shape[1]
+    max_len = max_cache_len or (p + n_tokens + 8)
+    cache = StaticCache(config=model.config, max_cache_len=max_len)
+    tok = prompt_ids[:, :1].clone()
+    pos = torch.zeros(1, dtype=torch.long, device=dev)
+    nxt = torch.zeros(1, 1, dtype=torch.long, device=dev)
+    hist = torch.zeros(max_len + 1, dtype=torch.long, device=dev)  # hist[i]: token for i+1
+
+    def decode_step(tok_in, pos_in):
+        logits = model(input_ids=tok_in, cache_position=pos_in, past_key_values=cache,
+                       use_cache=True).logits
+        return logits[:, -1:].argmax(-1)
+
+    compiled = torch.compile(decode_step)
+
+    def body():
+        nxt.copy_(compiled(tok, pos))
+        hist.index_copy_(0, pos, nxt.view(1))
+        pos.add_(1)
+        tok.copy_(nxt)
+
+    with torch.no_grad():
+        # Warm up (compile) on a side stream, then reset the cache and capture.
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                body()
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            body()
+        cache.reset()
+        pos.zero_()
+        # Prompt: replay with the prompt's tokens forced in (position = replay index).
+        for i in range(p):
+            tok.copy_(prompt_ids[:, i:i + 1])
+            graph.replay()
+        # Decode: each replay consumes the previous output token (copied inside the graph).
+        timing = time_per_call(graph.replay, iters=n_tokens - 1, warmup=0, device=dev)
+        tokens = hist[p - 1:p - 1 + n_tokens].tolist()
+    return BaselineResult("hf_compiled_graph", tokens[:n_tokens], timing)
+
+
+def judge(result: BaselineResult, reference: list[int]) -> BaselineResult:
+    """Set ``result.correct``: its greedy tokens equal the reference's."""
+    n = min(len(result.tokens), len(reference))
+    result.correct = n > 0 and result.tokens[:n] == reference[:n]
+    if not result.correct:
+        first = next((i for i in range(n) if result.tokens[i] != reference[i]), n)
+        result.note = f"diverges from HF generate at token {first}"
+    return result

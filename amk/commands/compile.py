@@ -1,0 +1,196 @@
+"""``amk compile MODEL``: import, lower, validate, check against HF, write the schedule.
+
+Stages (each shown with rich progress): resolve the MODEL argument, import the decode-step
+graph, lower it for ``--tp`` ranks x ``--workers`` workers, validate it, write
+``DIR/schedule.amk`` (text IR), ``DIR/schedule.json`` and ``DIR/report.json``, then run the
+schedule on the backend and compare its logits with HF eager at positions 0, 7 and 31.
+
+report.json: model, source, family, ranks, workers, config (the lowering knobs), counts
+(tasks, buffers, counters, tasks per rank), validation (ok, seconds, errors), correctness
+(per position: max abs error, relative error, argmax agreement), cost (PREDICTED latency from
+the roofline cost model), timings per stage, and ok.
+
+Exit codes: 0 success; 1 the schedule was rejected by the validator or failed the
+correctness check (the reason is printed and recorded in report.json); 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from amk.errors import AmkError
+
+
+def add_common_args(p: argparse.ArgumentParser) -> None:
+    """Arguments shared by compile and generate."""
+    p.add_argument("model", metavar="MODEL",
+                   help="HF directory | file.gguf | smollm2-135m | config:NAME")
+    p.add_argument("--tp", type=int, default=1, metavar="R",
+                   help="tensor-parallel ranks (GPUs); default 1")
+    p.add_argument("--workers", type=int, default=None, metavar="W",
+                   help="persistent workers per rank (overrides the config file)")
+    p.add_argument("--config", metavar="FILE", default=None,
+                   help="JSON file of lowering knobs (tile, workers, policy, allreduce, "
+                        "max_seq, dtype); see docs/lowering.md")
+    p.add_argument("--backend", choices=("sim", "triton"), default="sim",
+                   help="executor: sim (CPU reference, default) or triton (GPU)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="interleaving seed of the sim backend (default 0)")
+    p.add_argument("--policy", choices=("random", "in_order", "adversarial"), default="random",
+                   help="interleaving policy of the sim backend (default random)")
+
+
+def config_from_args(args: argparse.Namespace):
+    """The LoweringConfig from --config FILE and --workers (AmkError on bad input)."""
+    from lowering.config import LoweringConfig
+
+    cfg = LoweringConfig.from_file(args.config) if args.config else LoweringConfig()
+    if args.workers is not None:
+        cfg = cfg.replace(workers=args.workers)
+    if args.tp < 1:
+        raise AmkError(f"--tp must be >= 1, got {args.tp}")
+    return cfg
+
+
+def config_sets(args: argparse.Namespace, field: str) -> bool:
+    """Whether the --config file sets ``field`` explicitly."""
+    if not args.config:
+        return False
+    try:
+        return field in json.loads(Path(args.config).read_text())
+    except (OSError, ValueError):
+        return False
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "compile", help="lower a model to a validated schedule and check it against HF",
+        description="Import MODEL, lower it to a tensor-parallel schedule, validate it, write "
+                    "DIR/schedule.amk, DIR/schedule.json and DIR/report.json, and check its "
+                    "logits against HF eager at positions 0, 7 and 31 on the backend.")
+    add_common_args(p)
+    p.add_argument("--out", metavar="DIR", default=None,
+                   help="output directory (default build/<model>-tp<R>)")
+    p.add_argument("--json", action="store_true", help="print report.json to stdout at the end")
+    p.set_defaults(func=run)
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "model"
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError as e:
+        raise AmkError(f"{path}: cannot write: {e.strerror or e}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from amk import pipeline
+    from ir.jsonio import dumps
+    from ir.text import format_program
+    from lowering.costmodel import estimate
+
+    cfg = config_from_args(args)
+    console = Console(stderr=True, highlight=False)
+    report: dict[str, Any] = {"model": args.model, "ranks": args.tp, "backend": args.backend}
+    timings: dict[str, float] = {}
+    out_dir = None
+
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                  console=console, transient=False) as progress:
+        def stage(desc: str, fn, *a):
+            tid = progress.add_task(desc, total=1)
+            t0 = time.perf_counter()
+            try:
+                res = fn(*a)
+            except BaseException:
+                progress.update(tid, description=f"[red]✗[/] {desc}")
+                raise
+            dt = time.perf_counter() - t0
+            timings[desc] = round(dt, 3)
+            progress.update(tid, completed=1, description=f"[green]✓[/] {desc}")
+            return res
+
+        session = stage(f"resolve + import {args.model}", pipeline.Session.build,
+                        args.model, args.tp, cfg, None, False)
+        g, spec = session.graph, session.graph.spec
+        out_dir = Path(args.out) if args.out else Path("build") / f"{_safe(g.name)}-tp{args.tp}"
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise AmkError(f"{out_dir}: cannot create the output directory: {e.strerror or e}") from None
+        prog = session.program
+        verdict, vs = stage(f"validate {len(prog.tasks)} tasks", pipeline.validate_program, prog)
+        session.verdict, session.validate_s = verdict, vs
+        stage("write schedule.amk / schedule.json", lambda: (
+            _write(out_dir / "schedule.amk", format_program(prog)),
+            _write(out_dir / "schedule.json", dumps(prog))))
+        report.update({
+            "model": g.name, "source": session.resolved.source.describe(),
+            "family": spec.family, "spec": spec.to_json(), "ranks": prog.ranks,
+            "workers": prog.workers, "config": cfg.to_json(), "program": prog.name,
+            "counts": {"tasks": len(prog.tasks), "buffers": len(prog.buffers),
+                       "counters": len(prog.counters),
+                       "tasks_per_rank": [sum(1 for t in prog.tasks if t.rank == r)
+                                          for r in range(prog.ranks)]},
+            "validation": {"ok": verdict.ok, "seconds": round(vs, 4),
+                           "errors": [f.to_json() for f in verdict.errors[:20]],
+                           "error_count": len(verdict.errors)},
+            "cost": {"seq_len_1": estimate(prog, 1).to_json(),
+                     f"seq_len_{cfg.max_seq}": estimate(prog, cfg.max_seq).to_json()},
+        })
+        failure = None
+        if not verdict.ok:
+            failure = f"validation rejected the schedule: {verdict.errors[0].cls}: " \
+                      f"{verdict.errors[0].message}"
+            report["correctness"] = {"ok": False, "skipped": "the schedule was rejected"}
+        else:
+            def correctness():
+                dec = session.decoder(args.backend, seed=args.seed, policy=args.policy)
+                return session.check(dec), dec
+            corr, dec = stage(f"correctness vs HF eager ({args.backend}, positions 0/7/31)",
+                              correctness)
+            report["correctness"] = corr.to_json()
+            report["correctness"]["backend_steps_per_s"] = \
+                round(dec.steps / dec.seconds, 3) if dec.seconds else None
+            if not corr.ok:
+                failure = "correctness check failed: " + "; ".join(corr.failures())
+    report["timings_s"] = {**{k: round(v, 3) for k, v in session.timings.items()}, **timings}
+    report["ok"] = failure is None
+    if failure:
+        report["failure"] = failure
+    _write(out_dir / "report.json", json.dumps(report, indent=1, default=str) + "\n")
+
+    out = Console(highlight=False)
+    t = Table(title=f"amk compile {g.name} --tp {prog.ranks}", show_header=False)
+    t.add_row("schedule", f"{len(prog.tasks)} tasks, {len(prog.buffers)} buffers, "
+              f"{len(prog.counters)} counters, {prog.ranks} ranks x {prog.workers} workers")
+    t.add_row("validation", ("accepted" if verdict.ok else "[red]rejected[/]") + f" in {vs:.2f} s")
+    corr_j = report.get("correctness", {})
+    if "positions" in corr_j:
+        for p in corr_j["positions"]:
+            t.add_row(f"logits pos {p['pos']}",
+                      f"max abs err {p['max_abs_err']:.3g} (rel {p['rel_err']:.2g}), argmax "
+                      f"{'agrees' if p['argmax_agree'] else 'DIFFERS'}")
+    c1 = report["cost"]["seq_len_1"]
+    t.add_row("predicted latency", f"{c1['predicted_latency_us']:.1f} us/token (roofline "
+              f"{c1['roofline_us']:.1f} us; cost model, not measured)")
+    t.add_row("files", f"{out_dir}/schedule.amk, schedule.json, report.json")
+    out.print(t)
+    if args.json:
+        print(json.dumps(report, indent=1, default=str))
+    if failure:
+        console.print(f"[bold red]error:[/] {failure}")
+        return 1
+    return 0

@@ -1,0 +1,235 @@
+"""``amk search MODEL``: search the lowering's knobs for a faster schedule (autoresearch).
+
+    amk search MODEL [--tp R] [--backend sim|triton] [--proposer optuna|llm|replay]
+                     [--trials N | --minutes M] [--out DIR] [--resume DIR] ...
+
+Every trial: propose a config -> lower -> validate -> correctness gate against HF eager ->
+timing (sim: the cost model's PREDICTED latency; triton: interleaved A/B with CUDA events,
+MEASURED) -> KEEP / REVERT / REJECTED / FAIL / TIMEOUT -> one row in DIR/results.tsv and
+DIR/results.jsonl -> checkpoint. A killed search continues with ``--resume DIR``.
+See docs/search.md.
+
+Exit codes: 0 when at least one candidate passed the correctness gate, 1 when none did
+(the search ran and found nothing correct), 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import time
+from typing import Any
+
+from amk.errors import AmkError
+
+
+def _positions(text: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    if not vals:
+        raise argparse.ArgumentTypeError("expected at least one position")
+    return vals
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "search", help="search the lowering's knobs for a faster schedule",
+        description="Autoresearch over the lowering config: propose -> lower -> validate -> "
+                    "correctness gate against HF eager -> timing (sim: predicted by the cost "
+                    "model; triton: measured A/B vs the incumbent) -> keep or revert. Results "
+                    "go to DIR/results.tsv (one verdict per row) and DIR/results.jsonl.")
+    p.add_argument("model", metavar="MODEL", nargs="?",
+                   help="HF directory | file.gguf | smollm2-135m | config:NAME "
+                        "(omit with --resume)")
+    p.add_argument("--tp", type=int, default=None, metavar="R", help="tensor-parallel ranks (1)")
+    p.add_argument("--backend", choices=("sim", "triton"), default=None,
+                   help="sim: CPU executor, latency predicted by the cost model (default); "
+                        "triton: the GPU megakernel, latency measured")
+    p.add_argument("--proposer", choices=("optuna", "llm", "replay"), default=None,
+                   help="optuna: TPE + mutation ranked by the cost model (default, offline); "
+                        "llm: anthropic SDK (needs ANTHROPIC_API_KEY); replay: --replay FILE")
+    p.add_argument("--trials", type=int, default=None, metavar="N",
+                   help="total trials including the start (default 30 unless --minutes)")
+    p.add_argument("--minutes", type=float, default=None, metavar="M",
+                   help="search time budget in minutes (summed over resumed runs)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="search directory (default amk-search/MODEL-tpR-TIMESTAMP)")
+    p.add_argument("--resume", default=None, metavar="DIR",
+                   help="continue the search in DIR (its settings are reused; --trials, "
+                        "--minutes and --timeout may be raised)")
+    p.add_argument("--replay", default=None, metavar="RESULTS",
+                   help="results.jsonl (or search directory) for --proposer replay")
+    p.add_argument("--llm-model", default=None, metavar="ID",
+                   help="model id for --proposer llm (default: $AMK_LLM_MODEL or "
+                        "claude-sonnet-5-5)")
+    p.add_argument("--seed", type=int, default=None, help="seed of proposers, prompts and "
+                                                          "interleavings (0)")
+    p.add_argument("--dtype", choices=("f32", "bf16"), default=None, help="schedule dtype (f32)")
+    p.add_argument("--max-seq", type=int, default=None, help="KV-cache length (256)")
+    p.add_argument("--positions", type=_positions, default=None, metavar="P,P,...",
+                   help="decode positions whose logits are checked against HF eager (0,3,7)")
+    p.add_argument("--seq-len", type=int, default=None,
+                   help="context length the latency refers to (128)")
+    p.add_argument("--timeout", type=float, default=None, metavar="S",
+                   help="per-candidate evaluation timeout in seconds (600)")
+    p.add_argument("--plateau", type=int, default=None, metavar="N",
+                   help="trials without improvement before one random restart, then stop (10)")
+    p.add_argument("--target-pct", type=float, default=None, metavar="P",
+                   help="stop when the best is within P%% of the roofline (e.g. 80)")
+    p.add_argument("--max-workers", type=int, default=None,
+                   help="co-resident workers per rank of the target (132 = H100 SMs)")
+    p.add_argument("--isolation", choices=("persistent", "fresh"), default=None,
+                   help="one worker process for all candidates (default) or one per candidate")
+    p.add_argument("--ab-rounds", type=int, default=None, help="triton: A/B rounds (7)")
+    p.add_argument("--ab-steps", type=int, default=None, help="triton: steps per side per round (20)")
+    p.add_argument("--quiet", action="store_true", help="no live view; print the summary only")
+    p.set_defaults(func=run)
+
+
+def _settings_from_args(args: argparse.Namespace) -> Any:
+    from search.loop import SearchSettings
+
+    if not args.model:
+        raise AmkError("amk search needs MODEL (or --resume DIR)")
+    tp = args.tp or 1
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", args.model).strip("-")
+    out = args.out or f"amk-search/{name}-tp{tp}-{time.strftime('%Y%m%d-%H%M%S')}"
+    s = SearchSettings(model=args.model, out=out, tp=tp)
+    simple = {"backend": "backend", "proposer": "proposer", "minutes": "minutes",
+              "seed": "seed", "dtype": "dtype", "max_seq": "max_seq", "positions": "positions",
+              "seq_len": "seq_len", "timeout": "timeout_s", "plateau": "plateau",
+              "target_pct": "target_pct", "replay": "replay", "llm_model": "llm_model",
+              "isolation": "isolation", "max_workers": "max_workers"}
+    for a, f in simple.items():
+        v = getattr(args, a)
+        if v is not None:
+            setattr(s, f, v)
+    if args.trials is not None:
+        s.trials = args.trials
+    elif args.minutes is not None:
+        s.trials = None
+    if args.ab_rounds is not None:
+        s.timing["rounds"] = args.ab_rounds
+    if args.ab_steps is not None:
+        s.timing["steps"] = args.ab_steps
+    if args.replay and not args.proposer:
+        s.proposer = "replay"
+    s.check()
+    return s
+
+
+class LiveView:
+    """A rich progress bar with the best-so-far, plus one printed line per trial."""
+
+    def __init__(self, search: Any, quiet: bool = False):
+        from rich.console import Console
+
+        self.search = search
+        self.quiet = quiet
+        self.console = Console(highlight=False)
+        self.progress = None
+        self.task = None
+
+    def __enter__(self) -> "LiveView":
+        if self.quiet:
+            return self
+        from rich.progress import (
+            BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+        )
+
+        s = self.search.s
+        self.progress = Progress(TextColumn("[bold]search[/]"), BarColumn(),
+                                 MofNCompleteColumn(), TimeElapsedColumn(),
+                                 TextColumn("{task.description}"), console=self.console)
+        self.progress.start()
+        self.task = self.progress.add_task(self._best(), total=s.trials,
+                                           completed=len(self.search.records))
+        return self
+
+    def _best(self) -> str:
+        b = self.search.state.best
+        if b is None or b.latency_ms is None:
+            return "best: -"
+        return (f"best: trial {b.trial} {b.latency_ms:.4g} ms ({b.timing_source}), "
+                f"{b.pct_roofline or 0:.1f}% of roofline")
+
+    def on_trial(self, rec: Any, search: Any) -> None:
+        if self.quiet:
+            return
+        from rich.markup import escape
+
+        color = {"KEEP": "green", "REVERT": "white", "REJECTED": "yellow", "FAIL": "red",
+                 "TIMEOUT": "magenta"}[rec.status]
+        lat = f"{rec.latency_ms:.4g} ms {rec.timing_source}" if rec.latency_ms is not None \
+            else "no latency"
+        self.console.print(f"trial {rec.trial:3d} [{color}]{rec.status:8s}[/] {lat:24s} "
+                           f"{escape(rec.proposer):9s} {escape(rec.description[:70])}"
+                           + (f"  [dim]{escape(rec.reason[:90])}[/]" if rec.reason else ""))
+        self.progress.update(self.task, completed=len(search.records), description=self._best())
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+
+def print_summary(result: Any, console: Any) -> None:
+    """The end-of-search table: trials per status, the start, the best, the stop reason."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from search.loop import summarize
+
+    s = summarize(result.records, result.state, result.settings, result.stop_reason)
+    src = s["timing_source"]
+    t = Table(title=f"amk search summary ({src} latency)", title_justify="left",
+              show_header=False)
+    t.add_column("field", style="bold")
+    t.add_column("value", overflow="fold")
+    t.add_row("trials", ", ".join(f"{k} {v}" for k, v in sorted(s["by_status"].items())))
+    for key in ("start", "best"):
+        b = s[key]
+        if b:
+            t.add_row(key, escape(
+                f"trial {b['trial']} {b['latency_ms']:.4g} ms ({b['timing_source']}), "
+                f"roofline {b['roofline_ms']:.4g} ms, {b['pct_roofline']:.1f}% of roofline; "
+                f"{b['config']}"))
+        else:
+            t.add_row(key, "none passed the correctness gate")
+    if s["speedup_vs_start"]:
+        t.add_row("speedup vs start", f"{s['speedup_vs_start']:.3f}x ({src})")
+    t.add_row("stopped", escape(s["stop_reason"] or "-"))
+    t.add_row("results", escape(f"{result.out}/results.tsv, results.jsonl"))
+    if result.plot:
+        t.add_row("plot", escape(str(result.plot)))
+    console.print(t)
+
+
+def run(args: argparse.Namespace) -> int:
+    from search.loop import open_search
+
+    if args.resume:
+        if args.model:
+            overrides: dict[str, Any] = {"model": args.model}
+        else:
+            overrides = {}
+        overrides.update({"trials": args.trials, "minutes": args.minutes,
+                          "timeout_s": args.timeout, "tp": args.tp, "backend": args.backend,
+                          "proposer": args.proposer})
+        search = open_search(resume=args.resume, overrides=overrides)
+    else:
+        search = open_search(_settings_from_args(args))
+    view = LiveView(search, quiet=args.quiet)
+    search.console = view.console if not args.quiet else None
+    view.console.print(f"amk search {search.s.model} --tp {search.s.tp} --backend "
+                       f"{search.s.backend}: {search.space.size()} candidates over knobs "
+                       f"{', '.join(search.space.names)}; "
+                       f"{'predicted (cost model)' if search.s.backend == 'sim' else 'measured'}"
+                       f" latency; out {search.out}"
+                       + (f"; resuming after {len(search.records)} trials"
+                          if search.records else ""))
+    with view:
+        result = search.run(on_trial=view.on_trial)
+    print_summary(result, view.console)
+    return 0 if result.state.best is not None else 1

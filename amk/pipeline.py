@@ -1,0 +1,413 @@
+"""The compile pipeline and greedy decoding through a backend executor.
+
+Stages: resolve the MODEL argument (models/sources.py) -> import the decode-step graph
+(models/graph.py) -> lower to a ScheduleProgram (lowering/lower.py) -> validate
+(validator/) -> build a backend executor (``sim``: lowering/sim.py; ``triton``:
+lowering/triton/runtime.py) -> check logits against HF eager.
+
+Decoding feeds ONE token per step (one epoch of the program per token): the prompt is fed
+token by token through the same decode program (no separate prefill yet), then each
+generated token is fed back. The host writes ``token.r{r}`` and ``pos.r{r}`` on every rank
+before a step and reads ``next.r{r}`` (the greedy token, identical on every rank) and
+``logits.r{r}`` (each rank's vocabulary rows) after it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+from amk.errors import AmkError
+from ir.program import ScheduleProgram, Target
+from lowering.config import LoweringConfig
+from models.graph import ModelGraph
+
+BACKENDS = ("sim", "triton")
+DEFAULT_POSITIONS = (0, 7, 31)
+# Pass thresholds on max|amk - HF| / max(1, max|HF|) over the checked positions.
+REL_TOL = {"f32": 1e-4, "bf16": 5e-2}
+
+
+# -- stages ----------------------------------------------------------------------------------
+def resolve(model_arg: str, seed: int = 0):
+    """Resolve a MODEL argument to a ``models.sources.ResolvedModel`` with fp32 weights (the
+    HF reference always runs in fp32; the lowering's ``dtype`` knob rounds weights itself)."""
+    from models.sources import resolve_model
+
+    return resolve_model(model_arg, dtype="fp32", seed=seed)
+
+
+def import_graph(resolved: Any) -> ModelGraph:
+    """The decode-step graph of a resolved model (AmkError for unsupported models)."""
+    from models.graph import import_model
+
+    return import_model(resolved.model, resolved.config, name=resolved.source.name)
+
+
+def validate_program(program: ScheduleProgram):
+    """Run the static validator; returns (verdict, seconds)."""
+    from validator import validate
+
+    t0 = time.perf_counter()
+    verdict = validate(program)
+    return verdict, time.perf_counter() - t0
+
+
+def make_executor(program: ScheduleProgram, graph: ModelGraph, state: dict[str, torch.Tensor],
+                  backend: str = "sim", *, seed: int = 0, policy: str = "random",
+                  check: bool = True):
+    """A backend executor for ``program`` with weights from ``state`` (an HF state dict).
+
+    backend ``sim``: ``SimExecutor(program, init_fn, seed=, policy=, check=)``; ``triton``:
+    ``TritonExecutor(program, init_fn, check=)`` (needs lowering/triton and a GPU). Raises
+    AmkError for an unknown or unavailable backend.
+    """
+    from lowering.weights import make_init_fn
+
+    init_fn = make_init_fn(state, graph.spec)
+    if backend == "sim":
+        from lowering.sim import SimExecutor, SimRefused
+
+        try:
+            return SimExecutor(program, init_fn, seed=seed, policy=policy, check=check)
+        except SimRefused as e:
+            raise AmkError(f"the sim backend refused the program: {e}", exit_code=1) from None
+    if backend == "triton":
+        try:
+            from lowering.triton.runtime import TritonExecutor
+        except ImportError as e:
+            raise AmkError(f"backend triton is not available here: {e}") from None
+        return TritonExecutor(program, init_fn, check=check)
+    raise AmkError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+
+
+# -- decoding --------------------------------------------------------------------------------
+class Decoder:
+    """Greedy decoding through an executor running a lowered program.
+
+    ``executor`` has ``step(epoch)``, ``read(buffer, rank)``, ``write(buffer, rank, tensor)``
+    (SimExecutor / TritonExecutor). Epochs run in order from 0 and keep counting across
+    sequences; a new sequence simply restarts at position 0 (attention reads only positions
+    0..pos of the cache, so older cache rows are never read).
+    """
+
+    def __init__(self, program: ScheduleProgram, executor: Any, max_seq: int | None = None):
+        self.program = program
+        self.ex = executor
+        self.R = program.ranks
+        self.epoch = 0
+        self.max_seq = max_seq or int(program.config.get("max_seq", 0)) or None
+        self.steps = 0
+        self.seconds = 0.0
+
+    def _write_inputs(self, rank: int, token: int, pos: int) -> None:
+        self.ex.write(f"token.r{rank}", rank, torch.tensor([token], dtype=torch.int32))
+        self.ex.write(f"pos.r{rank}", rank, torch.tensor([pos], dtype=torch.int32))
+
+    def _check_pos(self, pos: int) -> None:
+        if pos < 0 or (self.max_seq is not None and pos >= self.max_seq):
+            raise AmkError(f"position {pos} is outside the KV cache of {self.max_seq} tokens; "
+                           "raise the max_seq knob (--config FILE with {\"max_seq\": N})")
+
+    def step(self, token: int, pos: int) -> int:
+        """Run one decode step for ``token`` at ``pos``; returns the greedy next token.
+        Raises AmkError if the ranks disagree on the next token."""
+        self._check_pos(pos)
+        for r in range(self.R):
+            self._write_inputs(r, token, pos)
+        t0 = time.perf_counter()
+        self.ex.step(self.epoch)
+        self.seconds += time.perf_counter() - t0
+        self.epoch += 1
+        self.steps += 1
+        return self.next_token()
+
+    def next_token(self) -> int:
+        toks = [int(self.ex.read(f"next.r{r}", r).reshape(-1)[0]) for r in range(self.R)]
+        if len(set(toks)) != 1:
+            raise AmkError(f"ranks disagree on the next token: {toks}", exit_code=1)
+        return toks[0]
+
+    def logits(self, rank_logits: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
+        """The full fp32 logits vector [vocab], gathered from every rank's slice in order."""
+        parts = [(rank_logits or {}).get(r) for r in range(self.R)]
+        parts = [p if p is not None else self.ex.read(f"logits.r{r}", r)
+                 for r, p in enumerate(parts)]
+        return torch.cat([p.reshape(-1).float() for p in parts])
+
+    def teacher_forced(self, tokens: Sequence[int], keep: Sequence[int]) -> dict[int, torch.Tensor]:
+        """Feed ``tokens`` at positions 0..n-1; return the logits at the positions in ``keep``.
+
+        With an executor that has ``run_steps`` (the sim), the steps run as one launch
+        sequence in which ranks may drift up to the schedule's limits across epochs (inputs
+        are written per rank when that rank starts a step, outputs read when it finishes), so
+        cross-step races in the schedule would show up here.
+        """
+        n = len(tokens)
+        self._check_pos(n - 1)
+        keep_set = set(keep)
+        out: dict[int, dict[int, torch.Tensor]] = {p: {} for p in keep_set}
+        base = self.epoch
+        t0 = time.perf_counter()
+        if hasattr(self.ex, "run_steps"):
+            def on_start(epoch: int, rank: int) -> None:
+                pos = epoch - base
+                self._write_inputs(rank, int(tokens[pos]), pos)
+
+            def on_end(epoch: int, rank: int) -> None:
+                pos = epoch - base
+                if pos in keep_set:
+                    out[pos][rank] = self.ex.read(f"logits.r{rank}", rank)
+
+            self.ex.run_steps(n, on_start=on_start, on_end=on_end)
+            self.epoch += n
+        else:
+            for pos in range(n):
+                for r in range(self.R):
+                    self._write_inputs(r, int(tokens[pos]), pos)
+                self.ex.step(self.epoch)
+                self.epoch += 1
+                if pos in keep_set:
+                    out[pos] = {r: self.ex.read(f"logits.r{r}", r) for r in range(self.R)}
+        self.seconds += time.perf_counter() - t0
+        self.steps += n
+        return {p: self.logits(out[p]) for p in sorted(keep_set)}
+
+    def generate(self, prompt: Sequence[int], max_new_tokens: int,
+                 eos: Sequence[int] = (), on_token: Callable[[int], None] | None = None) -> list[int]:
+        """Greedy decoding: feed the prompt token by token, then each new token; stop after
+        ``max_new_tokens`` new tokens or at a token in ``eos`` (which is kept, as HF does).
+        Returns the new tokens."""
+        if not prompt:
+            raise AmkError("the prompt is empty (no tokens to feed)")
+        if max_new_tokens < 1:
+            return []
+        self._check_pos(len(prompt) + max_new_tokens - 2)
+        nxt = None
+        for pos, tok in enumerate(prompt):
+            nxt = self.step(int(tok), pos)
+        new = [nxt]
+        if on_token:
+            on_token(nxt)
+        pos = len(prompt)
+        while len(new) < max_new_tokens and new[-1] not in eos:
+            nxt = self.step(new[-1], pos)
+            pos += 1
+            new.append(nxt)
+            if on_token:
+                on_token(nxt)
+        return new
+
+
+# -- HF reference --------------------------------------------------------------------------
+def hf_tokenwise_logits(model: Any, tokens: Sequence[int], keep: Sequence[int]) -> dict[int, torch.Tensor]:
+    """HF eager logits at positions ``keep``, feeding ``tokens`` one at a time through a
+    ``DynamicCache`` (the same one-token-per-step order as amk). fp32 [vocab] tensors."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    out = {}
+    keep_set = set(keep)
+    with torch.no_grad():
+        for pos, tok in enumerate(tokens):
+            res = model(input_ids=torch.tensor([[int(tok)]]), past_key_values=cache,
+                        use_cache=True)
+            cache = res.past_key_values
+            if pos in keep_set:
+                out[pos] = res.logits[0, -1].float().clone()
+            if pos >= max(keep_set):
+                break
+    return out
+
+
+def hf_generate(model: Any, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
+    """HF ``generate`` with greedy decoding (do_sample=False); returns the new tokens."""
+    ids = torch.tensor([list(prompt)], dtype=torch.long)
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                             max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
+                             temperature=None, top_p=None, top_k=None)
+    return [int(t) for t in out[0, ids.shape[1]:]]
+
+
+def eos_ids(model: Any) -> list[int]:
+    """EOS token ids of the model's generation config (what HF generate stops at)."""
+    gc = getattr(model, "generation_config", None)
+    e = getattr(gc, "eos_token_id", None) if gc is not None else None
+    if e is None:
+        e = getattr(model.config, "eos_token_id", None)
+    if e is None:
+        return []
+    return [int(x) for x in (e if isinstance(e, (list, tuple)) else [e])]
+
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Index of the first differing token, or of the end of the shorter list when the lengths
+    differ; None when identical."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+# -- correctness -----------------------------------------------------------------------------
+@dataclass
+class PositionCheck:
+    pos: int
+    max_abs_err: float
+    max_abs_ref: float
+    rel_err: float
+    argmax_ref: int
+    argmax_amk: int
+    argmax_agree: bool
+    ref_margin: float   # top-1 minus top-2 of the HF logits
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class CorrectnessReport:
+    """Logit agreement of the schedule with HF eager at a few positions."""
+
+    positions: list[PositionCheck]
+    dtype: str
+    rel_tol: float
+    tokens: list[int] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def max_abs_err(self) -> float:
+        return max((p.max_abs_err for p in self.positions), default=0.0)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures()
+
+    def failures(self) -> list[str]:
+        """Why the check fails (empty when it passes). An argmax disagreement fails unless
+        HF's own top-2 margin is within twice the observed error (a numerical near-tie)."""
+        out = []
+        for p in self.positions:
+            if not math.isfinite(p.max_abs_err) or p.rel_err > self.rel_tol:
+                out.append(f"position {p.pos}: relative logit error {p.rel_err:.3g} > "
+                           f"{self.rel_tol:g} (max abs error {p.max_abs_err:.3g})")
+            elif not p.argmax_agree and p.ref_margin > 2 * p.max_abs_err:
+                out.append(f"position {p.pos}: argmax {p.argmax_amk} != HF {p.argmax_ref} "
+                           f"(HF margin {p.ref_margin:.3g})")
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": self.ok, "dtype": self.dtype, "rel_tol": self.rel_tol,
+                "max_abs_err": self.max_abs_err, "failures": self.failures(),
+                "positions": [p.to_json() for p in self.positions],
+                "tokens": self.tokens, "seconds": self.seconds}
+
+
+def check_tokens(vocab: int, n: int, seed: int = 0) -> list[int]:
+    """A fixed pseudo-random token sequence of length n (seeded, independent of global RNG)."""
+    g = torch.Generator().manual_seed(seed)
+    return [int(t) for t in torch.randint(0, vocab, (n,), generator=g)]
+
+
+def compare(ref: dict[int, torch.Tensor], got: dict[int, torch.Tensor], dtype: str,
+            tokens: Sequence[int] = (), seconds: float = 0.0) -> CorrectnessReport:
+    checks = []
+    for pos in sorted(ref):
+        r, g = ref[pos].float(), got[pos].float()
+        if r.shape != g.shape:
+            raise AmkError(f"logits at position {pos} have {g.numel()} entries, HF {r.numel()}",
+                           exit_code=1)
+        err = float((r - g).abs().max())
+        if torch.isnan(g).any():
+            err = float("nan")
+        mx = float(r.abs().max())
+        top2 = torch.topk(r, 2).values
+        checks.append(PositionCheck(pos, err, mx, err / max(1.0, mx), int(r.argmax()),
+                                    int(g.argmax()), int(r.argmax()) == int(g.argmax()),
+                                    float(top2[0] - top2[1])))
+    return CorrectnessReport(checks, dtype, REL_TOL.get(dtype, 5e-2), list(tokens), seconds)
+
+
+def check_correctness(model: Any, decoder: Decoder, vocab: int, dtype: str = "f32",
+                      positions: Sequence[int] = DEFAULT_POSITIONS, tokens: Sequence[int] | None = None,
+                      seed: int = 0) -> CorrectnessReport:
+    """Teacher-force a token sequence through the schedule and through HF eager (DynamicCache,
+    one token per step) and compare the logits at ``positions``. Tokens default to a fixed
+    pseudo-random sequence of length max(positions)+1."""
+    n = max(positions) + 1
+    toks = list(tokens) if tokens is not None else check_tokens(vocab, n, seed)
+    if len(toks) < n:
+        raise AmkError(f"correctness check needs {n} tokens, got {len(toks)}")
+    toks = toks[:n]
+    t0 = time.perf_counter()
+    got = decoder.teacher_forced(toks, positions)
+    ref = hf_tokenwise_logits(model, toks, positions)
+    return compare(ref, got, dtype, toks, time.perf_counter() - t0)
+
+
+# -- the whole pipeline --------------------------------------------------------------------
+@dataclass
+class Session:
+    """A compiled model: resolved HF model, graph, program and (once started) an executor.
+
+    Build with ``Session.build(model_arg, ranks, config)``; ``verdict`` is the validation
+    result (``validate_s`` its time). ``decoder(backend, seed, policy)`` starts an executor.
+    """
+
+    resolved: Any
+    graph: ModelGraph
+    program: ScheduleProgram
+    config: LoweringConfig
+    verdict: Any = None
+    validate_s: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, model_arg: str, ranks: int, config: LoweringConfig | None = None,
+              target: Target | None = None, validate: bool = True,
+              progress: Callable[[str], None] | None = None,
+              resolved: Any = None) -> "Session":
+        """Resolve (unless ``resolved`` is given), import, lower and (optionally) validate.
+        Raises AmkError for bad input or an unsupported model."""
+        from lowering.lower import lower
+
+        cfg = config or LoweringConfig()
+        timings: dict[str, float] = {}
+
+        def stage(name: str, fn, *a):
+            if progress:
+                progress(name)
+            t0 = time.perf_counter()
+            res = fn(*a)
+            timings[name] = time.perf_counter() - t0
+            return res
+
+        if resolved is None:
+            resolved = stage("resolve", resolve, model_arg)
+        graph = stage("import", import_graph, resolved)
+        program = stage("lower", lambda: lower(graph, ranks, config=cfg, target=target))
+        s = cls(resolved, graph, program, cfg, timings=timings)
+        if validate:
+            s.verdict, s.validate_s = stage("validate", validate_program, program)
+        return s
+
+    def decoder(self, backend: str = "sim", seed: int = 0, policy: str = "random") -> Decoder:
+        if self.verdict is not None and not self.verdict.ok:
+            raise AmkError("the schedule was rejected by the validator; it will not be run",
+                           exit_code=1)
+        ex = make_executor(self.program, self.graph, self.resolved.model.state_dict(), backend,
+                           seed=seed, policy=policy, check=self.verdict is None)
+        return Decoder(self.program, ex, self.config.max_seq)
+
+    def check(self, decoder: Decoder, positions: Sequence[int] = DEFAULT_POSITIONS,
+              seed: int = 0) -> CorrectnessReport:
+        if max(positions) >= self.config.max_seq:
+            raise AmkError(f"correctness positions up to {max(positions)} need max_seq > "
+                           f"{max(positions)}, the config has {self.config.max_seq}")
+        return check_correctness(self.resolved.model, decoder, self.graph.spec.vocab,
+                                 self.config.dtype, positions, seed=seed)

@@ -1,0 +1,61 @@
+"""Hand-built reference schedules: small, valid, multi-rank. Used by docs, tests and the
+adversarial corpus as seeds.
+
+``allreduce``: one-shot all-reduce of an ``n``-element vector over ``ranks`` ranks. Every
+rank puts its vector into slot ``r`` of every peer's symmetric receive buffer with a
+put-with-signal, copies it into its own slot, waits for ``ranks - 1`` signals, and sums.
+Receive-buffer reuse across decode steps is made safe either by double buffering
+(``reuse="slots"``: slot ``s = epoch mod 2``) or by credits (``reuse="credit"``: the reader
+returns a credit to every writer after its reduce, and a writer waits for the previous
+epoch's credit before its put).
+"""
+
+from __future__ import annotations
+
+from ir.builder import ProgramBuilder
+from ir.program import ScheduleProgram, Target
+
+
+def allreduce(ranks: int = 2, n: int = 8, workers: int = 1, reuse: str = "slots",
+              dtype: str = "f32") -> ScheduleProgram:
+    """A valid one-shot all-reduce program; ``y = sum over ranks of x``, on every rank.
+
+    Buffers: ``x.rR`` (io_input, local, [n]), ``rx`` (symmetric, [2, ranks, n] with slots
+    or [ranks, n] with credits), ``y.rR`` (io_output, local, [n]). Counters: ``c.rx.rR``
+    (owned by R, counts arrivals), and with credits ``c.cr.rR`` (owned by R, counts
+    credits returned to R).
+    """
+    if reuse not in ("slots", "credit"):
+        raise ValueError(f"reuse must be 'slots' or 'credit', got {reuse!r}")
+    slots = 2 if reuse == "slots" else 1
+    b = ProgramBuilder(f"allreduce-{ranks}r-{reuse}", ranks=ranks, workers=workers,
+                       target=Target(name="generic", sms=132, max_workers=132),
+                       slots=slots, config={"allreduce": "oneshot", "reuse": reuse})
+    rx_shape = (2, ranks, n) if slots == 2 else (ranks, n)
+    b.buffer("rx", "activation", dtype, rx_shape, placement="symmetric")
+    for r in range(ranks):
+        b.buffer(f"x.r{r}", "io_input", dtype, (n,), rank=r)
+        b.buffer(f"y.r{r}", "io_output", dtype, (n,), rank=r)
+        b.counter(f"c.rx.r{r}", rank=r)
+        if reuse == "credit":
+            b.counter(f"c.cr.r{r}", rank=r)
+
+    def slot_region(dst: int, src: int) -> str:
+        if slots == 2:
+            return f"rx@{dst}[s:s+1, {src}:{src + 1}, 0:{n}]"
+        return f"rx@{dst}[{src}:{src + 1}, 0:{n}]"
+
+    all_slots = f"rx[s:s+1, 0:{ranks}, 0:{n}]" if slots == 2 else f"rx[0:{ranks}, 0:{n}]"
+    for r in range(ranks):
+        peers = [p for p in range(ranks) if p != r]
+        for p in peers:
+            waits = [f"c.cr.r{r}>={ranks - 1}@prev"] if reuse == "credit" else []
+            b.task(f"put.r{r}.to{p}", r, 0, "put", ins=[f"x.r{r}[0:{n}]"],
+                   outs=[slot_region(p, r)], waits=waits, signals=[f"c.rx.r{p}+=1"],
+                   group="ar0")
+        b.task(f"self.r{r}", r, 0, "copy", ins=[f"x.r{r}[0:{n}]"], outs=[slot_region(r, r)],
+               group="ar0")
+        sig = [f"c.cr.r{p}+=1" for p in peers] if reuse == "credit" else []
+        b.task(f"sum.r{r}", r, 0, "reduce", ins=[all_slots], outs=[f"y.r{r}[0:{n}]"],
+               waits=[f"c.rx.r{r}>={ranks - 1}"], signals=sig, group="ar0")
+    return b.build()

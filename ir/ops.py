@@ -1,0 +1,322 @@
+"""The op set of the schedule IR: arity, operand dtypes, params, and shape rules.
+
+Every backend (``sim`` in lowering/sim.py, ``triton`` in lowering/triton/) implements
+exactly these semantics; the validator checks programs against these specs. Operand
+shapes are compared after *squeezing* axes of extent 1, so ``q[2:3, 0:64]`` (one head of a
+``[9, 64]`` buffer) has shape ``(64,)``.
+
+Op semantics (x, y are operands in the order of ``ins`` / ``outs``; fp32 accumulation):
+
+==============  ==============================================================================
+op              meaning
+==============  ==============================================================================
+embed           y[:] = table[token[0], :]                      ins (table[V,H], token[1] i32)
+rmsnorm         y = x / sqrt(mean(x^2 over each group of ``dim``) + eps) * w   (w has ``dim``)
+gemv            y = W @ x (+ bias)                             ins (x[K], W[N,K], bias[N]?)
+rope            rotate-half RoPE (HF Llama convention) of each ``head_dim`` slice of x at
+                position pos[0] with frequencies inv_freq[head_dim/2] (fp32)
+kv_append       kc[:, pos, :] = k ; vc[:, pos, :] = v           outs (kc[G,S,D], vc[G,S,D])
+attention       decode GQA: o[h] = softmax(q[h] . kc[h//(Hq/G), :pos+1]^T * scale) @ vc[...]
+silu_mul        y = silu(g) * u
+add             y = a + b
+reduce          y = sum_k P[k, :] (+ residual)                 ins (P[k,N], residual[N]?)
+argmax          y = (max(x), offset + first argmax(x)) as two fp32
+argmax_combine  token[0] = index of the pair with the largest value (lowest index on ties)
+copy            y = x (dtype cast between float dtypes allowed)
+put             dst (a symmetric buffer, usually on another rank) = src, same dtype
+quiet           complete every pending put of this worker (nvshmem_quiet)
+fence           order this worker's earlier puts before its later ones, per destination
+                rank (nvshmem_fence)
+nop             no data; carries waits and signals (credits, barriers)
+==============  ==============================================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ir.program import FLOAT_DTYPES
+
+Shape = tuple[int, ...]
+
+
+def squeeze(shape: Shape) -> Shape:
+    """Drop axes of extent 1: ``(1, 64) -> (64,)``, ``(1, 1) -> ()``."""
+    return tuple(d for d in shape if d != 1)
+
+
+def numel(shape: Shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+# A check receives squeezed operand shapes, dtypes and params and returns problems.
+CheckFn = Callable[[list[Shape], list[str], list[Shape], list[str], dict], list[str]]
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """Declaration of one IR op.
+
+    ``ins`` / ``outs``: operand role names in order; ``optional_ins``: roles that may
+    follow ``ins``. ``in_dtypes`` / ``out_dtypes``: per role, the allowed dtypes.
+    ``params``: required param names and their Python types; ``optional_params`` likewise.
+    ``kind``: ``compute``, ``comm`` (moves data between ranks) or ``sync`` (no data).
+    ``backends``: backends that implement the op.
+    """
+
+    name: str
+    kind: str
+    ins: tuple[str, ...]
+    outs: tuple[str, ...]
+    in_dtypes: tuple[tuple[str, ...], ...]
+    out_dtypes: tuple[tuple[str, ...], ...]
+    optional_ins: tuple[str, ...] = ()
+    optional_in_dtypes: tuple[tuple[str, ...], ...] = ()
+    params: dict[str, type] = field(default_factory=dict)
+    optional_params: dict[str, type] = field(default_factory=dict)
+    check: CheckFn | None = None
+    backends: frozenset[str] = frozenset({"sim", "triton"})
+
+    @property
+    def min_ins(self) -> int:
+        return len(self.ins)
+
+    @property
+    def max_ins(self) -> int:
+        return len(self.ins) + len(self.optional_ins)
+
+    def dtypes_for_in(self, i: int) -> tuple[str, ...]:
+        if i < len(self.ins):
+            return self.in_dtypes[i]
+        return self.optional_in_dtypes[i - len(self.ins)]
+
+
+F = FLOAT_DTYPES
+I32 = ("i32",)
+F32 = ("f32",)
+ANY = ("bf16", "f16", "f32", "i32")
+
+
+def _n(shape: Shape) -> int:
+    return numel(shape)
+
+
+def _check_embed(ins, ind, outs, outd, p):
+    table, token = ins
+    errs = []
+    if len(table) != 2:
+        errs.append(f"embed: table must be 2-D [vocab, hidden], got {table}")
+        return errs
+    if _n(token) != 1:
+        errs.append(f"embed: token must hold 1 element, got shape {token}")
+    if _n(outs[0]) != table[1]:
+        errs.append(f"embed: output has {_n(outs[0])} elements, table rows have {table[1]}")
+    return errs
+
+
+def _check_rmsnorm(ins, ind, outs, outd, p):
+    x, w = ins[0], ins[1]
+    dim = p.get("dim")
+    errs = []
+    if not isinstance(dim, int) or dim <= 0:
+        return [f"rmsnorm: param dim must be a positive int, got {dim!r}"]
+    if _n(w) != dim:
+        errs.append(f"rmsnorm: weight has {_n(w)} elements, dim={dim}")
+    if _n(x) % dim:
+        errs.append(f"rmsnorm: input has {_n(x)} elements, not a multiple of dim={dim}")
+    if _n(outs[0]) != _n(x):
+        errs.append(f"rmsnorm: output has {_n(outs[0])} elements, input {_n(x)}")
+    eps = p.get("eps")
+    if not isinstance(eps, (int, float)) or not (0 < eps < 1):
+        errs.append(f"rmsnorm: param eps must be in (0, 1), got {eps!r}")
+    return errs
+
+
+def _check_gemv(ins, ind, outs, outd, p):
+    x, w = ins[0], ins[1]
+    errs = []
+    if len(w) == 1:  # a single output row squeezes to (K,)
+        n, k = 1, w[0]
+    elif len(w) == 2:
+        n, k = w
+    else:
+        return [f"gemv: weight must be 2-D [N, K], got {w}"]
+    if _n(x) != k:
+        errs.append(f"gemv: input has {_n(x)} elements, weight has K={k} columns")
+    if _n(outs[0]) != n:
+        errs.append(f"gemv: output has {_n(outs[0])} elements, weight has N={n} rows")
+    if len(ins) > 2 and _n(ins[2]) != n:
+        errs.append(f"gemv: bias has {_n(ins[2])} elements, weight has N={n} rows")
+    return errs
+
+
+def _check_rope(ins, ind, outs, outd, p):
+    x, inv_freq, pos = ins
+    hd = p.get("head_dim")
+    if not isinstance(hd, int) or hd <= 0 or hd % 2:
+        return [f"rope: param head_dim must be a positive even int, got {hd!r}"]
+    errs = []
+    if _n(x) % hd:
+        errs.append(f"rope: input has {_n(x)} elements, not a multiple of head_dim={hd}")
+    if _n(inv_freq) != hd // 2:
+        errs.append(f"rope: inv_freq has {_n(inv_freq)} elements, expected head_dim/2={hd // 2}")
+    if _n(pos) != 1:
+        errs.append(f"rope: pos must hold 1 element, got {pos}")
+    if _n(outs[0]) != _n(x):
+        errs.append(f"rope: output has {_n(outs[0])} elements, input {_n(x)}")
+    return errs
+
+
+def _cache_dims(shape: Shape, hd: int) -> tuple[int, int] | None:
+    """(kv heads, max seq) of a squeezed cache region whose last axis is head_dim."""
+    if not shape or shape[-1] != hd:
+        return None
+    if len(shape) == 2:
+        return 1, shape[0]
+    if len(shape) == 3:
+        return shape[0], shape[1]
+    return None
+
+
+def _check_kv_append(ins, ind, outs, outd, p):
+    k, v, pos = ins
+    hd = p.get("head_dim")
+    if not isinstance(hd, int) or hd <= 0:
+        return [f"kv_append: param head_dim must be a positive int, got {hd!r}"]
+    errs = []
+    for name, cache, src in (("k cache", outs[0], k), ("v cache", outs[1], v)):
+        dims = _cache_dims(cache, hd)
+        if dims is None:
+            errs.append(f"kv_append: {name} region {cache} is not [kv_heads, seq, head_dim={hd}]")
+            continue
+        if _n(src) != dims[0] * hd:
+            errs.append(f"kv_append: {name} holds {dims[0]} heads but the source has {_n(src)} elements")
+    if _n(pos) != 1:
+        errs.append(f"kv_append: pos must hold 1 element, got {pos}")
+    return errs
+
+
+def _check_attention(ins, ind, outs, outd, p):
+    q, kc, vc, pos = ins
+    hd = p.get("head_dim")
+    if not isinstance(hd, int) or hd <= 0:
+        return [f"attention: param head_dim must be a positive int, got {hd!r}"]
+    errs = []
+    if _n(q) % hd:
+        return [f"attention: q has {_n(q)} elements, not a multiple of head_dim={hd}"]
+    hq = _n(q) // hd
+    dk, dv = _cache_dims(kc, hd), _cache_dims(vc, hd)
+    if dk is None or dv is None:
+        return [f"attention: cache regions {kc}, {vc} are not [kv_heads, seq, head_dim={hd}]"]
+    if dk != dv:
+        errs.append(f"attention: k cache {kc} and v cache {vc} differ")
+    g = dk[0]
+    if hq % g:
+        errs.append(f"attention: {hq} query heads do not split over {g} kv heads")
+    if _n(outs[0]) != _n(q):
+        errs.append(f"attention: output has {_n(outs[0])} elements, q has {_n(q)}")
+    if _n(pos) != 1:
+        errs.append(f"attention: pos must hold 1 element, got {pos}")
+    sc = p.get("scale")
+    if not isinstance(sc, (int, float)) or sc <= 0:
+        errs.append(f"attention: param scale must be positive, got {sc!r}")
+    return errs
+
+
+def _check_same_numel(name: str):
+    def check(ins, ind, outs, outd, p):
+        n = _n(outs[0])
+        bad = [i for i, s in enumerate(ins) if _n(s) != n]
+        if bad:
+            return [f"{name}: operands differ in size: ins {[_n(s) for s in ins]}, out {n}"]
+        return []
+
+    return check
+
+
+def _check_reduce(ins, ind, outs, outd, p):
+    part = ins[0]
+    n = _n(outs[0])
+    errs = []
+    if len(part) == 2:
+        if part[1] != n:
+            errs.append(f"reduce: partials have width {part[1]}, output {n}")
+    elif _n(part) != n:  # k == 1 squeezes to (N,)
+        errs.append(f"reduce: partials {part} do not match output of {n} elements")
+    if len(ins) > 1 and _n(ins[1]) != n:
+        errs.append(f"reduce: residual has {_n(ins[1])} elements, output {n}")
+    return errs
+
+
+def _check_argmax(ins, ind, outs, outd, p):
+    errs = []
+    if _n(outs[0]) != 2:
+        errs.append(f"argmax: output must hold 2 elements (value, index), got {outs[0]}")
+    off = p.get("offset")
+    if not isinstance(off, int) or off < 0:
+        errs.append(f"argmax: param offset must be a non-negative int, got {off!r}")
+    if _n(ins[0]) < 1:
+        errs.append("argmax: empty input")
+    return errs
+
+
+def _check_argmax_combine(ins, ind, outs, outd, p):
+    errs = []
+    pairs = ins[0]
+    if not (pairs == (2,) or (len(pairs) == 2 and pairs[1] == 2)):
+        errs.append(f"argmax_combine: input must be [k, 2] (value, index) pairs, got {pairs}")
+    if _n(outs[0]) != 1:
+        errs.append(f"argmax_combine: output must hold 1 element, got {outs[0]}")
+    return errs
+
+
+def _check_put(ins, ind, outs, outd, p):
+    errs = []
+    if _n(ins[0]) != _n(outs[0]):
+        errs.append(f"put: source has {_n(ins[0])} elements, destination {_n(outs[0])}")
+    if ind[0] != outd[0]:
+        errs.append(f"put: source dtype {ind[0]} differs from destination dtype {outd[0]}")
+    return errs
+
+
+def _spec(name, kind, ins, outs, in_dtypes, out_dtypes, **kw) -> OpSpec:
+    return OpSpec(name=name, kind=kind, ins=ins, outs=outs, in_dtypes=in_dtypes,
+                  out_dtypes=out_dtypes, **kw)
+
+
+OPS: dict[str, OpSpec] = {
+    s.name: s
+    for s in [
+        _spec("embed", "compute", ("table", "token"), ("y",), (F, I32), (F,), check=_check_embed),
+        _spec("rmsnorm", "compute", ("x", "w"), ("y",), (F, F), (F,),
+              params={"dim": int, "eps": float}, check=_check_rmsnorm),
+        _spec("gemv", "compute", ("x", "w"), ("y",), (F, F), (F,),
+              optional_ins=("bias",), optional_in_dtypes=(F,), check=_check_gemv),
+        _spec("rope", "compute", ("x", "inv_freq", "pos"), ("y",), (F, F32, I32), (F,),
+              params={"head_dim": int}, check=_check_rope),
+        _spec("kv_append", "compute", ("k", "v", "pos"), ("kc", "vc"), (F, F, I32), (F, F),
+              params={"head_dim": int}, check=_check_kv_append),
+        _spec("attention", "compute", ("q", "kc", "vc", "pos"), ("o",), (F, F, F, I32), (F,),
+              params={"head_dim": int, "scale": float}, check=_check_attention),
+        _spec("silu_mul", "compute", ("g", "u"), ("y",), (F, F), (F,),
+              check=_check_same_numel("silu_mul")),
+        _spec("add", "compute", ("a", "b"), ("y",), (F, F), (F,), check=_check_same_numel("add")),
+        _spec("reduce", "compute", ("partials",), ("y",), (F,), (F,),
+              optional_ins=("residual",), optional_in_dtypes=(F,), check=_check_reduce),
+        _spec("argmax", "compute", ("x",), ("y",), (F,), (F32,),
+              params={"offset": int}, check=_check_argmax),
+        _spec("argmax_combine", "compute", ("pairs",), ("token",), (F32,), (I32,),
+              check=_check_argmax_combine),
+        _spec("copy", "compute", ("x",), ("y",), (ANY,), (ANY,), check=_check_same_numel("copy")),
+        _spec("put", "comm", ("src",), ("dst",), (ANY,), (ANY,), check=_check_put),
+        _spec("quiet", "sync", (), (), (), ()),
+        _spec("fence", "sync", (), (), (), ()),
+        _spec("nop", "sync", (), (), (), ()),
+    ]
+}
+
+PARAM_TYPES = (int, float, str)

@@ -1,0 +1,105 @@
+"""LoweringConfig: the knobs the lowering honours (the search surface), with JSON I/O.
+
+Every knob changes the lowered program (tests/test_lowering.py checks that); a knob the
+lowering ignored would not exist here.
+
+=========  =========================================================================
+knob       meaning
+=========  =========================================================================
+tile       rows per GEMV tile (q/k/v, o, gate/up, down, lm_head) and columns per
+           all-reduce reduce tile; also the alignment of the MLP-column and vocabulary
+           splits over ranks
+workers    persistent workers (CTAs) per rank
+policy     tile -> worker assignment: ``round_robin`` (tile i of a stage -> worker
+           i mod W) or ``balanced`` (greedy: the worker with the fewest bytes moved so
+           far gets the next tile)
+allreduce  cross-rank reduction algorithm: ``oneshot`` (every rank puts its partial
+           into every peer's receive buffer, then reduces locally) or ``twoshot``
+           (reduce-scatter: each rank reduces one column block, then all-gathers it)
+max_seq    KV-cache length in tokens (positions 0 .. max_seq-1 can be decoded)
+dtype      dtype of weights, activations and KV cache: ``f32`` or ``bf16``
+=========  =========================================================================
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from amk.errors import AmkError
+
+POLICIES = ("round_robin", "balanced")
+ALLREDUCE_ALGOS = ("oneshot", "twoshot")
+DTYPES = ("f32", "bf16")
+
+
+@dataclass(frozen=True)
+class LoweringConfig:
+    """Knobs of the lowering (see the module table). Construct with ``LoweringConfig(...)``
+    then call ``validate()``, or use ``from_json`` which validates."""
+
+    tile: int = 64
+    workers: int = 4
+    policy: str = "round_robin"
+    allreduce: str = "oneshot"
+    max_seq: int = 256
+    dtype: str = "f32"
+
+    def validate(self, source: str = "config") -> "LoweringConfig":
+        """Return self, or raise AmkError naming the bad field and the allowed values."""
+        def bad(field: str, why: str) -> AmkError:
+            return AmkError(f"{source}: field {field!r}: {why}")
+
+        for name in ("tile", "workers", "max_seq"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise bad(name, f"expected an integer, got {v!r}")
+            if v < 1:
+                raise bad(name, f"must be >= 1, got {v}")
+        if self.workers > 1024:
+            raise bad("workers", f"at most 1024 workers per rank, got {self.workers}")
+        for name, allowed in (("policy", POLICIES), ("allreduce", ALLREDUCE_ALGOS),
+                              ("dtype", DTYPES)):
+            v = getattr(self, name)
+            if v not in allowed:
+                raise bad(name, f"expected one of {', '.join(allowed)}, got {v!r}")
+        return self
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: Any, source: str = "config") -> "LoweringConfig":
+        """Build from a dict (missing fields take defaults). Raises AmkError naming an unknown
+        or ill-typed field."""
+        if not isinstance(obj, dict):
+            raise AmkError(f"{source}: expected a JSON object of lowering knobs, "
+                           f"got {type(obj).__name__}")
+        known = {f.name for f in fields(cls)}
+        for k in obj:
+            if k not in known:
+                raise AmkError(f"{source}: unknown field {k!r}; known fields: "
+                               f"{', '.join(sorted(known))}")
+        return cls(**obj).validate(source)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "LoweringConfig":
+        """Read a JSON file. Raises AmkError for a missing file or bad JSON (with line:column)."""
+        p = Path(path)
+        try:
+            text = p.read_text()
+        except OSError as e:
+            raise AmkError(f"{p}: cannot read config file: {e.strerror or e}") from None
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise AmkError(f"{p}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
+        return cls.from_json(obj, source=str(p))
+
+    def replace(self, **changes: Any) -> "LoweringConfig":
+        """A copy with ``changes`` applied (None values ignored), validated."""
+        d = self.to_json()
+        d.update({k: v for k, v in changes.items() if v is not None})
+        return LoweringConfig.from_json(d)

@@ -1,0 +1,122 @@
+"""A simple roofline cost model of a ScheduleProgram: PREDICTED decode-step latency.
+
+Batch-1 decode is memory bound, so the model charges bytes, not FLOPs:
+
+    t_rank = max( bytes_rank / hbm_bw ,  max_w tasks_{rank,w} * task_overhead )
+             + sync_sites * cross_rank_latency
+    predicted step latency = max over ranks of t_rank
+
+``bytes_rank``: bytes every task of the rank reads and writes (``task_bytes``: the weight
+rows a GEMV tile streams, one embedding row, the KV-cache rows attention reads at the given
+sequence length, activations). ``task_overhead``: the per-task cost of the persistent
+kernel's queue loop (decode the table entry, wait, dispatch, release). ``sync_sites``: the
+number of cross-rank collectives (each all-reduce / argmax exchange costs at least one
+one-way signal latency, since the next stage waits for peers).
+
+Default constants (all labelled assumptions, overridable): ``hbm_bw`` 3.0e12 B/s (measured
+copy bandwidth of the lent H100, /work/shared/DEVICE_NOTES.md; published peak is 3.35 TB/s),
+``task_overhead`` 0.5 us, ``cross_rank_latency`` 3 us (published NVLink one-way latencies are
+1-3 us; the first measurement here, with read-modify-write polling, was ~10 us). These are
+predictions for ranking configurations and for the roofline distance, never a measurement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ir.program import DTYPE_BYTES, Buffer, ScheduleProgram, Task
+
+DEFAULT_HBM_BW = 3.0e12
+DEFAULT_TASK_OVERHEAD_S = 0.5e-6
+DEFAULT_CROSS_RANK_LATENCY_S = 3e-6
+
+
+def _region_bytes(region, buffers: dict[str, Buffer]) -> int:
+    buf = buffers.get(region.buffer)
+    if buf is None:
+        return 0
+    return region.numel() * DTYPE_BYTES.get(buf.dtype, 4)
+
+
+def task_bytes(task: Task, buffers: dict[str, Buffer], seq_len: int) -> int:
+    """Bytes a task moves through HBM (reads + writes) at sequence length ``seq_len``.
+
+    ``embed`` reads one table row (not the whole declared table region); ``kv_append``
+    writes one row per KV head of each cache; ``attention`` reads ``seq_len`` rows of each
+    cache region; sync tasks move nothing; every other op moves its whole regions.
+    """
+    op = task.op
+    if op in ("quiet", "fence", "nop"):
+        return 0
+    if op == "embed":
+        row = task.outs[0].numel()
+        return 2 * row * DTYPE_BYTES.get(buffers[task.outs[0].buffer].dtype, 4)
+    if op in ("kv_append", "attention"):
+        total = 0
+        caches = task.outs if op == "kv_append" else task.ins[1:3]
+        vectors = task.ins[:2] if op == "kv_append" else (task.ins[0], task.outs[0])
+        for reg in caches:
+            shape = reg.shape()
+            s = shape[-2] if len(shape) >= 2 else 1
+            per_row = _region_bytes(reg, buffers) // max(s, 1)
+            total += per_row * (1 if op == "kv_append" else max(1, min(seq_len, s)))
+        for reg in vectors:
+            total += _region_bytes(reg, buffers)
+        return total
+    return sum(_region_bytes(r, buffers) for r in task.ins) + \
+        sum(_region_bytes(r, buffers) for r in task.outs)
+
+
+@dataclass
+class CostEstimate:
+    """A predicted decode-step latency (seconds) with its parts, per rank."""
+
+    predicted_latency_s: float
+    roofline_s: float
+    per_rank: list[dict[str, Any]]
+    assumptions: dict[str, float]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "label": "predicted (roofline cost model, not a measurement)",
+            "predicted_latency_us": self.predicted_latency_s * 1e6,
+            "roofline_us": self.roofline_s * 1e6,
+            "per_rank": self.per_rank,
+            "assumptions": self.assumptions,
+        }
+
+
+def estimate(program: ScheduleProgram, seq_len: int = 1, hbm_bw: float = DEFAULT_HBM_BW,
+             task_overhead_s: float = DEFAULT_TASK_OVERHEAD_S,
+             cross_rank_latency_s: float = DEFAULT_CROSS_RANK_LATENCY_S) -> CostEstimate:
+    """Predict the latency of one decode step at sequence length ``seq_len`` (tokens in the
+    KV cache including the new one). ``roofline_s`` is the pure bandwidth bound (max over
+    ranks of bytes / hbm_bw); ``predicted_latency_s`` adds task and sync overheads."""
+    buffers = program.buffer_map()
+    per_rank = []
+    groups_per_rank: dict[int, set[str]] = {r: set() for r in range(program.ranks)}
+    by_rank_bytes = [0] * program.ranks
+    by_worker = {(r, w): 0 for r in range(program.ranks) for w in range(program.workers)}
+    for t in program.tasks:
+        by_rank_bytes[t.rank] += task_bytes(t, buffers, seq_len)
+        by_worker[(t.rank, t.worker)] = by_worker.get((t.rank, t.worker), 0) + 1
+        if t.group and program.ranks > 1:
+            groups_per_rank[t.rank].add(t.group)
+    worst = 0.0
+    roof = 0.0
+    for r in range(program.ranks):
+        bw_t = by_rank_bytes[r] / hbm_bw
+        max_tasks = max((by_worker[(r, w)] for w in range(program.workers)), default=0)
+        ovh_t = max_tasks * task_overhead_s
+        sync_t = len(groups_per_rank[r]) * cross_rank_latency_s
+        t = max(bw_t, ovh_t) + sync_t
+        per_rank.append({"rank": r, "bytes": by_rank_bytes[r], "bandwidth_us": bw_t * 1e6,
+                         "max_tasks_per_worker": max_tasks, "task_overhead_us": ovh_t * 1e6,
+                         "sync_sites": len(groups_per_rank[r]), "sync_us": sync_t * 1e6,
+                         "predicted_us": t * 1e6})
+        worst = max(worst, t)
+        roof = max(roof, bw_t)
+    return CostEstimate(worst, roof, per_rank, {
+        "hbm_bw_bytes_per_s": hbm_bw, "task_overhead_s": task_overhead_s,
+        "cross_rank_latency_s": cross_rank_latency_s, "seq_len": seq_len})

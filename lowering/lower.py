@@ -1,0 +1,694 @@
+"""Lowering: ModelGraph -> tensor-parallel, tiled ScheduleProgram for R ranks x W workers.
+
+Design (docs/lowering.md has the full description with a picture of one layer):
+
+* Column-parallel q/k/v (split by query heads; a rank projects every KV head its query heads
+  use, so a KV head whose group spans two ranks is replicated) and gate/up (split by
+  intermediate columns). Row-parallel o_proj and down_proj: each rank multiplies its column
+  slice and produces a partial sum of the hidden vector, combined across ranks by an
+  all-reduce made of puts, signals and local ``reduce`` tasks (algorithm: ``oneshot`` or
+  ``twoshot``, a config knob), fused with the residual add.
+* Vocabulary-parallel LM head: each rank computes the logits of its vocabulary rows, takes
+  their argmax (value, global index), exchanges the pair with every peer and combines them
+  (``argmax_combine``) into the next token, replicated on every rank.
+* GEMVs are tiled by ``tile`` weight rows; tiles are assigned to workers by ``policy``.
+  Small ops run as single tasks; chains of small ops that depend on each other (q_norm ->
+  rope, k_norm -> rope -> kv_append, gate tile -> up tile -> silu_mul tile) run on one worker
+  so queue order replaces a counter.
+* Synchronisation: one monotone counter per sync point per rank, waited on with a full
+  threshold (the number of producer signals per epoch), epoch-relative so it never needs a
+  reset. A wait is omitted only when every producer precedes the consumer on the same worker.
+  Cross-rank arrivals use one counter per (site, source rank, destination rank): a shared
+  counter fed by several sources could be satisfied by a fast peer's signal of the NEXT step
+  standing in for a slow peer's signal of this one. Receive buffers are double buffered
+  (``slots = 2``, region bound ``s = epoch mod 2``); a rank can be at most one step ahead of
+  a peer's read of a slot because every rank waits for every other rank's data each step.
+
+Every program this module emits is meant to pass ``validator.validate``; the tests check it
+for every tiny recipe x R in 1..4 x several configs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from amk.errors import AmkError
+from ir.program import (
+    DTYPE_BYTES, Bound, Buffer, Counter, Range, Region, ScheduleProgram, Signal, Target, Task,
+    Wait, WeightSource,
+)
+from lowering.config import LoweringConfig
+from lowering.costmodel import task_bytes
+from lowering.partition import Partition, partition, split_aligned, tiles
+from models.graph import GraphOp, ModelGraph
+
+SLOT = Range(Bound(0, 1), Bound(1, 1))  # s:s+1, the current receive slot
+
+
+def _r(a: int, b: int) -> Range:
+    return Range(Bound(a), Bound(b))
+
+
+@dataclass(frozen=True)
+class Ready:
+    """A value is ready on its rank once ``counter >= threshold`` (this epoch).
+
+    ``workers``: the workers of that rank whose tasks signal the counter; a consumer on the
+    only such worker needs no wait (queue order). Empty for remote producers."""
+
+    counter: str
+    threshold: int
+    workers: frozenset[int]
+
+
+@dataclass
+class Loc:
+    """Where a vector value lives on one rank: ``buffer[lead..., offset:offset+length]``."""
+
+    buffer: str
+    rank: int
+    offset: int
+    length: int
+    ready: tuple[Ready, ...]
+    lead: tuple[Range, ...] = ()
+
+    def region(self, a: int | None = None, b: int | None = None) -> Region:
+        a = 0 if a is None else a
+        b = self.length if b is None else b
+        if not (0 <= a <= b <= self.length):
+            raise ValueError(f"slice [{a}, {b}) outside value of {self.length} in {self.buffer}")
+        return Region(self.buffer, self.rank, self.lead + (_r(self.offset + a, self.offset + b),))
+
+
+class _Emitter:
+    """Accumulates buffers, counters and tasks; assigns workers by the policy."""
+
+    def __init__(self, name: str, ranks: int, cfg: LoweringConfig, target: Target,
+                 config: dict[str, Any]):
+        self.R, self.W, self.cfg = ranks, cfg.workers, cfg
+        self.prog = ScheduleProgram(name=name, ranks=ranks, workers=cfg.workers, target=target,
+                                    slots=2 if ranks > 1 else 1, config=config)
+        self.buffers: dict[str, Buffer] = {}
+        self.counters: dict[str, Counter] = {}
+        self.load = [[0] * cfg.workers for _ in range(ranks)]   # bytes per worker
+        self.cursor = [0] * ranks                               # round-robin position
+        self.seq_est = max(1, cfg.max_seq // 2)                 # for byte estimates
+        self.signal_workers: dict[str, set[int]] = {}
+
+    # -- declarations ------------------------------------------------------------------
+    def buffer(self, name: str, kind: str, dtype: str, shape: Sequence[int], rank: int | None,
+               source: WeightSource | None = None) -> str:
+        if name in self.buffers:
+            raise AssertionError(f"duplicate buffer {name}")
+        placement = "symmetric" if rank is None else "local"
+        buf = Buffer(name, kind, dtype, tuple(int(d) for d in shape), placement, rank, source)
+        self.buffers[name] = buf
+        self.prog.buffers.append(buf)
+        return name
+
+    def counter(self, name: str, rank: int) -> str:
+        if name not in self.counters:
+            c = Counter(name, rank)
+            self.counters[name] = c
+            self.prog.counters.append(c)
+        return name
+
+    # -- placement ---------------------------------------------------------------------
+    def place(self, rank: int, cost: int) -> int:
+        """Worker for the next unit of work (one tile or one fused chain) on ``rank``."""
+        if self.cfg.policy == "round_robin":
+            w = self.cursor[rank] % self.W
+            self.cursor[rank] += 1
+        else:  # balanced: least bytes so far, lowest index on ties
+            loads = self.load[rank]
+            w = min(range(self.W), key=lambda i: (loads[i], i))
+        self.load[rank][w] += cost
+        return w
+
+    def cost(self, op: str, ins: Sequence[Region], outs: Sequence[Region]) -> int:
+        t = Task("_", 0, 0, op, tuple(ins), tuple(outs))
+        return task_bytes(t, self.buffers, self.seq_est)
+
+    # -- tasks -------------------------------------------------------------------------
+    def task(self, id: str, rank: int, worker: int, op: str, ins: Sequence[Region],
+             outs: Sequence[Region], params: dict | None = None,
+             ready: Sequence[Ready] = (), signals: Sequence[str] = (),
+             group: str | None = None) -> Task:
+        need: dict[str, int] = {}
+        for rd in ready:
+            if rd.workers and rd.workers == {worker}:
+                continue  # every producer precedes this task on its own queue
+            need[rd.counter] = max(need.get(rd.counter, 0), rd.threshold)
+        t = Task(id=id, rank=rank, worker=worker, op=op, ins=tuple(ins), outs=tuple(outs),
+                 params=dict(params or {}),
+                 waits=tuple(Wait(c, th) for c, th in need.items()),
+                 signals=tuple(Signal(c, 1) for c in signals), group=group)
+        self.prog.tasks.append(t)
+        for c in signals:
+            if self.counters[c].rank == rank:
+                self.signal_workers.setdefault(c, set()).add(worker)
+        return t
+
+    def finish(self) -> ScheduleProgram:
+        """Drop signals to counters nobody waits on (and those counters)."""
+        waited = {w.counter for t in self.prog.tasks for w in t.waits}
+        for t in self.prog.tasks:
+            if any(s.counter not in waited for s in t.signals):
+                t.signals = tuple(s for s in t.signals if s.counter in waited)
+        self.prog.counters = [c for c in self.prog.counters if c.name in waited]
+        return self.prog
+
+
+def _expect(cond: bool, msg: str) -> None:
+    if not cond:
+        raise AmkError(f"lowering: unexpected graph: {msg}")
+
+
+def _layer_plan(graph: ModelGraph, layer: int) -> dict[str, GraphOp]:
+    """The ops of one decoder layer by role, checked against the structure lower() handles."""
+    ops = graph.layer_ops(layer)
+    plan: dict[str, GraphOp] = {}
+    for op in ops:
+        key = op.name.split(".", 1)[1] if "." in op.name else op.name
+        plan[key] = op
+    want = ["ln1", "q", "k", "v", "rope_q", "rope_k", "kv_append", "attn", "o", "res1", "ln2",
+            "gate", "up", "swiglu", "down", "res2"]
+    if graph.spec.qk_norm:
+        want += ["q_norm", "k_norm"]
+    missing = [k for k in want if k not in plan]
+    _expect(not missing, f"layer {layer} lacks ops {missing}")
+    extra = [k for k in plan if k not in want]
+    _expect(not extra, f"layer {layer} has ops the lowering does not handle: {extra}")
+    kinds = {"ln1": "rmsnorm", "q": "linear", "k": "linear", "v": "linear", "rope_q": "rope",
+             "rope_k": "rope", "kv_append": "kv_append", "attn": "attention", "o": "linear",
+             "res1": "add", "ln2": "rmsnorm", "gate": "linear", "up": "linear",
+             "swiglu": "swiglu", "down": "linear", "res2": "add", "q_norm": "rmsnorm",
+             "k_norm": "rmsnorm"}
+    for k in want:
+        _expect(plan[k].op == kinds[k], f"op {plan[k].name} is {plan[k].op}, expected {kinds[k]}")
+    return plan
+
+
+class _Lowerer:
+    def __init__(self, graph: ModelGraph, ranks: int, cfg: LoweringConfig, target: Target):
+        self.g, self.spec, self.R, self.cfg = graph, graph.spec, ranks, cfg
+        sp = self.spec
+        try:
+            self.part: Partition = partition(sp.heads, sp.kv_heads, sp.intermediate, sp.vocab,
+                                             ranks, align=cfg.tile)
+        except ValueError as e:
+            raise AmkError(f"cannot split {graph.name} over {ranks} ranks: {e}") from None
+        config = dict(cfg.to_json())
+        config["model"] = graph.name
+        name = f"{graph.name}-tp{ranks}-w{cfg.workers}"
+        self.e = _Emitter(name, ranks, cfg, target, config)
+        self.dt = cfg.dtype
+        self.D = sp.head_dim
+        self.H = sp.hidden
+        self.S = cfg.max_seq
+
+    # -- helpers -------------------------------------------------------------------------
+    def weight(self, name: str, rank: int, key: str, shape: Sequence[int],
+               ranges: tuple[tuple[int, int], ...] = (), dtype: str | None = None) -> str:
+        src = WeightSource(key, tuple(ranges))
+        return self.e.buffer(f"{name}.r{rank}", "weight", dtype or self.dt, shape, rank, src)
+
+    def act(self, name: str, rank: int, n: int) -> str:
+        return self.e.buffer(f"{name}.r{rank}", "activation", self.dt, (n,), rank)
+
+    def ready(self, counter: str, n: int, rank: int) -> Ready:
+        return Ready(counter, n, frozenset(self.e.signal_workers.get(counter, set())))
+
+    # -- stages --------------------------------------------------------------------------
+    def lower(self) -> ScheduleProgram:
+        sp, e = self.spec, self.e
+        self.tok, self.pos, self.inv = {}, {}, {}
+        for r in range(self.R):
+            self.tok[r] = e.buffer(f"token.r{r}", "io_input", "i32", (1,), r)
+            self.pos[r] = e.buffer(f"pos.r{r}", "io_input", "i32", (1,), r)
+            self.inv[r] = self.weight("rope.inv_freq", r, "amk.rope_inv_freq",
+                                      (self.D // 2,), dtype="f32")
+        x = self.embed()
+        for i in range(sp.layers):
+            x = self.layer(i, x)
+        head_op = self.g.ops[-1]
+        norm_op = self.g.ops[-2]
+        _expect(head_op.op == "lm_head" and norm_op.op == "rmsnorm",
+                "the graph must end with rmsnorm, lm_head")
+        xf = self.rmsnorm("final_norm", norm_op, x)
+        self.lm_head(head_op, xf)
+        return e.finish()
+
+    def embed(self) -> dict[int, Loc]:
+        op = self.g.ops[0]
+        _expect(op.op == "embed", "the graph must start with embed")
+        V, H = op.weights["table"].shape
+        out = {}
+        self.table = {}
+        for r in range(self.R):
+            tab = self.weight("embed", r, op.weights["table"].key, (V, H))
+            self.table[r] = tab
+            y = self.act("x.l0", r, H)
+            c = self.e.counter(f"c.embed.r{r}", r)
+            ins = [Region(tab, r, (_r(0, V), _r(0, H))), Region(self.tok[r], r, (_r(0, 1),))]
+            outs = [Region(y, r, (_r(0, H),))]
+            w = self.e.place(r, self.e.cost("embed", ins, outs))
+            self.e.task(f"embed.r{r}", r, w, "embed", ins, outs, signals=[c])
+            out[r] = Loc(y, r, 0, H, (self.ready(c, 1, r),))
+        return out
+
+    def rmsnorm(self, name: str, op: GraphOp, x: dict[int, Loc]) -> dict[int, Loc]:
+        """A full-width RMSNorm, one task per rank."""
+        H = op.params["dim"]
+        out = {}
+        for r in range(self.R):
+            w = self.weight(f"w.{name}", r, op.weights["w"].key, (H,))
+            y = self.act(f"{name}", r, H)
+            c = self.e.counter(f"c.{name}.r{r}", r)
+            ins = [x[r].region(), Region(w, r, (_r(0, H),))]
+            outs = [Region(y, r, (_r(0, H),))]
+            wk = self.e.place(r, self.e.cost("rmsnorm", ins, outs))
+            self.e.task(f"{name}.r{r}", r, wk, "rmsnorm", ins, outs,
+                        {"dim": H, "eps": float(op.params["eps"])}, ready=x[r].ready, signals=[c])
+            out[r] = Loc(y, r, 0, H, (self.ready(c, 1, r),))
+        return out
+
+    def gemv_tiles(self, tag: str, r: int, x: Loc, wbuf: str, k: int, rows: tuple[int, int],
+                   y: Callable[[int, int], Region], bias: str | None, counter: str,
+                   ready: Sequence[Ready] = (), fuse: Callable[[int, int, int], None] | None = None,
+                   group: str | None = None) -> int:
+        """GEMV tiles over local weight rows ``rows`` of ``wbuf`` ([n, k]); output rows
+        [a, b) of the tile go to ``y(a, b)`` (row indices local to wbuf). ``fuse(worker, a,
+        b)`` may emit follow-up tasks of the tile on the same worker (it then signals).
+        Returns the number of tiles (each signals ``counter`` once)."""
+        n = 0
+        for a, b in tiles(rows[0], rows[1], self.cfg.tile):
+            ins = [x.region(), Region(wbuf, r, (_r(a, b), _r(0, k)))]
+            if bias:
+                ins.append(Region(bias, r, (_r(a, b),)))
+            outs = [y(a, b)]
+            w = self.e.place(r, self.e.cost("gemv", ins, outs))
+            sig = [] if fuse else [counter]
+            self.e.task(f"{tag}.t{n}.r{r}", r, w, "gemv", ins, outs,
+                        ready=tuple(x.ready) + tuple(ready), signals=sig, group=group)
+            if fuse:
+                fuse(w, a, b)
+            n += 1
+        return n
+
+    def layer(self, i: int, x: dict[int, Loc]) -> dict[int, Loc]:
+        plan = _layer_plan(self.g, i)
+        xn = self.rmsnorm(f"l{i}.ln1", plan["ln1"], x)
+        attn = self.attention(i, plan, xn)
+        h = self.row_parallel(f"l{i}.attn", plan["o"], attn, x, self.part_heads)
+        hn = self.rmsnorm(f"l{i}.ln2", plan["ln2"], h)
+        m = self.mlp_in(i, plan, hn)
+        return self.row_parallel(f"l{i}.mlp", plan["down"], m, h, self.part_cols)
+
+    def part_heads(self, r: int) -> tuple[int, int]:
+        h0, h1 = self.part.shards[r].q_heads
+        return h0 * self.D, h1 * self.D
+
+    def part_cols(self, r: int) -> tuple[int, int]:
+        return self.part.shards[r].cols
+
+    def attention(self, i: int, plan: dict[str, GraphOp], xn: dict[int, Loc]) -> dict[int, Loc]:
+        """q/k/v projections, [q/k norm], RoPE, KV append and GQA attention per rank.
+        Returns each contributing rank's attention output (its query heads) as a Loc."""
+        e, D, H, S = self.e, self.D, self.H, self.S
+        out: dict[int, Loc] = {}
+        for r in range(self.R):
+            sh = self.part.shards[r]
+            if sh.n_q == 0:
+                continue
+            h0, h1 = sh.q_heads
+            g0, g1 = sh.kv_heads
+            nq, nkv = sh.n_q * D, sh.n_kv * D
+            bufs = {}
+            for role, (lo, hi) in (("q", (h0 * D, h1 * D)), ("k", (g0 * D, g1 * D)),
+                                   ("v", (g0 * D, g1 * D))):
+                op = plan[role]
+                wb = self.weight(f"w.l{i}.{role}", r, op.weights["w"].key, (hi - lo, H),
+                                 ((lo, hi), (0, H)))
+                bb = None
+                if "bias" in op.weights:
+                    bb = self.weight(f"b.l{i}.{role}", r, op.weights["bias"].key, (hi - lo,),
+                                     ((lo, hi),))
+                bufs[role] = (wb, bb, hi - lo, self.act(f"{role}.l{i}", r, hi - lo))
+            cq = e.counter(f"c.l{i}.q.r{r}", r)
+            ckv = e.counter(f"c.l{i}.kv.r{r}", r)
+            nt = {}
+            for role, c in (("q", cq), ("k", ckv), ("v", ckv)):
+                wb, bb, n, yb = bufs[role]
+                nt[role] = self.gemv_tiles(f"l{i}.{role}", r, xn[r], wb, H, (0, n),
+                                           lambda a, b, yb=yb: Region(yb, r, (_r(a, b),)), bb, c)
+            # q chain: [q_norm] -> rope, on one worker
+            q_in = bufs["q"][3]
+            qr = self.act(f"qr.l{i}", r, nq)
+            cqr = e.counter(f"c.l{i}.qr.r{r}", r)
+            chain = []
+            if "q_norm" in plan:
+                qn = self.act(f"qn.l{i}", r, nq)
+                wqn = self.weight(f"w.l{i}.q_norm", r, plan["q_norm"].weights["w"].key, (D,))
+                chain.append(("rmsnorm", [Region(q_in, r, (_r(0, nq),)), Region(wqn, r, (_r(0, D),))],
+                              [Region(qn, r, (_r(0, nq),))], {"dim": D, "eps": self.spec.eps}, "q_norm"))
+                q_in = qn
+            chain.append(("rope", [Region(q_in, r, (_r(0, nq),)), Region(self.inv[r], r, (_r(0, D // 2),)),
+                                   Region(self.pos[r], r, (_r(0, 1),))],
+                          [Region(qr, r, (_r(0, nq),))], {"head_dim": D}, "rope_q"))
+            self.chain(i, r, chain, [self.ready(cq, nt["q"], r)], cqr)
+            # kv chain: [k_norm] -> rope -> kv_append, on one worker
+            k_in, v_b = bufs["k"][3], bufs["v"][3]
+            kr = self.act(f"kr.l{i}", r, nkv)
+            kc = e.buffer(f"kc.l{i}.r{r}", "kv_cache", self.dt, (sh.n_kv, S, D), r)
+            vc = e.buffer(f"vc.l{i}.r{r}", "kv_cache", self.dt, (sh.n_kv, S, D), r)
+            ckc = e.counter(f"c.l{i}.kvc.r{r}", r)
+            chain = []
+            if "k_norm" in plan:
+                kn = self.act(f"kn.l{i}", r, nkv)
+                wkn = self.weight(f"w.l{i}.k_norm", r, plan["k_norm"].weights["w"].key, (D,))
+                chain.append(("rmsnorm", [Region(k_in, r, (_r(0, nkv),)), Region(wkn, r, (_r(0, D),))],
+                              [Region(kn, r, (_r(0, nkv),))], {"dim": D, "eps": self.spec.eps}, "k_norm"))
+                k_in = kn
+            chain.append(("rope", [Region(k_in, r, (_r(0, nkv),)), Region(self.inv[r], r, (_r(0, D // 2),)),
+                                   Region(self.pos[r], r, (_r(0, 1),))],
+                          [Region(kr, r, (_r(0, nkv),))], {"head_dim": D}, "rope_k"))
+            cache = (_r(0, sh.n_kv), _r(0, S), _r(0, D))
+            chain.append(("kv_append", [Region(kr, r, (_r(0, nkv),)), Region(v_b, r, (_r(0, nkv),)),
+                                        Region(self.pos[r], r, (_r(0, 1),))],
+                          [Region(kc, r, cache), Region(vc, r, cache)], {"head_dim": D}, "kv_append"))
+            self.chain(i, r, chain, [self.ready(ckv, nt["k"] + nt["v"], r)], ckc)
+            # attention: one task per local KV head (its query heads of this rank)
+            a = self.act(f"a.l{i}", r, nq)
+            ca = e.counter(f"c.l{i}.attn.r{r}", r)
+            rdy = [self.ready(cqr, 1, r), self.ready(ckc, 1, r)]
+            n_att = 0
+            for j, g in enumerate(range(g0, g1)):
+                lo, hi = self.part.kv_group_heads(r, g)
+                qa, qb = (lo - h0) * D, (hi - h0) * D
+                ins = [Region(qr, r, (_r(qa, qb),)),
+                       Region(kc, r, (_r(j, j + 1), _r(0, S), _r(0, D))),
+                       Region(vc, r, (_r(j, j + 1), _r(0, S), _r(0, D))),
+                       Region(self.pos[r], r, (_r(0, 1),))]
+                outs = [Region(a, r, (_r(qa, qb),))]
+                w = e.place(r, e.cost("attention", ins, outs))
+                e.task(f"l{i}.attn.kv{g}.r{r}", r, w, "attention", ins, outs,
+                       {"head_dim": D, "scale": float(self.spec.attn_scale)}, ready=rdy,
+                       signals=[ca])
+                n_att += 1
+            out[r] = Loc(a, r, 0, nq, (self.ready(ca, n_att, r),))
+        return out
+
+    def chain(self, i: int, r: int, steps: list, ready: list[Ready], counter: str) -> None:
+        """Emit dependent single tasks on one worker; the last one signals ``counter``."""
+        cost = sum(self.e.cost(op, ins, outs) for op, ins, outs, _, _ in steps)
+        w = self.e.place(r, cost)
+        for k, (op, ins, outs, params, tag) in enumerate(steps):
+            last = k == len(steps) - 1
+            self.e.task(f"l{i}.{tag}.r{r}", r, w, op, ins, outs, params,
+                        ready=ready if k == 0 else (), signals=[counter] if last else [])
+
+    def mlp_in(self, i: int, plan: dict[str, GraphOp], hn: dict[int, Loc]) -> dict[int, Loc]:
+        """gate/up column tiles and silu_mul, each tile's three tasks on one worker."""
+        e, H = self.e, self.H
+        out: dict[int, Loc] = {}
+        for r in range(self.R):
+            c0, c1 = self.part.shards[r].cols
+            n = c1 - c0
+            if n == 0:
+                continue
+            wg = self.weight(f"w.l{i}.gate", r, plan["gate"].weights["w"].key, (n, H),
+                             ((c0, c1), (0, H)))
+            wu = self.weight(f"w.l{i}.up", r, plan["up"].weights["w"].key, (n, H),
+                             ((c0, c1), (0, H)))
+            gb, ub, mb = self.act(f"g.l{i}", r, n), self.act(f"u.l{i}", r, n), self.act(f"m.l{i}", r, n)
+            cm = e.counter(f"c.l{i}.act.r{r}", r)
+            nt = 0
+            for a, b in tiles(0, n, self.cfg.tile):
+                steps = []
+                for tag, wb, yb in (("gate", wg, gb), ("up", wu, ub)):
+                    steps.append(("gemv", [hn[r].region(), Region(wb, r, (_r(a, b), _r(0, H)))],
+                                  [Region(yb, r, (_r(a, b),))], {}, f"{tag}.t{nt}"))
+                steps.append(("silu_mul", [Region(gb, r, (_r(a, b),)), Region(ub, r, (_r(a, b),))],
+                              [Region(mb, r, (_r(a, b),))], {}, f"silu.t{nt}"))
+                cost = sum(e.cost(op, ins, outs) for op, ins, outs, _, _ in steps)
+                w = e.place(r, cost)
+                for k, (op, ins, outs, params, tag) in enumerate(steps):
+                    e.task(f"l{i}.{tag}.r{r}", r, w, op, ins, outs, params,
+                           ready=hn[r].ready if k == 0 else (),
+                           signals=[cm] if k == len(steps) - 1 else [])
+                nt += 1
+            out[r] = Loc(mb, r, 0, n, (self.ready(cm, nt, r),))
+        return out
+
+    # -- row-parallel linear + all-reduce + residual ---------------------------------------
+    def row_parallel(self, site: str, op: GraphOp, xin: dict[int, Loc], resid: dict[int, Loc],
+                     cols_of: Callable[[int], tuple[int, int]]) -> dict[int, Loc]:
+        """``resid + W @ x`` with W split by columns over ranks (rank r holds W[:, cols_of(r)]
+        and the matching slice of x). Returns the result, replicated on every rank."""
+        e, H = self.e, self.H
+        contrib = [r for r in range(self.R) if r in xin]
+        wbuf = {}
+        for r in contrib:
+            c0, c1 = cols_of(r)
+            wbuf[r] = self.weight(f"w.{site}", r, op.weights["w"].key, (H, c1 - c0),
+                                  ((0, H), (c0, c1)))
+        if self.R == 1:
+            return self._row_single(site, xin, resid, wbuf)
+        if self.cfg.allreduce == "oneshot":
+            return self._row_oneshot(site, xin, resid, wbuf, contrib)
+        return self._row_twoshot(site, xin, resid, wbuf, contrib)
+
+    def _row_single(self, site, xin, resid, wbuf) -> dict[int, Loc]:
+        """R = 1: each GEMV tile is followed on its worker by the residual add of its rows."""
+        e, H, r = self.e, self.H, 0
+        out = self.act(f"{site}.out", r, H)
+        cnt = e.counter(f"c.{site}.out.r{r}", r)
+        if r not in xin:  # a model with no heads / columns cannot happen at R = 1
+            raise AmkError(f"lowering: {site} has no work on the only rank")
+        k = xin[r].length
+        part = self.act(f"{site}.part", r, H)
+
+        def fuse(w: int, a: int, b: int) -> None:
+            e.task(f"{site}.add.{a}.r{r}", r, w, "add",
+                   [Region(part, r, (_r(a, b),)), resid[r].region(a, b)],
+                   [Region(out, r, (_r(a, b),))], ready=resid[r].ready, signals=[cnt])
+
+        n = self.gemv_tiles(f"{site}.w", r, xin[r], wbuf[r], k, (0, H),
+                            lambda a, b: Region(part, r, (_r(a, b),)), None, cnt, fuse=fuse)
+        return {r: Loc(out, r, 0, H, (self.ready(cnt, n, r),))}
+
+    def _partials(self, site: str, xin, wbuf, contrib, buf: str, idx: dict[int, int]) -> dict[int, Ready]:
+        """Each contributor writes its partial into its own row of ``buf`` (slot s)."""
+        e, H = self.e, self.H
+        ready = {}
+        for r in contrib:
+            c = e.counter(f"c.{site}.part.r{r}", r)
+            k = xin[r].length
+            n = self.gemv_tiles(f"{site}.w", r, xin[r], wbuf[r], k, (0, H),
+                                lambda a, b, r=r: Region(buf, r, (SLOT, _r(idx[r], idx[r] + 1), _r(a, b))),
+                                None, c)
+            ready[r] = self.ready(c, n, r)
+        return ready
+
+    def _row_oneshot(self, site, xin, resid, wbuf, contrib) -> dict[int, Loc]:
+        """One-shot all-reduce: every contributor puts its whole partial into its row of every
+        peer's receive buffer (put-with-signal to a per-source arrival counter on the peer);
+        every rank then reduces all rows + residual in column tiles."""
+        e, H, R, P = self.e, self.H, self.R, len(contrib)
+        idx = {r: k for k, r in enumerate(contrib)}
+        rx = e.buffer(f"rx.{site}", "activation", self.dt, (2, P, H), None)
+        part = self._partials(site, xin, wbuf, contrib, rx, idx)
+        arrive: dict[tuple[int, int], str] = {}
+        for r in contrib:
+            for p in range(R):
+                if p == r:
+                    continue
+                c = e.counter(f"c.{site}.from{r}.r{p}", p)
+                arrive[(r, p)] = c
+                src = Region(rx, r, (SLOT, _r(idx[r], idx[r] + 1), _r(0, H)))
+                dst = Region(rx, p, (SLOT, _r(idx[r], idx[r] + 1), _r(0, H)))
+                w = e.place(r, e.cost("put", [src], [dst]))
+                e.task(f"{site}.put.r{r}.to{p}", r, w, "put", [src], [dst],
+                       ready=[part[r]], signals=[c], group=f"ar.{site}")
+        out = {}
+        for r in range(R):
+            y = self.act(f"{site}.out", r, H)
+            cnt = e.counter(f"c.{site}.red.r{r}", r)
+            rdy = list(resid[r].ready)
+            if r in part:
+                rdy.append(part[r])
+            rdy += [Ready(arrive[(q, r)], 1, frozenset()) for q in contrib if q != r]
+            n = 0
+            for a, b in tiles(0, H, self.cfg.tile):
+                ins = [Region(rx, r, (SLOT, _r(0, P), _r(a, b))), resid[r].region(a, b)]
+                outs = [Region(y, r, (_r(a, b),))]
+                w = e.place(r, e.cost("reduce", ins, outs))
+                e.task(f"{site}.red.t{n}.r{r}", r, w, "reduce", ins, outs, ready=rdy,
+                       signals=[cnt], group=f"ar.{site}")
+                n += 1
+            out[r] = Loc(y, r, 0, H, (self.ready(cnt, n, r),))
+        return out
+
+    def _row_twoshot(self, site, xin, resid, wbuf, contrib) -> dict[int, Loc]:
+        """Two-shot all-reduce: reduce-scatter (contributor r puts column block b of its
+        partial to rank b; rank b reduces block b + residual) then all-gather (rank b puts its
+        reduced block to every peer). Result on every rank in the symmetric gather buffer."""
+        e, H, R, P = self.e, self.H, self.R, len(contrib)
+        idx = {r: k for k, r in enumerate(contrib)}
+        rs = e.buffer(f"rs.{site}", "activation", self.dt, (2, P, H), None)
+        ag = e.buffer(f"ag.{site}", "activation", self.dt, (2, H), None)
+        part = self._partials(site, xin, wbuf, contrib, rs, idx)
+        blocks = split_aligned(H, R, self.cfg.tile)
+        owners = [b for b in range(R) if blocks[b][1] > blocks[b][0]]
+        arrive: dict[tuple[int, int], str] = {}
+        for r in contrib:
+            for b in owners:
+                if b == r:
+                    continue
+                c = e.counter(f"c.{site}.rs.from{r}.r{b}", b)
+                arrive[(r, b)] = c
+                lo, hi = blocks[b]
+                src = Region(rs, r, (SLOT, _r(idx[r], idx[r] + 1), _r(lo, hi)))
+                dst = Region(rs, b, (SLOT, _r(idx[r], idx[r] + 1), _r(lo, hi)))
+                w = e.place(r, e.cost("put", [src], [dst]))
+                e.task(f"{site}.rs.r{r}.to{b}", r, w, "put", [src], [dst], ready=[part[r]],
+                       signals=[c], group=f"ar.{site}")
+        red: dict[int, Ready] = {}
+        for b in owners:
+            lo, hi = blocks[b]
+            cnt = e.counter(f"c.{site}.red.r{b}", b)
+            rdy = list(resid[b].ready)
+            if b in part:
+                rdy.append(part[b])
+            rdy += [Ready(arrive[(q, b)], 1, frozenset()) for q in contrib if q != b]
+            n = 0
+            for a, c_ in tiles(lo, hi, self.cfg.tile):
+                ins = [Region(rs, b, (SLOT, _r(0, P), _r(a, c_))), resid[b].region(a, c_)]
+                outs = [Region(ag, b, (SLOT, _r(a, c_)))]
+                w = e.place(b, e.cost("reduce", ins, outs))
+                e.task(f"{site}.red.t{n}.r{b}", b, w, "reduce", ins, outs, ready=rdy,
+                       signals=[cnt], group=f"ar.{site}")
+                n += 1
+            red[b] = self.ready(cnt, n, b)
+        gathered: dict[tuple[int, int], str] = {}
+        for b in owners:
+            lo, hi = blocks[b]
+            for p in range(R):
+                if p == b:
+                    continue
+                c = e.counter(f"c.{site}.ag.from{b}.r{p}", p)
+                gathered[(b, p)] = c
+                src = Region(ag, b, (SLOT, _r(lo, hi)))
+                dst = Region(ag, p, (SLOT, _r(lo, hi)))
+                w = e.place(b, e.cost("put", [src], [dst]))
+                e.task(f"{site}.ag.r{b}.to{p}", b, w, "put", [src], [dst], ready=[red[b]],
+                       signals=[c], group=f"ar.{site}")
+        out = {}
+        for r in range(R):
+            rdy = [red[r]] if r in red else []
+            rdy += [Ready(gathered[(b, r)], 1, frozenset()) for b in owners if b != r]
+            out[r] = Loc(ag, r, 0, H, tuple(rdy), lead=(SLOT,))
+        return out
+
+    # -- LM head + cross-rank argmax -------------------------------------------------------
+    def lm_head(self, op: GraphOp, xf: dict[int, Loc]) -> None:
+        e, H, R = self.e, self.H, self.R
+        key = op.weights["w"].key
+        tied = key == self.g.ops[0].weights["table"].key
+        pairs = e.buffer("am.pairs", "activation", "f32", (2, R, 2), None) if R > 1 else None
+        am_worker: dict[int, int] = {}
+        for r in range(R):
+            v0, v1 = self.part.shards[r].vocab
+            nv = v1 - v0
+            logits = e.buffer(f"logits.r{r}", "io_output", self.dt, (nv,), r)
+            c = e.counter(f"c.lm.r{r}", r)
+            if tied:  # read the vocabulary rows straight from the full embedding table
+                wb, base = self.table[r], v0
+            else:
+                wb, base = self.weight("w.lm_head", r, key, (nv, H), ((v0, v1), (0, H))), 0
+            n = self.gemv_tiles("lm", r, xf[r], wb, H, (base, base + nv),
+                                lambda a, b, lg=logits, base=base: Region(lg, r, (_r(a - base, b - base),)),
+                                None, c)
+            # argmax -> puts -> combine on one worker (queue order links them)
+            if R > 1:
+                pair_out = Region(pairs, r, (SLOT, _r(r, r + 1), _r(0, 2)))
+            else:
+                pb = e.buffer("am.pair.r0", "activation", "f32", (1, 2), 0)
+                pair_out = Region(pb, 0, (_r(0, 1), _r(0, 2)))
+            w = e.place(r, e.cost("argmax", [Region(logits, r, (_r(0, nv),))], [pair_out]))
+            e.task(f"lm.argmax.r{r}", r, w, "argmax", [Region(logits, r, (_r(0, nv),))],
+                   [pair_out], {"offset": int(v0)}, ready=[self.ready(c, n, r)],
+                   group="am" if R > 1 else None)
+            am_worker[r] = w
+            for p in range(R):
+                if p == r:
+                    continue
+                ca = e.counter(f"c.am.from{r}.r{p}", p)
+                src = Region(pairs, r, (SLOT, _r(r, r + 1), _r(0, 2)))
+                dst = Region(pairs, p, (SLOT, _r(r, r + 1), _r(0, 2)))
+                e.task(f"lm.put.r{r}.to{p}", r, w, "put", [src], [dst], signals=[ca], group="am")
+        for r in range(R):
+            nxt = e.buffer(f"next.r{r}", "io_output", "i32", (1,), r)
+            w = am_worker[r]
+            if R > 1:
+                ins = [Region(pairs, r, (SLOT, _r(0, R), _r(0, 2)))]
+                rdy = [Ready(f"c.am.from{q}.r{r}", 1, frozenset()) for q in range(R) if q != r]
+            else:
+                ins = [Region("am.pair.r0", 0, (_r(0, 1), _r(0, 2)))]
+                rdy = []
+            e.task(f"lm.combine.r{r}", r, w, "argmax_combine", ins,
+                   [Region(nxt, r, (_r(0, 1),))], ready=rdy, group="am" if R > 1 else None)
+
+
+def lower(graph: ModelGraph, ranks: int, workers: int | None = None,
+          config: LoweringConfig | None = None, target: Target | None = None) -> ScheduleProgram:
+    """Lower a decode-step graph to a ScheduleProgram for ``ranks`` ranks.
+
+    ``workers`` overrides ``config.workers`` when given. ``target`` defaults to a generic
+    H100-like target (132 SMs, sim backend). Buffers: ``token.r{r}``, ``pos.r{r}`` (io_input
+    [1] i32: the token to embed and its position), ``logits.r{r}`` (io_output: logits of
+    rank r's vocabulary rows, in order), ``next.r{r}`` (io_output [1] i32: the greedy next
+    token, identical on every rank), KV caches ``kc.l{i}.r{r}`` / ``vc.l{i}.r{r}`` (kv_cache
+    [G_r, max_seq, head_dim]) and weights whose ``source`` names the state-dict key and slice.
+    Raises AmkError for a bad config, too many workers for the target, or a model that cannot
+    be split over ``ranks`` ranks.
+    """
+    if ranks < 1:
+        raise AmkError(f"--tp must be >= 1, got {ranks}")
+    cfg = (config or LoweringConfig())
+    if workers is not None:
+        cfg = cfg.replace(workers=workers)
+    cfg.validate()
+    target = target or Target()
+    if cfg.workers > target.max_workers:
+        raise AmkError(f"{cfg.workers} workers per rank exceed target {target.name}'s "
+                       f"co-residency limit of {target.max_workers}")
+    if graph.spec.max_position and cfg.max_seq > graph.spec.max_position:
+        raise AmkError(f"max_seq {cfg.max_seq} exceeds the model's max_position_embeddings "
+                       f"{graph.spec.max_position}")
+    return _Lowerer(graph, ranks, cfg, target).lower()
+
+
+def lowered_corpus_seeds(max_programs: int | None = None) -> list[ScheduleProgram]:
+    """Small real lowerings for the adversarial corpus: tiny recipes (1 layer, max_seq 8) at
+    R = 1..4 with a few configs. Builds graphs from configs only (no weights)."""
+    from models.graph import build_graph, spec_from_config
+    from models.recipes import build_config
+
+    out = []
+    combos = [("tiny-llama", 2, dict(tile=32, workers=2)),
+              ("tiny-qwen2", 2, dict(tile=48, workers=3, policy="balanced")),
+              ("tiny-qwen3", 3, dict(tile=32, workers=2, allreduce="twoshot")),
+              ("tiny-llama", 4, dict(tile=64, workers=2)),
+              ("tiny-qwen2", 1, dict(tile=64, workers=2)),
+              ("tiny-qwen3", 2, dict(tile=64, workers=1, allreduce="twoshot"))]
+    for name, ranks, knobs in combos:
+        cfgd = build_config(name)
+        cfgd.num_hidden_layers = 1
+        graph = build_graph(spec_from_config(cfgd), name=name)
+        out.append(lower(graph, ranks, config=LoweringConfig(max_seq=8, **knobs)))
+        if max_programs and len(out) >= max_programs:
+            break
+    return out

@@ -1,0 +1,312 @@
+"""Reference (ground-truth) torch implementations of every op in ir/ops.py.
+
+These functions define, to the bit for fp32 inputs, what each IR op computes. The CPU
+executor (lowering/sim.py) runs programs with them, and the Triton instruction library
+(lowering/triton/) is tested against them. They run on the CPU or any torch device.
+
+Calling convention
+------------------
+``apply_op(op, params, ins, outs)``: ``ins`` and ``outs`` are tensors shaped like the
+task's regions (e.g. a ``[1, 64]`` view for ``q[2:3, 0:64]``), in the order of
+``OpSpec.ins`` (+ optional ins) and ``OpSpec.outs``. The op reads ``ins`` and writes its
+result INTO ``outs`` (they are usually views of executor memory; they need not be
+contiguous). Inputs and outputs may alias: every op computes its whole result before it
+writes. Operands are interpreted by element count, as ir/ops.py's shape checks on squeezed
+shapes do: a vector operand is flattened; ``gemv``'s weight is ``[N, K]`` with
+``K = numel(x)``; ``reduce``'s partials are ``[k, N]`` with ``N = numel(y)``; cache regions are
+``[..., S, head_dim]`` (the last axis is the head dimension, the one before it the
+sequence, the product of the others the KV heads).
+
+Numerics (shared by all float ops): inputs are converted to fp32, the op is computed in
+fp32, the result is rounded once to the output's dtype. This is one rounding where HF's
+bf16 modules round several times (e.g. LlamaRMSNorm casts to the input dtype before the
+weight multiply; HF RoPE casts cos/sin to the activation dtype); in fp32 the formulas
+below are HF's, op for op, so results agree bit for bit with HF fp32 modules on the same
+device (see tests/test_reference_ops.py).
+
+=============== ==========================================================================
+op              exact definition (fp32 unless stated; y is outs[0])
+=============== ==========================================================================
+embed           y = table[token, :]; token = int(ins[1]) must be in [0, V) else
+                ReferenceOpError (an out-of-range row is never read).
+rmsnorm         per group g of ``dim`` consecutive elements of x:
+                y_g = w * (x_g * rsqrt(mean(x_g ** 2) + eps))   (HF LlamaRMSNorm, fp32).
+gemv            y = W @ x (+ bias): W viewed as [N, K], K = numel(x), fp32 matmul.
+rope            per head slice x_h (``head_dim`` elements): f = float(pos) * inv_freq
+                (fp32, [head_dim/2]); c = cos(cat(f, f)); s = sin(cat(f, f));
+                y_h = x_h * c + rotate_half(x_h) * s, rotate_half(v) = cat(-v[d/2:], v[:d/2])
+                (HF apply_rotary_pos_emb with LlamaRotaryEmbedding's cos/sin; attention
+                scaling 1). pos must be >= 0.
+kv_append       kc[g, pos, :] = k[g], vc[g, pos, :] = v[g] for every kv head g (k, v are
+                [G * head_dim]); pos must be in [0, S). Only row ``pos`` is written.
+attention       decode GQA over positions 0..pos (inclusive) of the cache:
+                for query head h (q is [Hq, head_dim]), g = h // (Hq / G):
+                a = softmax(q_h @ kc[g, :pos+1].T * scale) (fp32 softmax),
+                o_h = a @ vc[g, :pos+1]. Rows beyond pos are never read.
+silu_mul        y = silu(g) * u,   silu(v) = v * sigmoid(v)  (torch.nn.functional.silu).
+add             y = a + b.
+reduce          y = ((P[0] + P[1]) + ...) + P[k-1]  (sequential fp32 sum over k in index
+                order), then + residual if given. P viewed as [k, N], N = numel(y).
+argmax          y = (max(x), offset + i) as two fp32, i = the first index of the maximum
+                (torch.argmax: lowest index on ties; a NaN counts as the maximum).
+argmax_combine  pairs viewed as [k, 2] = (value, index); token = the smallest index among
+                the pairs with the largest value (so the combination equals a global
+                first-occurrence argmax); a NaN value counts as the largest. An index that
+                is NaN or not an integer gives INT_POISON (the executor's unwritten-int
+                sentinel) so poisoned inputs stay visible.
+copy            y = x, converted to y's dtype (torch ``copy_`` rounding: round to nearest even).
+put             y = x (the executor decides where and when the data lands).
+quiet, fence,   no data (the executor implements their ordering effects).
+nop
+=============== ==========================================================================
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ir.program import DTYPES
+
+#: torch dtype of each IR dtype.
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "bf16": torch.bfloat16,
+    "f16": torch.float16,
+    "f32": torch.float32,
+    "i32": torch.int32,
+}
+assert set(TORCH_DTYPES) == set(DTYPES)
+
+#: Sentinel written for "no valid integer" (unwritten int memory in the sim, NaN index in
+#: argmax_combine). Chosen far outside any vocabulary or position range.
+INT_POISON = -(2**31)
+
+
+class ReferenceOpError(ValueError):
+    """An op received operands it cannot compute with (bad shape, index out of range)."""
+
+
+def torch_dtype(dtype: str) -> torch.dtype:
+    """The torch dtype for an IR dtype name (``bf16``, ``f16``, ``f32``, ``i32``)."""
+    try:
+        return TORCH_DTYPES[dtype]
+    except KeyError:
+        raise ValueError(f"unknown IR dtype {dtype!r}; expected one of {sorted(TORCH_DTYPES)}") from None
+
+
+def _f32(t: torch.Tensor) -> torch.Tensor:
+    """``t`` flattened, as fp32 (no copy when it already is one)."""
+    if t.dim() != 1:
+        t = t.reshape(-1)
+    return t if t.dtype is torch.float32 else t.to(torch.float32)
+
+
+def _store(out: torch.Tensor, value: torch.Tensor, op: str) -> None:
+    """Write ``value`` (any shape with the same numel) into ``out``, casting to its dtype."""
+    if value.shape != out.shape:
+        if value.numel() != out.numel():
+            raise ReferenceOpError(f"{op}: result has {value.numel()} elements, output region {out.numel()}")
+        value = value.reshape(out.shape)
+    out.copy_(value)
+
+
+def _index(t: torch.Tensor, op: str, role: str) -> int:
+    if t.numel() != 1:
+        raise ReferenceOpError(f"{op}: {role} must hold 1 element, got {t.numel()}")
+    return int(t.reshape(-1)[0].item())
+
+
+def _embed(p, ins, outs):
+    table, token = ins
+    tab = table.reshape(-1, table.shape[-1]) if table.dim() >= 2 else table.reshape(1, -1)
+    tok = _index(token, "embed", "token")
+    if not 0 <= tok < tab.shape[0]:
+        raise ReferenceOpError(f"embed: token {tok} out of range [0, {tab.shape[0]})")
+    _store(outs[0], tab[tok], "embed")
+
+
+def _rmsnorm(p, ins, outs):
+    x, w = ins[0], ins[1]
+    dim, eps = int(p["dim"]), float(p["eps"])
+    if x.numel() % dim or w.numel() != dim:
+        raise ReferenceOpError(f"rmsnorm: input {x.numel()} / weight {w.numel()} elements vs dim={dim}")
+    h = _f32(x).reshape(-1, dim)
+    variance = h.pow(2).mean(-1, keepdim=True)
+    h = h * torch.rsqrt(variance + eps)
+    _store(outs[0], _f32(w) * h, "rmsnorm")
+
+
+def _gemv(p, ins, outs):
+    x, w = ins[0], ins[1]
+    k = x.numel()
+    if k == 0 or w.numel() % k:
+        raise ReferenceOpError(f"gemv: weight has {w.numel()} elements, not a multiple of K={k}")
+    w2 = w if w.dim() == 2 and w.shape[1] == k else w.reshape(-1, k)
+    if w2.dtype is not torch.float32:
+        w2 = w2.to(torch.float32)
+    y = torch.mv(w2, _f32(x))
+    if len(ins) > 2:
+        y += _f32(ins[2])
+    _store(outs[0], y, "gemv")
+
+
+def rope_cos_sin(inv_freq: torch.Tensor, pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of ``cat(f, f)`` with ``f = float(pos) * inv_freq`` (fp32, [head_dim]).
+
+    Same arithmetic as transformers' LlamaRotaryEmbedding.forward (position as fp32 times
+    inv_freq in fp32), with attention scaling 1.
+    """
+    f = torch.tensor(float(pos), dtype=torch.float32) * _f32(inv_freq)
+    emb = torch.cat((f, f))
+    return emb.cos(), emb.sin()
+
+
+def _rope(p, ins, outs):
+    x, inv_freq, pos_t = ins
+    hd = int(p["head_dim"])
+    if x.numel() % hd or inv_freq.numel() * 2 != hd:
+        raise ReferenceOpError(f"rope: x {x.numel()} / inv_freq {inv_freq.numel()} elements vs head_dim={hd}")
+    pos = _index(pos_t, "rope", "pos")
+    if pos < 0:
+        raise ReferenceOpError(f"rope: position {pos} is negative")
+    cos, sin = rope_cos_sin(inv_freq, pos)
+    h = _f32(x).reshape(-1, hd)
+    rot = torch.cat((-h[:, hd // 2:], h[:, : hd // 2]), dim=-1)
+    _store(outs[0], h * cos + rot * sin, "rope")
+
+
+def _cache(t: torch.Tensor, hd: int, op: str, role: str) -> torch.Tensor:
+    if t.dim() < 2 or t.shape[-1] != hd:
+        raise ReferenceOpError(f"{op}: {role} region of shape {tuple(t.shape)} is not [..., S, head_dim={hd}]")
+    return t
+
+
+def _kv_append(p, ins, outs):
+    k, v, pos_t = ins
+    hd = int(p["head_dim"])
+    pos = _index(pos_t, "kv_append", "pos")
+    for name, src, cache in (("k cache", k, outs[0]), ("v cache", v, outs[1])):
+        c = _cache(cache, hd, "kv_append", name)
+        if not 0 <= pos < c.shape[-2]:
+            raise ReferenceOpError(f"kv_append: position {pos} out of range [0, {c.shape[-2]}) of the {name}")
+        row = c[..., pos, :]  # a view: [..leading.., head_dim]
+        if src.numel() != row.numel():
+            raise ReferenceOpError(f"kv_append: {name} holds {row.numel() // hd} heads, source has {src.numel()} elements")
+        row.copy_(src.reshape(row.shape))
+
+
+def _attention(p, ins, outs):
+    q, kc, vc, pos_t = ins
+    hd, scale = int(p["head_dim"]), float(p["scale"])
+    pos = _index(pos_t, "attention", "pos")
+    kc, vc = _cache(kc, hd, "attention", "k cache"), _cache(vc, hd, "attention", "v cache")
+    s = kc.shape[-2]
+    if not 0 <= pos < s or vc.shape[-2] != s:
+        raise ReferenceOpError(f"attention: position {pos} out of range [0, {s}) of the cache")
+    k = kc[..., : pos + 1, :].reshape(-1, pos + 1, hd).to(torch.float32)  # [G, L, D]
+    v = vc[..., : pos + 1, :].reshape(-1, pos + 1, hd).to(torch.float32)
+    g = k.shape[0]
+    if q.numel() % hd or v.shape[0] != g:
+        raise ReferenceOpError(f"attention: q {q.numel()} elements / caches {tuple(kc.shape)}, {tuple(vc.shape)} mismatch")
+    hq = q.numel() // hd
+    if hq % g:
+        raise ReferenceOpError(f"attention: {hq} query heads do not split over {g} kv heads")
+    qh = _f32(q).reshape(g, hq // g, hd)  # head h -> kv head h // (hq // g)
+    scores = torch.matmul(qh, k.transpose(1, 2)) * scale  # [G, Hq/G, L]
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
+    _store(outs[0], torch.matmul(probs, v), "attention")
+
+
+def _silu_mul(p, ins, outs):
+    _store(outs[0], F.silu(_f32(ins[0])) * _f32(ins[1]), "silu_mul")
+
+
+def _add(p, ins, outs):
+    _store(outs[0], _f32(ins[0]) + _f32(ins[1]), "add")
+
+
+def _reduce(p, ins, outs):
+    n = outs[0].numel()
+    part = ins[0]
+    if n == 0 or part.numel() % n:
+        raise ReferenceOpError(f"reduce: partials have {part.numel()} elements, not a multiple of N={n}")
+    rows = part.reshape(-1, n)
+    acc = rows[0].to(torch.float32, copy=True)
+    for i in range(1, rows.shape[0]):  # fixed order: a backend can match it bit for bit
+        acc += rows[i]  # accumulates in fp32 (acc's dtype)
+    if len(ins) > 1:
+        acc += _f32(ins[1])
+    _store(outs[0], acc, "reduce")
+
+
+def _argmax(p, ins, outs):
+    x = _f32(ins[0])
+    if x.numel() == 0:
+        raise ReferenceOpError("argmax: empty input")
+    i = int(torch.argmax(x).item())  # first maximum; NaN is the maximum
+    val = x[i]
+    _store(outs[0], torch.stack((val, torch.tensor(float(int(p["offset"]) + i)))), "argmax")
+
+
+def _argmax_combine(p, ins, outs):
+    pairs = ins[0].reshape(-1, 2).to(torch.float32)
+    if pairs.shape[0] == 0:
+        raise ReferenceOpError("argmax_combine: no pairs")
+    vals, idx = pairs[:, 0], pairs[:, 1]
+    nan = torch.isnan(vals)
+    best = nan if bool(nan.any()) else vals == vals.max()
+    cand = idx[best]
+    if bool(torch.isnan(cand).any()) or bool((cand != torch.round(cand)).any()):
+        tok = INT_POISON
+    else:
+        tok = int(cand.min().item())
+    _store(outs[0], torch.tensor([tok], dtype=torch.int64), "argmax_combine")
+
+
+def _copy(p, ins, outs):
+    _store(outs[0], ins[0], "copy")
+
+
+def _nothing(p, ins, outs):
+    return None
+
+
+OpFn = Callable[[dict, Sequence[torch.Tensor], Sequence[torch.Tensor]], None]
+
+#: The implementation of each op (argument order: params, ins, outs).
+IMPLS: dict[str, OpFn] = {
+    "embed": _embed,
+    "rmsnorm": _rmsnorm,
+    "gemv": _gemv,
+    "rope": _rope,
+    "kv_append": _kv_append,
+    "attention": _attention,
+    "silu_mul": _silu_mul,
+    "add": _add,
+    "reduce": _reduce,
+    "argmax": _argmax,
+    "argmax_combine": _argmax_combine,
+    "copy": _copy,
+    "put": _copy,
+    "quiet": _nothing,
+    "fence": _nothing,
+    "nop": _nothing,
+}
+
+
+def apply_op(op: str, params: dict[str, Any], ins: Sequence[torch.Tensor],
+             outs: Sequence[torch.Tensor]) -> None:
+    """Compute IR op ``op`` on ``ins`` and write the result into the ``outs`` tensors.
+
+    See the module docstring for each op's exact definition. Raises ReferenceOpError for
+    operands the op cannot use (wrong element counts, token or position out of range),
+    KeyError for an op that ir/ops.py does not define.
+    """
+    try:
+        fn = IMPLS[op]
+    except KeyError:
+        raise KeyError(f"unknown op {op!r}") from None
+    with torch.no_grad():
+        fn(params, ins, outs)

@@ -1,0 +1,567 @@
+"""The persistent megakernel: queue loop, counter waits, opcode dispatch, signals, watchdog.
+
+One launch runs one decode step (epoch) of one rank. Grid = number of workers; program
+(CTA) ``w`` is worker ``w`` and runs its queue, rows ``qstart[w] .. qstart[w+1]-1`` of the
+task table (table.py), in order:
+
+1. **Waits.** For each wait ``(counter, N, offset, t)``: spin until
+   ``counter - need >= 0`` in wrapping int32, ``need = (epoch + offset) * N + t``. On the GPU
+   every thread polls with ``ld.acquire.gpu.global.b32`` (inline PTX): a plain load with
+   acquire semantics, no read-modify-write, so pollers do not serialise on the line and each
+   thread's later loads are ordered after its own acquire. Under the interpreter the poll is
+   a volatile load (programs run one after another there).
+2. **Op.** A flat if/elif chain on the row's runtime opcode calls the row decoder of that
+   *variant* (op + operand dtypes + layout flags, all compile-time), which reads the
+   operand descriptors and params from the row and calls the op's device function in
+   ops.py. Position / token operands are range-checked first; a bad one is reported, never
+   used as an address.
+3. **Barrier + signals.** ``tl.debug_barrier()`` (bar.sync: every thread's loads and stores
+   of the task are done and visible CTA-wide; also orders this task's writes before the
+   next task's reads on the same worker), then each signal is one
+   ``atomic_add(counter, amount, sem="release")``, scope ``gpu`` for the own rank's counters
+   and ``sys`` for another rank's (issue 6). A scalar atomic runs on one thread; the
+   barrier before it makes the release cover the whole CTA's writes (PTX cumulativity).
+   Tasks with a system-scope signal first run ``fence.acq_rel.sys`` in every thread.
+
+Watchdog: on the GPU every wait reads ``%globaltimer`` while it spins and gives up after
+``timeout`` ns; under the interpreter it gives up after ``timeout`` polls (with one
+worker in topological order a wait that fails once never succeeds). A worker that gives up
+writes an error record (kind, task row, wait index, value seen, value needed, epoch) into
+its row of the ``err`` array, tags the shared abort word with ``epoch + 1`` so the other
+workers stop waiting at once, and leaves its queue. The host reads the records after the
+launch and raises an error naming the stuck tasks (runtime.py). Every worker also stores
+how many tasks it completed, which the host checks against its queue length.
+
+Error record (int64 x ERR_W per worker): [kind, row, a, b, c, epoch, tasks done, 0];
+kinds: 1 wait timed out (a = wait index, b = value seen, c = value needed), 2 position out
+of range (a = pos, b = cache length), 3 token out of range (a = token, b = vocab rows),
+4 aborted because another worker failed (a, b, c as for 1). The abort word follows the W
+records.
+
+The kernel source is *generated* per program (``generate_source``): the dispatch lists
+only the variants the program uses, each with its dtypes and flags as constants. The
+generated module imports the device functions below; ``load_kernel`` writes it to a cache
+file (Triton's JIT needs a source file) and imports it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import triton
+import triton.language as tl
+
+from lowering.triton import ops as K
+from lowering.triton import table as T
+from lowering.triton.ops import INTERPRET
+
+# Table layout as compile-time constants for the device code.
+_F_OP = tl.constexpr(T.F_OP)
+_F_NWAIT = tl.constexpr(T.F_NWAIT)
+_F_WAIT0 = tl.constexpr(T.F_WAIT0)
+_F_NSIG = tl.constexpr(T.F_NSIG)
+_F_SIG0 = tl.constexpr(T.F_SIG0)
+_F_P0 = tl.constexpr(T.F_P0)
+_F_OPND = tl.constexpr(T.F_OPND)
+_F_FLAGS = tl.constexpr(T.F_FLAGS)
+_OPND_W = tl.constexpr(T.OPND_W)
+_ROW = tl.constexpr(T.ROW)
+_WAIT_W = tl.constexpr(T.WAIT_W)
+_SIG_W = tl.constexpr(T.SIG_W)
+_SCOPE_GPU = tl.constexpr(T.SCOPE_GPU)
+
+ERR_W = 8
+_ERR_W = tl.constexpr(ERR_W)
+KIND_OK, KIND_TIMEOUT, KIND_POS, KIND_TOKEN, KIND_ABORTED = 0, 1, 2, 3, 4
+_KIND_TIMEOUT = tl.constexpr(KIND_TIMEOUT)
+_KIND_POS = tl.constexpr(KIND_POS)
+_KIND_TOKEN = tl.constexpr(KIND_TOKEN)
+_KIND_ABORTED = tl.constexpr(KIND_ABORTED)
+
+
+# ---------------------------------------------------------------- sync primitives
+@triton.jit
+def acquire_load(p):
+    """int32 at ``p`` with acquire semantics at GPU scope (``ld.acquire.gpu``), executed by
+    every thread. Interpreter: a volatile load."""
+    if INTERPRET:
+        v = tl.load(p, volatile=True)
+    else:
+        v = tl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [p],
+                                      dtype=tl.int32, is_pure=False, pack=1)
+    return v
+
+
+@triton.jit
+def global_timer():
+    """%globaltimer in ns (GPU only)."""
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def wait_counter(ctr, need, abort_ptr, abort_tag, timeout):
+    """Spin until ``*ctr - need >= 0`` (wrapping int32). Returns (value seen, kind):
+    kind 0 = satisfied, 1 = timed out, 4 = another worker aborted this epoch.
+    ``timeout``: ns on the GPU, number of polls under the interpreter."""
+    v = acquire_load(ctr)
+    if INTERPRET:
+        it = 0
+        while ((v - need) < 0) & (it < timeout):
+            v = acquire_load(ctr)
+            it += 1
+        kind = tl.where((v - need) < 0, _KIND_TIMEOUT, 0)
+    else:
+        t0 = global_timer()
+        now = t0
+        ab = abort_tag - 1
+        while ((v - need) < 0) & ((now - t0) < timeout) & (ab != abort_tag):
+            v = acquire_load(ctr)
+            now = global_timer()
+            ab = tl.load(abort_ptr, volatile=True)
+        kind = tl.where((v - need) < 0, tl.where(ab == abort_tag, _KIND_ABORTED, _KIND_TIMEOUT), 0)
+    return v, kind
+
+
+@triton.jit
+def signal_counter(ctr, amount, scope):
+    """``*ctr += amount`` with release semantics: GPU scope for the own rank, system scope
+    for a peer's counter (a single thread performs a scalar atomic)."""
+    if scope == _SCOPE_GPU:
+        tl.atomic_add(ctr, amount, sem="release", scope="gpu")
+    else:
+        tl.atomic_add(ctr, amount, sem="release", scope="sys")
+
+
+# ---------------------------------------------------------------- row decoding
+@triton.jit
+def _ptr(A_BF16, A_F16, A_F32, A_I32, DT: tl.constexpr):
+    """The arena viewed as DT."""
+    if DT == tl.bfloat16:
+        p = A_BF16
+    elif DT == tl.float16:
+        p = A_F16
+    elif DT == tl.float32:
+        p = A_F32
+    else:
+        p = A_I32
+    return p
+
+
+@triton.jit
+def _opnd(row, KK: tl.constexpr, slot):
+    """Operand KK of a row: (element offset at this slot, n0, n1, n2, s0, s1, s2)."""
+    b = row + (_F_OPND + KK * _OPND_W)
+    off = tl.load(b) + tl.load(b + 1) * slot
+    return (off, tl.load(b + 2).to(tl.int32), tl.load(b + 3).to(tl.int32), tl.load(b + 4).to(tl.int32),
+            tl.load(b + 5).to(tl.int32), tl.load(b + 6).to(tl.int32), tl.load(b + 7).to(tl.int32))
+
+
+@triton.jit
+def _param_i(row, J: tl.constexpr):
+    return tl.load(row + (_F_P0 + J)).to(tl.int32)
+
+
+@triton.jit
+def _param_f(row, J: tl.constexpr):
+    return tl.load(row + (_F_P0 + J)).to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _ok():
+    return tl.full([], 0, dtype=tl.int32)
+
+
+@triton.jit
+def _fail(err, kind, a, b):
+    tl.store(err + 2, a.to(tl.int64))
+    tl.store(err + 3, b.to(tl.int64))
+    return tl.full([], 0, dtype=tl.int32) + kind
+
+
+@triton.jit
+def t_embed(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DTAB: tl.constexpr, DTOK: tl.constexpr,
+            DY: tl.constexpr, BLOCK: tl.constexpr):
+    to, tn0, tn1, tn2, ts0, ts1, ts2 = _opnd(row, 0, slot)
+    ko, kn0, kn1, kn2, ks0, ks1, ks2 = _opnd(row, 1, slot)
+    yo, yn0, yn1, yn2, ys0, ys1, ys2 = _opnd(row, 2, slot)
+    tok = tl.load(_ptr(A_BF16, A_F16, A_F32, A_I32, DTOK) + ko).to(tl.int32)
+    if (tok < 0) | (tok >= tn1):
+        st = _fail(err, _KIND_TOKEN, tok, tn1)
+    else:
+        K.embed(_ptr(A_BF16, A_F16, A_F32, A_I32, DTAB) + to, ts1, ts2, tok,
+                _ptr(A_BF16, A_F16, A_F32, A_I32, DY) + yo, yn1, yn2, ys0, ys1, ys2, tn2, BLOCK)
+        st = _ok()
+    return st
+
+
+@triton.jit
+def t_rmsnorm(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DW: tl.constexpr,
+              DY: tl.constexpr, BLOCK: tl.constexpr):
+    xo, xn0, xn1, xn2, xs0, xs1, xs2 = _opnd(row, 0, slot)
+    wo, wn0, wn1, wn2, ws0, ws1, ws2 = _opnd(row, 1, slot)
+    yo, yn0, yn1, yn2, ys0, ys1, ys2 = _opnd(row, 2, slot)
+    K.rmsnorm(_ptr(A_BF16, A_F16, A_F32, A_I32, DX) + xo, xn1, xn2, xs0, xs1, xs2,
+              _ptr(A_BF16, A_F16, A_F32, A_I32, DW) + wo, wn1, wn2, ws0, ws1, ws2,
+              _ptr(A_BF16, A_F16, A_F32, A_I32, DY) + yo, yn1, yn2, ys0, ys1, ys2,
+              xn0 * xn1 * xn2, _param_i(row, 0), _param_f(row, 1), BLOCK)
+    return _ok()
+
+
+@triton.jit
+def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DW: tl.constexpr,
+           DB: tl.constexpr, DY: tl.constexpr, HAS_BIAS: tl.constexpr, X_CONTIG: tl.constexpr,
+           W_CONTIG: tl.constexpr, W_ALIGN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    xo, xn0, xn1, xn2, xs0, xs1, xs2 = _opnd(row, 0, slot)
+    wo, wn0, wn1, wn2, ws0, ws1, ws2 = _opnd(row, 1, slot)
+    if W_ALIGN > 1:
+        wo = tl.multiple_of(wo, W_ALIGN)
+    if HAS_BIAS:
+        bo, bn0, bn1, bn2, bs0, bs1, bs2 = _opnd(row, 2, slot)
+        yo, yn0, yn1, yn2, ys0, ys1, ys2 = _opnd(row, 3, slot)
+        bp = _ptr(A_BF16, A_F16, A_F32, A_I32, DB) + bo
+    else:
+        yo, yn0, yn1, yn2, ys0, ys1, ys2 = _opnd(row, 2, slot)
+        bp = _ptr(A_BF16, A_F16, A_F32, A_I32, DY) + yo
+        bn1, bn2, bs0, bs1, bs2 = yn1, yn2, ys0, ys1, ys2
+    K.gemv(_ptr(A_BF16, A_F16, A_F32, A_I32, DX) + xo, xn1, xn2, xs0, xs1, xs2,
+           _ptr(A_BF16, A_F16, A_F32, A_I32, DW) + wo, ws1, ws2, bp, bn1, bn2, bs0, bs1, bs2,
+           _ptr(A_BF16, A_F16, A_F32, A_I32, DY) + yo, yn1, yn2, ys0, ys1, ys2, wn1, wn2,
+           HAS_BIAS, X_CONTIG, W_CONTIG, W_ALIGN, BLOCK_N, BLOCK_K)
+    return _ok()
+
+
+@triton.jit
+def t_rope(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DF: tl.constexpr,
+           DP: tl.constexpr, DY: tl.constexpr, BLOCK: tl.constexpr):
+    xo, xn0, xn1, xn2, xs0, xs1, xs2 = _opnd(row, 0, slot)
+    fo, fn0, fn1, fn2, fs0, fs1, fs2 = _opnd(row, 1, slot)
+    po, pn0, pn1, pn2, ps0, ps1, ps2 = _opnd(row, 2, slot)
+    yo, yn0, yn1, yn2, ys0, ys1, ys2 = _opnd(row, 3, slot)
+    pos = tl.load(_ptr(A_BF16, A_F16, A_F32, A_I32, DP) + po).to(tl.int32)
+    if pos < 0:
+        st = _fail(err, _KIND_POS, pos, pos * 0)
+    else:
+        K.rope(_ptr(A_BF16, A_F16, A_F32, A_I32, DX) + xo, xn1, xn2, xs0, xs1, xs2,
+               _ptr(A_BF16, A_F16, A_F32, A_I32, DF) + fo, fn1, fn2, fs0, fs1, fs2, pos,
+               _ptr(A_BF16, A_F16, A_F32, A_I32, DY) + yo, yn1, yn2, ys0, ys1, ys2,
+               xn0 * xn1 * xn2, _param_i(row, 0), BLOCK)
+        st = _ok()
+    return st
+
+
+@triton.jit
+def t_kv_append(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DK: tl.constexpr, DV: tl.constexpr,
+                DP: tl.constexpr, DKC: tl.constexpr, DVC: tl.constexpr, BLOCK: tl.constexpr):
+    ko, kn0, kn1, kn2, ks0, ks1, ks2 = _opnd(row, 0, slot)
+    vo, vn0, vn1, vn2, vs0, vs1, vs2 = _opnd(row, 1, slot)
+    po, pn0, pn1, pn2, ps0, ps1, ps2 = _opnd(row, 2, slot)
+    co, cg, cs, cd, cgs, css, cds = _opnd(row, 3, slot)
+    uo, ug, us, ud, ugs, uss, uds = _opnd(row, 4, slot)
+    pos = tl.load(_ptr(A_BF16, A_F16, A_F32, A_I32, DP) + po).to(tl.int32)
+    if (pos < 0) | (pos >= cs):
+        st = _fail(err, _KIND_POS, pos, cs)
+    else:
+        K.kv_append(_ptr(A_BF16, A_F16, A_F32, A_I32, DK) + ko, kn1, kn2, ks0, ks1, ks2,
+                    _ptr(A_BF16, A_F16, A_F32, A_I32, DV) + vo, vn1, vn2, vs0, vs1, vs2, pos,
+                    _ptr(A_BF16, A_F16, A_F32, A_I32, DKC) + co, cgs, css, cds,
+                    _ptr(A_BF16, A_F16, A_F32, A_I32, DVC) + uo, ugs, uss, uds, cg, cd, BLOCK)
+        st = _ok()
+    return st
+
+
+@triton.jit
+def t_attention(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DQ: tl.constexpr, DKC: tl.constexpr,
+                DVC: tl.constexpr, DP: tl.constexpr, DO: tl.constexpr, BLOCK_T: tl.constexpr,
+                BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr):
+    qo, qn0, qn1, qn2, qs0, qs1, qs2 = _opnd(row, 0, slot)
+    co, cg, cs, cd, cgs, css, cds = _opnd(row, 1, slot)
+    uo, ug, us, ud, ugs, uss, uds = _opnd(row, 2, slot)
+    po, pn0, pn1, pn2, ps0, ps1, ps2 = _opnd(row, 3, slot)
+    oo, on0, on1, on2, os0, os1, os2 = _opnd(row, 4, slot)
+    pos = tl.load(_ptr(A_BF16, A_F16, A_F32, A_I32, DP) + po).to(tl.int32)
+    if (pos < 0) | (pos >= cs):
+        st = _fail(err, _KIND_POS, pos, cs)
+    else:
+        hq = (qn0 * qn1 * qn2) // cd
+        K.attention(_ptr(A_BF16, A_F16, A_F32, A_I32, DQ) + qo, qn1, qn2, qs0, qs1, qs2,
+                    _ptr(A_BF16, A_F16, A_F32, A_I32, DKC) + co, cgs, css, cds,
+                    _ptr(A_BF16, A_F16, A_F32, A_I32, DVC) + uo, ugs, uss, uds, pos,
+                    _ptr(A_BF16, A_F16, A_F32, A_I32, DO) + oo, on1, on2, os0, os1, os2,
+                    hq, cg, cd, _param_f(row, 1), BLOCK_T, BLOCK_D, BLOCK_Q)
+        st = _ok()
+    return st
+
+
+@triton.jit
+def t_silu_mul(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DG: tl.constexpr, DU: tl.constexpr,
+               DY: tl.constexpr, BLOCK: tl.constexpr):
+    go, gn0, gn1, gn2, gs0, gs1, gs2 = _opnd(row, 0, slot)
+    uo, un0, un1, un2, us0, us1, us2 = _opnd(row, 1, slot)
+    yo, yn0, yn1, yn2, ys0, ys1, ys2 = _opnd(row, 2, slot)
+    K.silu_mul(_ptr(A_BF16, A_F16, A_F32, A_I32, DG) + go, gn1, gn2, gs0, gs1, gs2,
+               _ptr(A_BF16, A_F16, A_F32, A_I32, DU) + uo, un1, un2, us0, us1, us2,
+               _ptr(A_BF16, A_F16, A_F32, A_I32, DY) + yo, yn1, yn2, ys0, ys1, ys2,
+               yn0 * yn1 * yn2, BLOCK)
+    return _ok()
+
+
+@triton.jit
+def t_add(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DA: tl.constexpr, DB: tl.constexpr,
+          DY: tl.constexpr, BLOCK: tl.constexpr):
+    ao, an0, an1, an2, as0, as1, as2 = _opnd(row, 0, slot)
+    bo, bn0, bn1, bn2, bs0, bs1, bs2 = _opnd(row, 1, slot)
+    yo, yn0, yn1, yn2, ys0, ys1, ys2 = _opnd(row, 2, slot)
+    K.add(_ptr(A_BF16, A_F16, A_F32, A_I32, DA) + ao, an1, an2, as0, as1, as2,
+          _ptr(A_BF16, A_F16, A_F32, A_I32, DB) + bo, bn1, bn2, bs0, bs1, bs2,
+          _ptr(A_BF16, A_F16, A_F32, A_I32, DY) + yo, yn1, yn2, ys0, ys1, ys2,
+          yn0 * yn1 * yn2, BLOCK)
+    return _ok()
+
+
+@triton.jit
+def t_reduce(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DP: tl.constexpr, DR: tl.constexpr,
+             DY: tl.constexpr, HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+    po, pn0, pn1, pn2, ps0, ps1, ps2 = _opnd(row, 0, slot)
+    if HAS_RES:
+        ro, rn0, rn1, rn2, rs0, rs1, rs2 = _opnd(row, 1, slot)
+        yo, yn0, yn1, yn2, ys0, ys1, ys2 = _opnd(row, 2, slot)
+        rp = _ptr(A_BF16, A_F16, A_F32, A_I32, DR) + ro
+    else:
+        yo, yn0, yn1, yn2, ys0, ys1, ys2 = _opnd(row, 1, slot)
+        rp = _ptr(A_BF16, A_F16, A_F32, A_I32, DY) + yo
+        rn1, rn2, rs0, rs1, rs2 = yn1, yn2, ys0, ys1, ys2
+    K.reduce(_ptr(A_BF16, A_F16, A_F32, A_I32, DP) + po, ps1, ps2, pn1, rp, rn1, rn2, rs0, rs1, rs2,
+             _ptr(A_BF16, A_F16, A_F32, A_I32, DY) + yo, yn1, yn2, ys0, ys1, ys2, yn0 * yn1 * yn2,
+             HAS_RES, BLOCK)
+    return _ok()
+
+
+@triton.jit
+def t_argmax(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DY: tl.constexpr,
+             BLOCK: tl.constexpr):
+    xo, xn0, xn1, xn2, xs0, xs1, xs2 = _opnd(row, 0, slot)
+    yo, yn0, yn1, yn2, ys0, ys1, ys2 = _opnd(row, 1, slot)
+    K.argmax(_ptr(A_BF16, A_F16, A_F32, A_I32, DX) + xo, xn1, xn2, xs0, xs1, xs2, xn0 * xn1 * xn2,
+             _param_i(row, 0), _ptr(A_BF16, A_F16, A_F32, A_I32, DY) + yo, yn1, yn2, ys0, ys1, ys2, BLOCK)
+    return _ok()
+
+
+@triton.jit
+def t_argmax_combine(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DP: tl.constexpr, DT: tl.constexpr,
+                     BLOCK: tl.constexpr):
+    po, pn0, pn1, pn2, ps0, ps1, ps2 = _opnd(row, 0, slot)
+    to, tn0, tn1, tn2, ts0, ts1, ts2 = _opnd(row, 1, slot)
+    K.argmax_combine(_ptr(A_BF16, A_F16, A_F32, A_I32, DP) + po, ps1, ps2, pn1,
+                     _ptr(A_BF16, A_F16, A_F32, A_I32, DT) + to, BLOCK)
+    return _ok()
+
+
+@triton.jit
+def t_copy(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DY: tl.constexpr,
+           BLOCK: tl.constexpr):
+    """copy and put (a put's destination offset already includes the peer's arena delta)."""
+    xo, xn0, xn1, xn2, xs0, xs1, xs2 = _opnd(row, 0, slot)
+    yo, yn0, yn1, yn2, ys0, ys1, ys2 = _opnd(row, 1, slot)
+    K.copy(_ptr(A_BF16, A_F16, A_F32, A_I32, DX) + xo, xn1, xn2, xs0, xs1, xs2,
+           _ptr(A_BF16, A_F16, A_F32, A_I32, DY) + yo, yn1, yn2, ys0, ys1, ys2, yn0 * yn1 * yn2, BLOCK)
+    return _ok()
+
+
+@triton.jit
+def t_fence():
+    """quiet and fence: a system-scope fence in every thread (peer stores are plain stores,
+    so ordering them is all nvshmem_quiet / nvshmem_fence mean here)."""
+    K.system_fence()
+    return _ok()
+
+
+@triton.jit
+def t_nop():
+    return _ok()
+
+
+@triton.jit
+def worker_loop_prologue(ERR, EPOCH, QSTART, slots):
+    """(worker id, first row, end row, err row pointer, epoch, slot, abort word pointer)."""
+    w = tl.program_id(0)
+    err = ERR + w * _ERR_W
+    tl.store(err + tl.arange(0, _ERR_W), tl.zeros([_ERR_W], dtype=tl.int64))
+    epoch = tl.load(EPOCH)
+    slot = epoch % slots
+    i = tl.load(QSTART + w)
+    end = tl.load(QSTART + w + 1)
+    abort_ptr = ERR + tl.num_programs(0) * _ERR_W
+    return w, i, end, err, epoch, slot, abort_ptr
+
+
+@triton.jit
+def run_waits(row, WAITS, A_I32, err, i, epoch, abort_ptr, timeout):
+    """Run every wait of a row; returns 1 if they all held, 0 after recording a failure."""
+    ok = tl.full([], 1, dtype=tl.int32)
+    nw = tl.load(row + _F_NWAIT)
+    w0 = tl.load(row + _F_WAIT0)
+    j = nw * 0
+    while (j < nw) & (ok != 0):
+        wp = WAITS + (w0 + j) * _WAIT_W
+        need = ((epoch + tl.load(wp + 2)) * tl.load(wp + 1) + tl.load(wp + 3)).to(tl.int32)
+        v, kind = wait_counter(A_I32 + tl.load(wp), need, abort_ptr, epoch + 1, timeout)
+        if kind != 0:
+            tl.store(err + 1, i.to(tl.int64))
+            tl.store(err + 2, (w0 + j).to(tl.int64))
+            tl.store(err + 3, v.to(tl.int64))
+            tl.store(err + 4, need.to(tl.int64))
+            tl.store(err + 5, epoch)
+            tl.store(err + 0, kind.to(tl.int64))
+            if kind == _KIND_TIMEOUT:
+                tl.store(abort_ptr, epoch + 1)
+            ok = ok * 0
+        j += 1
+    return ok
+
+
+@triton.jit
+def finish_task(row, SIGS, A_I32, err, i, epoch, abort_ptr, st):
+    """After the op: barrier, then either record the op's failure or release the signals.
+    Returns 1 to go on, 0 to stop."""
+    if (tl.load(row + _F_FLAGS) & 1) != 0:
+        K.system_fence()
+    tl.debug_barrier()
+    ok = tl.full([], 1, dtype=tl.int32)
+    if st != 0:
+        tl.store(err + 1, i.to(tl.int64))
+        tl.store(err + 5, epoch)
+        tl.store(err + 0, st.to(tl.int64))
+        tl.store(abort_ptr, epoch + 1)
+        ok = ok * 0
+    else:
+        ns = tl.load(row + _F_NSIG)
+        s0 = tl.load(row + _F_SIG0)
+        for k in range(0, ns):
+            sp = SIGS + (s0 + k) * _SIG_W
+            signal_counter(A_I32 + tl.load(sp), tl.load(sp + 1).to(tl.int32), tl.load(sp + 2))
+    return ok
+
+
+# ---------------------------------------------------------------- code generation
+TL_DTYPE = {"bf16": "tl.bfloat16", "f16": "tl.float16", "f32": "tl.float32", "i32": "tl.int32"}
+_COMMON = "A_BF16, A_F16, A_F32, A_I32, row, slot, err"
+
+
+def _call(v: T.Variant) -> str:
+    """The dispatch call for one variant (generated source)."""
+    d = [TL_DTYPE[x] for x in v.dtypes]
+    op = v.op
+    if op == "embed":
+        return f"t_embed({_COMMON}, {d[0]}, {d[1]}, {d[2]}, BLOCK)"
+    if op == "rmsnorm":
+        return f"t_rmsnorm({_COMMON}, {d[0]}, {d[1]}, {d[2]}, BLOCK)"
+    if op == "gemv":
+        bias = v.flag("bias")
+        db = d[2] if bias else d[-1]
+        align = 16 // {"bf16": 2, "f16": 2, "f32": 4, "i32": 4}[v.dtypes[1]] if v.flag("aligned") else 0
+        return (f"t_gemv({_COMMON}, {d[0]}, {d[1]}, {db}, {d[-1]}, {bias}, {v.flag('xcontig')}, "
+                f"{v.flag('contig')}, {align}, GEMV_N, GEMV_K)")
+    if op == "rope":
+        return f"t_rope({_COMMON}, {d[0]}, {d[1]}, {d[2]}, {d[3]}, ROPE_BLOCK)"
+    if op == "kv_append":
+        return f"t_kv_append({_COMMON}, {d[0]}, {d[1]}, {d[2]}, {d[3]}, {d[4]}, ROPE_BLOCK)"
+    if op == "attention":
+        return f"t_attention({_COMMON}, {d[0]}, {d[1]}, {d[2]}, {d[3]}, {d[4]}, ATT_T, ATT_D, ATT_Q)"
+    if op in ("silu_mul", "add"):
+        return f"t_{op}({_COMMON}, {d[0]}, {d[1]}, {d[2]}, BLOCK)"
+    if op == "reduce":
+        res = v.flag("residual")
+        dr = d[1] if res else d[-1]
+        return f"t_reduce({_COMMON}, {d[0]}, {dr}, {d[-1]}, {res}, BLOCK)"
+    if op == "argmax":
+        return f"t_argmax({_COMMON}, {d[0]}, {d[1]}, BLOCK)"
+    if op == "argmax_combine":
+        return f"t_argmax_combine({_COMMON}, {d[0]}, {d[1]}, PAIR_BLOCK)"
+    if op in ("copy", "put"):
+        return f"t_copy({_COMMON}, {d[0]}, {d[1]}, BLOCK)"
+    if op in ("quiet", "fence"):
+        return "t_fence()"
+    if op == "nop":
+        return "t_nop()"
+    raise T.TableError(f"no Triton implementation for op {op!r}")
+
+
+_TEMPLATE = '''\
+# Generated by amk (lowering/triton/megakernel.py) -- do not edit.
+# The persistent megakernel of program {name!r}, rank {rank}: {ntasks} tasks on {workers} worker(s).
+# Dispatch variants (opcode: op(operand dtypes)[flags]):
+{variant_lines}
+import triton
+import triton.language as tl
+
+from lowering.triton.megakernel import (
+    finish_task, run_waits, worker_loop_prologue, t_add, t_argmax, t_argmax_combine, t_attention,
+    t_copy, t_embed, t_fence, t_gemv, t_kv_append, t_nop, t_reduce, t_rmsnorm, t_rope, t_silu_mul,
+)
+
+
+@triton.jit
+def amk_megakernel(A_BF16, A_F16, A_F32, A_I32, TASKS, WAITS, SIGS, QSTART, ERR, EPOCH, slots, timeout,
+                   BLOCK: tl.constexpr, GEMV_N: tl.constexpr, GEMV_K: tl.constexpr,
+                   ROPE_BLOCK: tl.constexpr, ATT_T: tl.constexpr, ATT_D: tl.constexpr,
+                   ATT_Q: tl.constexpr, PAIR_BLOCK: tl.constexpr):
+    w, i, end, err, epoch, slot, abort_ptr = worker_loop_prologue(ERR, EPOCH, QSTART, slots)
+    ok = tl.full([], 1, dtype=tl.int32)
+    done = epoch * 0
+    while (i < end) & (ok != 0):
+        row = TASKS + i.to(tl.int64) * {row}
+        ok = run_waits(row, WAITS, A_I32, err, i, epoch, abort_ptr, timeout)
+        if ok != 0:
+            op = tl.load(row)
+            st = tl.full([], 0, dtype=tl.int32)
+{dispatch}
+            ok = finish_task(row, SIGS, A_I32, err, i, epoch, abort_ptr, st)
+            done += ok.to(tl.int64)
+        i += 1
+    tl.store(err + 6, done)
+'''
+
+
+def generate_source(tab: T.TaskTable, name: str) -> str:
+    """The Python/Triton source of the megakernel for one task table (see module doc)."""
+    lines, disp = [], []
+    for code, v in enumerate(tab.variants):
+        lines.append(f"#   {code}: {v.describe()}")
+        kw = "if" if code == 0 else "elif"
+        disp.append(f"            {kw} op == {code}:\n                st = {_call(v)}")
+    return _TEMPLATE.format(name=name, rank=tab.rank, ntasks=tab.n_tasks, workers=tab.workers,
+                            variant_lines="\n".join(lines) or "#   (none)", row=T.ROW,
+                            dispatch="\n".join(disp) or "            pass")
+
+
+def cache_dir() -> Path:
+    """Where generated kernels are written: ``$AMK_CACHE_DIR/triton`` or the temp dir."""
+    base = os.environ.get("AMK_CACHE_DIR") or os.path.join(tempfile.gettempdir(), "amk-cache")
+    d = Path(base) / "triton"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def load_kernel(source: str):
+    """Write ``source`` to the cache (named by its hash) and import it; returns the jit
+    kernel ``amk_megakernel``. Identical sources share one module (and one compile)."""
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    mod_name = f"amk_megakernel_{digest}"
+    mod = sys.modules.get(mod_name)
+    if mod is None:
+        path = cache_dir() / f"{mod_name}.py"
+        if not path.exists() or path.read_text() != source:
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(source)
+            os.replace(tmp, path)
+        spec = importlib.util.spec_from_file_location(mod_name, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[mod_name] = mod
+        spec.loader.exec_module(mod)
+    return mod.amk_megakernel

@@ -1,0 +1,559 @@
+"""The instruction library: one ``@triton.jit`` device function per IR op (ir/ops.py).
+
+Every function computes exactly what lowering/reference.py defines for its op (the ground
+truth): inputs are converted to fp32, the op is computed in fp32, the result is rounded once
+to the output dtype. The persistent megakernel (megakernel.py) inlines them into its opcode
+dispatch; the thin ``_k_*`` kernels and ``run_*`` launchers at the end of this file run one
+op alone, for the unit tests (tests/test_triton_ops.py, CPU under ``TRITON_INTERPRET=1`` and
+GPU).
+
+Operand conventions
+-------------------
+* A *flat* operand (a vector of ``n`` elements) is a typed pointer ``p`` plus
+  ``(n1, n2, s0, s1, s2)``: element ``i`` lives at ``p + flat_off(i, n1, n2, s0, s1, s2)``,
+  a region of up to three strided axes (table.py's ``flat`` view). A contiguous vector is
+  ``(1, n, 0, 0, 1)``.
+* A *matrix* operand is ``p`` plus a row stride and a column stride (elements).
+* A *cache* operand ``[G, S, D]`` is ``p`` plus three strides (kv head, position, dim).
+* Offsets inside one operand are int32 (table.py limits a buffer to 2^31 - 1 elements);
+  base pointers carry the 64-bit part.
+Block sizes are ``tl.constexpr``; extents are runtime ints, handled with masks and loops, so
+one compiled kernel serves every task of a variant.
+
+Precision notes (where the GPU differs from the CPU reference by rounding only): the
+reference sums in torch's order, these kernels sum in blocks (gemv, rmsnorm, attention
+use an online softmax); with ``enable_fp_fusion`` the compiler may contract a*b+c into an
+FMA. ``reduce`` sums partials in index order like the reference (bit-exact in fp32 when no
+FMA is involved). RoPE's cos/sin use libdevice on the GPU (accurate for large angles, unlike
+the approximate ``cos.approx`` path) and numpy under the interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+#: The int32 written by argmax_combine for a NaN / non-integer index (reference.INT_POISON).
+INT_POISON = tl.constexpr(-(2**31))
+
+
+def interpreting() -> bool:
+    """Whether Triton runs under the CPU interpreter (``TRITON_INTERPRET=1``). Decided when
+    the jit functions are created (at import), like Triton's own choice of interpreter."""
+    knobs = getattr(triton, "knobs", None)
+    if knobs is not None:
+        return bool(knobs.runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+#: Compile-time flag: True under the interpreter (no inline PTX, no libdevice; bf16 rounding
+#: done by hand because the interpreter truncates f32 -> bf16 instead of rounding).
+INTERPRET = tl.constexpr(interpreting())
+
+
+# ---------------------------------------------------------------- addressing
+@triton.jit
+def flat_off(i, n1, n2, s0, s1, s2):
+    """Element offset of flat index ``i`` (any int tensor) in a region of up to 3 strided
+    axes with extents (n0, n1, n2) and strides (s0, s1, s2); n0 is implied."""
+    q = i // n2
+    return (q // n1) * s0 + (q % n1) * s1 + (i % n2) * s2
+
+
+@triton.jit
+def bf16_rtne(v):
+    """fp32 -> bf16 with round-to-nearest-even done on the bits (NaN stays a quiet NaN).
+    Only used under the interpreter, whose own f32 -> bf16 cast truncates."""
+    b = v.to(tl.uint32, bitcast=True)
+    r = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+    r = tl.where(v != v, (b >> 16) | 0x40, r)
+    return r.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def store(ptr, val, mask):
+    """``tl.store(ptr, val converted to ptr's dtype, mask)`` with round-to-nearest-even, the
+    rounding of torch's ``copy_`` (reference.py) on the GPU and under the interpreter."""
+    if INTERPRET:
+        if ptr.dtype.element_ty == tl.bfloat16:
+            if val.dtype != tl.bfloat16:
+                val = bf16_rtne(val.to(tl.float32))
+    tl.store(ptr, val.to(ptr.dtype.element_ty), mask=mask)
+
+
+# ---------------------------------------------------------------- compute ops
+@triton.jit
+def embed(tab, t_rs, t_cs, row, y, y_n1, y_n2, y_s0, y_s1, y_s2, H, BLOCK: tl.constexpr):
+    """y[:] = tab[row, :] (H elements). ``row`` is the token id, already range-checked by
+    the caller (an out-of-range token is an error, never a read)."""
+    base = tab + row.to(tl.int64) * t_rs
+    for h0 in range(0, H, BLOCK):
+        h = h0 + tl.arange(0, BLOCK)
+        m = h < H
+        v = tl.load(base + h * t_cs, mask=m, other=0)
+        store(y + flat_off(h, y_n1, y_n2, y_s0, y_s1, y_s2), v, m)
+
+
+@triton.jit
+def rmsnorm(x, x_n1, x_n2, x_s0, x_s1, x_s2, w, w_n1, w_n2, w_s0, w_s1, w_s2,
+            y, y_n1, y_n2, y_s0, y_s1, y_s2, n, dim, eps, BLOCK: tl.constexpr):
+    """Per group of ``dim`` consecutive elements of x (n of them in all):
+    y = w * (x * rsqrt(mean(x^2) + eps)), fp32 (HF LlamaRMSNorm; reference.py).
+    In place (y == x) is safe: each element is read before it is written."""
+    for g in range(0, n // dim):
+        base = g * dim
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for d0 in range(0, dim, BLOCK):
+            d = d0 + tl.arange(0, BLOCK)
+            m = d < dim
+            xv = tl.load(x + flat_off(base + d, x_n1, x_n2, x_s0, x_s1, x_s2), mask=m, other=0).to(tl.float32)
+            acc += xv * xv
+        r = tl.rsqrt(tl.sum(acc, axis=0) / dim + eps)
+        for d0 in range(0, dim, BLOCK):
+            d = d0 + tl.arange(0, BLOCK)
+            m = d < dim
+            xv = tl.load(x + flat_off(base + d, x_n1, x_n2, x_s0, x_s1, x_s2), mask=m, other=0).to(tl.float32)
+            wv = tl.load(w + flat_off(d, w_n1, w_n2, w_s0, w_s1, w_s2), mask=m, other=0).to(tl.float32)
+            store(y + flat_off(base + d, y_n1, y_n2, y_s0, y_s1, y_s2), wv * (xv * r), m)
+
+
+@triton.jit
+def gemv(x, x_n1, x_n2, x_s0, x_s1, x_s2, w, w_rs, w_cs, b, b_n1, b_n2, b_s0, b_s1, b_s2,
+         y, y_n1, y_n2, y_s0, y_s1, y_s2, N, K,
+         HAS_BIAS: tl.constexpr, X_CONTIG: tl.constexpr, W_CONTIG: tl.constexpr,
+         W_ALIGN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """y[N] = W[N, K] @ x[K] (+ bias), fp32 accumulation.
+
+    Streams W in [BLOCK_N, BLOCK_K] tiles (rows x columns) and accumulates a 2-D fp32 tile,
+    reduced once per row block, so loads stay wide and independent (batch-1 decode is bound
+    by weight bandwidth). ``W_CONTIG``: columns have stride 1 (w_cs ignored). ``W_ALIGN``
+    (0 or a power of two, in elements): the caller guarantees w, w_rs and K are multiples
+    of it, which lets the compiler emit 16-byte vector loads. ``X_CONTIG``: x has stride 1.
+    """
+    if W_ALIGN > 1:
+        w_rs = tl.multiple_of(w_rs, W_ALIGN)
+        K = tl.multiple_of(K, W_ALIGN)
+    for n0 in range(0, N, BLOCK_N):
+        rows = n0 + tl.arange(0, BLOCK_N)
+        rm = rows < N
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            cols = k0 + tl.arange(0, BLOCK_K)
+            cm = cols < K
+            if X_CONTIG:
+                xv = tl.load(x + cols * x_s2, mask=cm, other=0).to(tl.float32)
+            else:
+                xv = tl.load(x + flat_off(cols, x_n1, x_n2, x_s0, x_s1, x_s2), mask=cm, other=0).to(tl.float32)
+            if W_CONTIG:
+                wp = w + rows[:, None] * w_rs + cols[None, :]
+            else:
+                wp = w + rows[:, None] * w_rs + cols[None, :] * w_cs
+            wv = tl.load(wp, mask=rm[:, None] & cm[None, :], other=0).to(tl.float32)
+            acc += wv * xv[None, :]
+        out = tl.sum(acc, axis=1)
+        if HAS_BIAS:
+            out += tl.load(b + flat_off(rows, b_n1, b_n2, b_s0, b_s1, b_s2), mask=rm, other=0).to(tl.float32)
+        store(y + flat_off(rows, y_n1, y_n2, y_s0, y_s1, y_s2), out, rm)
+
+
+@triton.jit
+def _cos_sin(a):
+    if INTERPRET:
+        c = tl.cos(a)
+        s = tl.sin(a)
+    else:
+        c = libdevice.cos(a)
+        s = libdevice.sin(a)
+    return c, s
+
+
+@triton.jit
+def rope(x, x_n1, x_n2, x_s0, x_s1, x_s2, f, f_n1, f_n2, f_s0, f_s1, f_s2, pos,
+         y, y_n1, y_n2, y_s0, y_s1, y_s2, n, head_dim, BLOCK: tl.constexpr):
+    """Rotate-half RoPE of each ``head_dim`` slice of x (n elements) at position ``pos``:
+    a = float(pos) * inv_freq[j] (fp32), c = cos(a), s = sin(a);
+    y[j] = x[j] * c - x[j + d/2] * s, y[j + d/2] = x[j + d/2] * c + x[j] * s
+    (HF apply_rotary_pos_emb; reference.py). In place is safe."""
+    half = head_dim // 2
+    p = pos.to(tl.float32)
+    for h in range(0, n // head_dim):
+        base = h * head_dim
+        for j0 in range(0, half, BLOCK):
+            j = j0 + tl.arange(0, BLOCK)
+            m = j < half
+            fr = tl.load(f + flat_off(j, f_n1, f_n2, f_s0, f_s1, f_s2), mask=m, other=0).to(tl.float32)
+            c, s = _cos_sin(p * fr)
+            i1 = base + j
+            i2 = i1 + half
+            x1 = tl.load(x + flat_off(i1, x_n1, x_n2, x_s0, x_s1, x_s2), mask=m, other=0).to(tl.float32)
+            x2 = tl.load(x + flat_off(i2, x_n1, x_n2, x_s0, x_s1, x_s2), mask=m, other=0).to(tl.float32)
+            y1 = x1 * c + (-x2) * s
+            y2 = x2 * c + x1 * s
+            store(y + flat_off(i1, y_n1, y_n2, y_s0, y_s1, y_s2), y1, m)
+            store(y + flat_off(i2, y_n1, y_n2, y_s0, y_s1, y_s2), y2, m)
+
+
+@triton.jit
+def kv_append(k, k_n1, k_n2, k_s0, k_s1, k_s2, v, v_n1, v_n2, v_s0, v_s1, v_s2, pos,
+              kc, kc_g, kc_t, kc_d, vc, vc_g, vc_t, vc_d, G, D, BLOCK: tl.constexpr):
+    """kc[g, pos, :] = k[g*D:(g+1)*D], vc[g, pos, :] = v[g*D:(g+1)*D] for g < G.
+    ``pos`` is range-checked by the caller."""
+    p = pos.to(tl.int64)
+    for g in range(0, G):
+        for d0 in range(0, D, BLOCK):
+            d = d0 + tl.arange(0, BLOCK)
+            m = d < D
+            i = g * D + d
+            kv = tl.load(k + flat_off(i, k_n1, k_n2, k_s0, k_s1, k_s2), mask=m, other=0)
+            vv = tl.load(v + flat_off(i, v_n1, v_n2, v_s0, v_s1, v_s2), mask=m, other=0)
+            store(kc + p * kc_t + (g * kc_g + d * kc_d), kv, m)
+            store(vc + p * vc_t + (g * vc_g + d * vc_d), vv, m)
+
+
+@triton.jit
+def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, vc_t, vc_d, pos,
+              o, o_n1, o_n2, o_s0, o_s1, o_s2, HQ, G, D, scale,
+              BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr):
+    """Decode GQA attention over cache positions 0..pos (inclusive), fp32:
+    for query head h < HQ (q is [HQ, D]) and g = h // (HQ / G):
+    o[h] = softmax(q[h] . kc[g, :pos+1]^T * scale) @ vc[g, :pos+1].
+
+    The HQ/G query heads of one kv head are processed together (the cache is read once per
+    kv head), with an online softmax (running max and sum) over BLOCK_T positions at a time.
+    Requires D <= BLOCK_D and HQ/G <= BLOCK_Q; ``pos`` is range-checked by the caller."""
+    grp = HQ // G
+    T = pos + 1
+    qh = tl.arange(0, BLOCK_Q)
+    dd = tl.arange(0, BLOCK_D)
+    qm = qh < grp
+    dm = dd < D
+    for g in range(0, G):
+        qi = (g * grp + qh)[:, None] * D + dd[None, :]
+        qmask = qm[:, None] & dm[None, :]
+        qv = tl.load(q + flat_off(qi, q_n1, q_n2, q_s0, q_s1, q_s2), mask=qmask, other=0).to(tl.float32)
+        m_i = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_Q], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_Q, BLOCK_D], dtype=tl.float32)
+        kb = kc + g * kc_g
+        vb = vc + g * vc_g
+        for t0 in range(0, T, BLOCK_T):
+            t = t0 + tl.arange(0, BLOCK_T)
+            tm = t < T
+            kvm = tm[:, None] & dm[None, :]
+            kt = tl.load(kb + t[:, None] * kc_t + dd[None, :] * kc_d, mask=kvm, other=0).to(tl.float32)
+            s = tl.sum(qv[:, None, :] * kt[None, :, :], axis=2) * scale  # [BQ, BT]
+            s = tl.where(tm[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.exp(m_i - m_new)
+            pr = tl.exp(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(pr, axis=1)
+            vt = tl.load(vb + t[:, None] * vc_t + dd[None, :] * vc_d, mask=kvm, other=0).to(tl.float32)
+            acc = acc * alpha[:, None] + tl.sum(pr[:, :, None] * vt[None, :, :], axis=1)
+            m_i = m_new
+        out = acc / l_i[:, None]
+        store(o + flat_off(qi, o_n1, o_n2, o_s0, o_s1, o_s2), out, qmask)
+
+
+@triton.jit
+def silu_mul(g, g_n1, g_n2, g_s0, g_s1, g_s2, u, u_n1, u_n2, u_s0, u_s1, u_s2,
+             y, y_n1, y_n2, y_s0, y_s1, y_s2, n, BLOCK: tl.constexpr):
+    """y = silu(g) * u = g * sigmoid(g) * u (fp32)."""
+    for i0 in range(0, n, BLOCK):
+        i = i0 + tl.arange(0, BLOCK)
+        m = i < n
+        gv = tl.load(g + flat_off(i, g_n1, g_n2, g_s0, g_s1, g_s2), mask=m, other=0).to(tl.float32)
+        uv = tl.load(u + flat_off(i, u_n1, u_n2, u_s0, u_s1, u_s2), mask=m, other=0).to(tl.float32)
+        r = gv / (1.0 + tl.exp(-gv)) * uv
+        store(y + flat_off(i, y_n1, y_n2, y_s0, y_s1, y_s2), r, m)
+
+
+@triton.jit
+def add(a, a_n1, a_n2, a_s0, a_s1, a_s2, b, b_n1, b_n2, b_s0, b_s1, b_s2,
+        y, y_n1, y_n2, y_s0, y_s1, y_s2, n, BLOCK: tl.constexpr):
+    """y = a + b (fp32)."""
+    for i0 in range(0, n, BLOCK):
+        i = i0 + tl.arange(0, BLOCK)
+        m = i < n
+        av = tl.load(a + flat_off(i, a_n1, a_n2, a_s0, a_s1, a_s2), mask=m, other=0).to(tl.float32)
+        bv = tl.load(b + flat_off(i, b_n1, b_n2, b_s0, b_s1, b_s2), mask=m, other=0).to(tl.float32)
+        store(y + flat_off(i, y_n1, y_n2, y_s0, y_s1, y_s2), av + bv, m)
+
+
+@triton.jit
+def reduce(p, p_rs, p_cs, KP, r, r_n1, r_n2, r_s0, r_s1, r_s2, y, y_n1, y_n2, y_s0, y_s1, y_s2, n,
+           HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+    """y = ((P[0] + P[1]) + ...) + P[KP-1] (+ residual), partials P[KP, n], summed in index
+    order in fp32 like reference.py."""
+    for i0 in range(0, n, BLOCK):
+        i = i0 + tl.arange(0, BLOCK)
+        m = i < n
+        acc = tl.load(p + i * p_cs, mask=m, other=0).to(tl.float32)
+        for k in range(1, KP):
+            acc += tl.load(p + k * p_rs + i * p_cs, mask=m, other=0).to(tl.float32)
+        if HAS_RES:
+            acc += tl.load(r + flat_off(i, r_n1, r_n2, r_s0, r_s1, r_s2), mask=m, other=0).to(tl.float32)
+        store(y + flat_off(i, y_n1, y_n2, y_s0, y_s1, y_s2), acc, m)
+
+
+@triton.jit
+def argmax(x, x_n1, x_n2, x_s0, x_s1, x_s2, n, offset, y, y_n1, y_n2, y_s0, y_s1, y_s2,
+           BLOCK: tl.constexpr):
+    """y = (max(x), offset + i) as two fp32, i the first index of the maximum; a NaN counts
+    as the maximum (torch.argmax; reference.py)."""
+    best_v = tl.full([], float("-inf"), dtype=tl.float32)
+    best_i = n  # "none yet"
+    nan_i = n
+    for i0 in range(0, n, BLOCK):
+        i = i0 + tl.arange(0, BLOCK)
+        m = i < n
+        v = tl.load(x + flat_off(i, x_n1, x_n2, x_s0, x_s1, x_s2), mask=m, other=0).to(tl.float32)
+        isn = (v != v) & m
+        nan_i = tl.minimum(nan_i, tl.min(tl.where(isn, i, n), axis=0))
+        vv = tl.where(isn | (m == 0), float("-inf"), v)
+        bv = tl.max(vv, axis=0)
+        bi = tl.min(tl.where((vv == bv) & m & (isn == 0), i, n), axis=0)
+        upd = (bv > best_v) | ((best_i == n) & (bi < n))
+        best_i = tl.where(upd, bi, best_i)
+        best_v = tl.where(upd, bv, best_v)
+    idx = tl.where(nan_i < n, nan_i, best_i)
+    val = tl.load(x + flat_off(idx, x_n1, x_n2, x_s0, x_s1, x_s2)).to(tl.float32)
+    store(y + flat_off(0, y_n1, y_n2, y_s0, y_s1, y_s2), val, None)
+    store(y + flat_off(1, y_n1, y_n2, y_s0, y_s1, y_s2), (offset + idx).to(tl.float32), None)
+
+
+@triton.jit
+def argmax_combine(p, p_rs, p_cs, KP, tok, BLOCK: tl.constexpr):
+    """tok = the smallest index among the (value, index) pairs P[KP, 2] with the largest
+    value (a NaN value counts as the largest); INT_POISON if a chosen index is NaN or not an
+    integer (reference.py)."""
+    has_nan = tl.full([], 0, dtype=tl.int32)
+    mx = tl.full([], float("-inf"), dtype=tl.float32)
+    for j0 in range(0, KP, BLOCK):
+        j = j0 + tl.arange(0, BLOCK)
+        m = j < KP
+        v = tl.load(p + j * p_rs, mask=m, other=0).to(tl.float32)
+        isn = (v != v) & m
+        has_nan = tl.maximum(has_nan, tl.max(isn.to(tl.int32), axis=0))
+        mx = tl.maximum(mx, tl.max(tl.where(isn | (m == 0), float("-inf"), v), axis=0))
+    best = tl.full([], float("inf"), dtype=tl.float32)
+    bad = tl.full([], 0, dtype=tl.int32)
+    for j0 in range(0, KP, BLOCK):
+        j = j0 + tl.arange(0, BLOCK)
+        m = j < KP
+        v = tl.load(p + j * p_rs, mask=m, other=0).to(tl.float32)
+        idx = tl.load(p + j * p_rs + p_cs, mask=m, other=0).to(tl.float32)
+        isn = v != v
+        cand = m & tl.where(has_nan != 0, isn, (v == mx) & (isn == 0))
+        badc = cand & ((idx != idx) | (idx != tl.floor(idx)))
+        bad = tl.maximum(bad, tl.max(badc.to(tl.int32), axis=0))
+        best = tl.minimum(best, tl.min(tl.where(cand & (badc == 0), idx, float("inf")), axis=0))
+    res = tl.where(bad != 0, INT_POISON, best.to(tl.int32))
+    store(tok, res, None)
+
+
+@triton.jit
+def copy(x, x_n1, x_n2, x_s0, x_s1, x_s2, y, y_n1, y_n2, y_s0, y_s1, y_s2, n, BLOCK: tl.constexpr):
+    """y = x converted to y's dtype (round to nearest even). Also the body of ``put``: the
+    destination pointer may address a peer's memory."""
+    for i0 in range(0, n, BLOCK):
+        i = i0 + tl.arange(0, BLOCK)
+        m = i < n
+        v = tl.load(x + flat_off(i, x_n1, x_n2, x_s0, x_s1, x_s2), mask=m, other=0)
+        store(y + flat_off(i, y_n1, y_n2, y_s0, y_s1, y_s2), v, m)
+
+
+@triton.jit
+def system_fence():
+    """``fence.acq_rel.sys``: orders this thread's earlier memory operations (including stores
+    to peer GPUs) before its later ones at system scope. Used for ``quiet`` and ``fence``
+    (nvshmem_quiet / nvshmem_fence for peer-pointer puts; stronger than fence needs). A
+    no-op under the interpreter, which runs one program at a time."""
+    if not INTERPRET:
+        tl.inline_asm_elementwise("fence.acq_rel.sys; mov.u32 $0, 0;", "=r", [], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+
+
+# ---------------------------------------------------------------- standalone test kernels
+@triton.jit
+def _k_embed(tab, t_rs, t_cs, tokp, y, y_n1, y_n2, y_s0, y_s1, y_s2, H, BLOCK: tl.constexpr):
+    embed(tab, t_rs, t_cs, tl.load(tokp), y, y_n1, y_n2, y_s0, y_s1, y_s2, H, BLOCK)
+
+
+@triton.jit
+def _k_rmsnorm(x, x_n1, x_n2, x_s0, x_s1, x_s2, w, w_n1, w_n2, w_s0, w_s1, w_s2,
+               y, y_n1, y_n2, y_s0, y_s1, y_s2, n, dim, eps, BLOCK: tl.constexpr):
+    rmsnorm(x, x_n1, x_n2, x_s0, x_s1, x_s2, w, w_n1, w_n2, w_s0, w_s1, w_s2,
+            y, y_n1, y_n2, y_s0, y_s1, y_s2, n, dim, eps, BLOCK)
+
+
+@triton.jit
+def _k_gemv(x, x_n1, x_n2, x_s0, x_s1, x_s2, w, w_rs, w_cs, b, b_n1, b_n2, b_s0, b_s1, b_s2,
+            y, y_n1, y_n2, y_s0, y_s1, y_s2, N, K, HAS_BIAS: tl.constexpr, X_CONTIG: tl.constexpr,
+            W_CONTIG: tl.constexpr, W_ALIGN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    gemv(x, x_n1, x_n2, x_s0, x_s1, x_s2, w, w_rs, w_cs, b, b_n1, b_n2, b_s0, b_s1, b_s2,
+         y, y_n1, y_n2, y_s0, y_s1, y_s2, N, K, HAS_BIAS, X_CONTIG, W_CONTIG, W_ALIGN, BLOCK_N, BLOCK_K)
+
+
+@triton.jit
+def _k_rope(x, x_n1, x_n2, x_s0, x_s1, x_s2, f, f_n1, f_n2, f_s0, f_s1, f_s2, posp,
+            y, y_n1, y_n2, y_s0, y_s1, y_s2, n, head_dim, BLOCK: tl.constexpr):
+    rope(x, x_n1, x_n2, x_s0, x_s1, x_s2, f, f_n1, f_n2, f_s0, f_s1, f_s2, tl.load(posp),
+         y, y_n1, y_n2, y_s0, y_s1, y_s2, n, head_dim, BLOCK)
+
+
+@triton.jit
+def _k_kv_append(k, k_n1, k_n2, k_s0, k_s1, k_s2, v, v_n1, v_n2, v_s0, v_s1, v_s2, posp,
+                 kc, kc_g, kc_t, kc_d, vc, vc_g, vc_t, vc_d, G, D, BLOCK: tl.constexpr):
+    kv_append(k, k_n1, k_n2, k_s0, k_s1, k_s2, v, v_n1, v_n2, v_s0, v_s1, v_s2, tl.load(posp),
+              kc, kc_g, kc_t, kc_d, vc, vc_g, vc_t, vc_d, G, D, BLOCK)
+
+
+@triton.jit
+def _k_attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, vc_t, vc_d, posp,
+                 o, o_n1, o_n2, o_s0, o_s1, o_s2, HQ, G, D, scale,
+                 BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr):
+    attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, vc_t, vc_d, tl.load(posp),
+              o, o_n1, o_n2, o_s0, o_s1, o_s2, HQ, G, D, scale, BLOCK_T, BLOCK_D, BLOCK_Q)
+
+
+@triton.jit
+def _k_silu_mul(g, g_n1, g_n2, g_s0, g_s1, g_s2, u, u_n1, u_n2, u_s0, u_s1, u_s2,
+                y, y_n1, y_n2, y_s0, y_s1, y_s2, n, BLOCK: tl.constexpr):
+    silu_mul(g, g_n1, g_n2, g_s0, g_s1, g_s2, u, u_n1, u_n2, u_s0, u_s1, u_s2,
+             y, y_n1, y_n2, y_s0, y_s1, y_s2, n, BLOCK)
+
+
+@triton.jit
+def _k_add(a, a_n1, a_n2, a_s0, a_s1, a_s2, b, b_n1, b_n2, b_s0, b_s1, b_s2,
+           y, y_n1, y_n2, y_s0, y_s1, y_s2, n, BLOCK: tl.constexpr):
+    add(a, a_n1, a_n2, a_s0, a_s1, a_s2, b, b_n1, b_n2, b_s0, b_s1, b_s2,
+        y, y_n1, y_n2, y_s0, y_s1, y_s2, n, BLOCK)
+
+
+@triton.jit
+def _k_reduce(p, p_rs, p_cs, KP, r, r_n1, r_n2, r_s0, r_s1, r_s2, y, y_n1, y_n2, y_s0, y_s1, y_s2, n,
+              HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+    reduce(p, p_rs, p_cs, KP, r, r_n1, r_n2, r_s0, r_s1, r_s2, y, y_n1, y_n2, y_s0, y_s1, y_s2, n,
+           HAS_RES, BLOCK)
+
+
+@triton.jit
+def _k_argmax(x, x_n1, x_n2, x_s0, x_s1, x_s2, n, offset, y, y_n1, y_n2, y_s0, y_s1, y_s2,
+              BLOCK: tl.constexpr):
+    argmax(x, x_n1, x_n2, x_s0, x_s1, x_s2, n, offset, y, y_n1, y_n2, y_s0, y_s1, y_s2, BLOCK)
+
+
+@triton.jit
+def _k_argmax_combine(p, p_rs, p_cs, KP, tok, BLOCK: tl.constexpr):
+    argmax_combine(p, p_rs, p_cs, KP, tok, BLOCK)
+
+
+@triton.jit
+def _k_copy(x, x_n1, x_n2, x_s0, x_s1, x_s2, y, y_n1, y_n2, y_s0, y_s1, y_s2, n, BLOCK: tl.constexpr):
+    copy(x, x_n1, x_n2, x_s0, x_s1, x_s2, y, y_n1, y_n2, y_s0, y_s1, y_s2, n, BLOCK)
+
+
+# ---------------------------------------------------------------- host launchers (tests)
+def flat_desc(t) -> tuple[int, int, int, int, int]:
+    """(n1, n2, s0, s1, s2) of a torch tensor view seen as a flat vector (``flat_off``).
+
+    Unit axes are dropped and contiguous neighbours merged until at most 3 axes remain;
+    raises ValueError for a view that needs more than 3 strided axes."""
+    from lowering.triton.table import _merge, _pad3
+
+    axes = [(int(n), int(s)) for n, s in zip(t.shape, t.stride()) if n != 1] or [(1, 0)]
+    m = _merge(axes, 3)
+    if m is None:
+        raise ValueError(f"tensor view {tuple(t.shape)} / {t.stride()} needs more than 3 strided axes")
+    n, s = _pad3(m)
+    return n[1], n[2], s[0], s[1], s[2]
+
+
+def _matrix(t) -> tuple[int, int, int, int]:
+    """(rows, cols, row stride, col stride) of a 2-D view."""
+    if t.dim() != 2:
+        raise ValueError(f"expected a 2-D view, got shape {tuple(t.shape)}")
+    return t.shape[0], t.shape[1], t.stride(0), t.stride(1)
+
+
+def _cache(t) -> tuple[int, int, int, int, int, int]:
+    """(G, S, D, stride G, stride S, stride D) of a 3-D cache view."""
+    if t.dim() != 3:
+        raise ValueError(f"expected a [G, S, D] view, got shape {tuple(t.shape)}")
+    return (*t.shape, *t.stride())
+
+
+_EW = 256  # elementwise block of the standalone launchers (small: the interpreter is slow)
+
+
+def run_embed(table, token, y, block: int = _EW) -> None:
+    """y = table[token] (table a [V, H] view, token a 1-element int32 tensor). The caller
+    checks the token range (the megakernel does)."""
+    _, h, rs, cs = _matrix(table)
+    _k_embed[(1,)](table, rs, cs, token, y, *flat_desc(y), h, BLOCK=block)
+
+
+def run_rmsnorm(x, w, y, dim: int, eps: float, block: int = _EW) -> None:
+    _k_rmsnorm[(1,)](x, *flat_desc(x), w, *flat_desc(w), y, *flat_desc(y), x.numel(), dim, eps,
+                     BLOCK=block)
+
+
+def run_gemv(x, w, y, bias=None, block_n: int = 16, block_k: int = 64, w_align: int = 0) -> None:
+    """y = w @ x (+ bias); w a [N, K] view (any strides)."""
+    n, k, rs, cs = _matrix(w)
+    b = bias if bias is not None else y
+    xd = flat_desc(x)
+    _k_gemv[(1,)](x, *xd, w, rs, cs, b, *flat_desc(b), y, *flat_desc(y), n, k,
+                  HAS_BIAS=bias is not None, X_CONTIG=(xd[0] == 1 and xd[2] == 0 and xd[3] == 0),
+                  W_CONTIG=cs == 1, W_ALIGN=w_align, BLOCK_N=block_n, BLOCK_K=block_k)
+
+
+def run_rope(x, inv_freq, pos, y, head_dim: int, block: int = 64) -> None:
+    _k_rope[(1,)](x, *flat_desc(x), inv_freq, *flat_desc(inv_freq), pos, y, *flat_desc(y), x.numel(),
+                  head_dim, BLOCK=block)
+
+
+def run_kv_append(k, v, pos, kc, vc, block: int = 64) -> None:
+    g, _, d, *kst = _cache(kc)
+    _, _, _, *vst = _cache(vc)
+    _k_kv_append[(1,)](k, *flat_desc(k), v, *flat_desc(v), pos, kc, *kst, vc, *vst, g, d, BLOCK=block)
+
+
+def run_attention(q, kc, vc, pos, o, scale: float, block_t: int = 16) -> None:
+    g, _, d, *kst = _cache(kc)
+    _, _, _, *vst = _cache(vc)
+    hq = q.numel() // d
+    _k_attention[(1,)](q, *flat_desc(q), kc, *kst, vc, *vst, pos, o, *flat_desc(o), hq, g, d, scale,
+                       BLOCK_T=block_t, BLOCK_D=triton.next_power_of_2(d),
+                       BLOCK_Q=triton.next_power_of_2(max(1, hq // g)))
+
+
+def run_silu_mul(g, u, y, block: int = _EW) -> None:
+    _k_silu_mul[(1,)](g, *flat_desc(g), u, *flat_desc(u), y, *flat_desc(y), y.numel(), BLOCK=block)
+
+
+def run_add(a, b, y, block: int = _EW) -> None:
+    _k_add[(1,)](a, *flat_desc(a), b, *flat_desc(b), y, *flat_desc(y), y.numel(), BLOCK=block)
+
+
+def run_reduce(p, y, residual=None, block: int = _EW) -> None:
+    kp, _, rs, cs = _matrix(p)
+    r = residual if residual is not None else y
+    _k_reduce[(1,)](p, rs, cs, kp, r, *flat_desc(r), y, *flat_desc(y), y.numel(),
+                    HAS_RES=residual is not None, BLOCK=block)
+
+
+def run_argmax(x, y, offset: int, block: int = _EW) -> None:
+    _k_argmax[(1,)](x, *flat_desc(x), x.numel(), offset, y, *flat_desc(y), BLOCK=block)
+
+
+def run_argmax_combine(pairs, tok, block: int = 16) -> None:
+    kp, _, rs, cs = _matrix(pairs)
+    _k_argmax_combine[(1,)](pairs, rs, cs, kp, tok, BLOCK=block)
+
+
+def run_copy(x, y, block: int = _EW) -> None:
+    _k_copy[(1,)](x, *flat_desc(x), y, *flat_desc(y), y.numel(), BLOCK=block)

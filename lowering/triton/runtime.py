@@ -1,0 +1,439 @@
+"""TritonExecutor: run a ScheduleProgram as one persistent Triton kernel per decode step.
+
+Same interface as the sim backend's ``SimExecutor`` (lowering/sim.py): construct with the
+program and an ``init_fn``, write inputs, ``step(epoch)``, read outputs. For one rank
+(R = 1; multi-rank NVSHMEM runs are issue 6):
+
+* all buffers and counters are packed once into one device arena (table.py's layout):
+  weights are copied in at construction, never again; counters start at 0 and are never
+  reset (epoch-relative waits), so a step is exactly one kernel launch;
+* the task table is built once; the kernel source is generated for the program's variants
+  (megakernel.py) and compiled by Triton on first launch;
+* after each launch the host reads the per-worker error records and raises
+  ``TritonWatchdogError`` (a stuck wait: names the tasks, counters, values seen and needed)
+  or ``TritonTaskError`` (a position or token out of range), and checks that every worker
+  completed its whole queue.
+
+Where it runs: on a CUDA GPU with the program's own worker queues (grid = W persistent
+CTAs, W <= number of SMs, co-residency checked against the compiled kernel's occupancy and
+enforced by a cooperative launch where Triton supports it), or under the Triton CPU
+interpreter (``TRITON_INTERPRET=1``, set automatically by ``lowering.triton`` when no GPU is
+present) with one worker running ``linearize(program)``: the interpreter runs programs one
+after another, so several spinning workers could never make progress there.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from amk.errors import AmkError
+from ir.program import FLOAT_DTYPES, Buffer, ScheduleProgram
+from lowering.triton import megakernel as MK
+from lowering.triton import table as T
+from lowering.triton.ops import interpreting
+
+InitFn = Callable[[Buffer, int], "torch.Tensor | None"]
+
+TORCH_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32, "i32": torch.int32}
+#: Unwritten int32 memory (lowering/reference.py's INT_POISON); unwritten floats are NaN.
+INT_POISON = -(2**31)
+
+
+class TritonError(AmkError):
+    """A failure of the Triton backend (exit code 1: the run failed)."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message, exit_code)
+
+
+class TritonRefused(TritonError):
+    """The validator rejected the program (construct with ``check=False`` to run it anyway)."""
+
+    def __init__(self, verdict: Any):
+        self.verdict = verdict
+        classes = ", ".join(sorted(getattr(verdict, "classes", []) or [])) or "unknown"
+        super().__init__(f"the validator rejected the schedule ({classes}); refusing to run it "
+                         "on the triton backend", exit_code=2)
+
+
+class TritonWatchdogError(TritonError):
+    """A wait exceeded the watchdog bound. ``stuck`` lists one dict per failed worker:
+    worker, task, op, queue_index, counter, seen, needed, kind ("timeout" | "aborted")."""
+
+    def __init__(self, message: str, stuck: list[dict[str, Any]]):
+        super().__init__(message)
+        self.stuck = stuck
+
+
+class TritonTaskError(TritonError):
+    """An op refused its operands at run time (position or token out of range)."""
+
+    def __init__(self, message: str, task: str, epoch: int):
+        super().__init__(message)
+        self.task = task
+        self.epoch = epoch
+
+
+@dataclass
+class TritonStats:
+    """One ``step`` / ``run_steps`` call: epochs run, tasks executed (sum over workers), wall
+    seconds including the launch and the error-record readback, kernel launches."""
+
+    epochs: list[int] = field(default_factory=list)
+    tasks: int = 0
+    seconds: float = 0.0
+    launches: int = 0
+    workers: int = 1
+    device: str = "cpu"
+
+    @property
+    def tasks_per_s(self) -> float:
+        return self.tasks / self.seconds if self.seconds > 0 else float("inf")
+
+
+@dataclass
+class Blocks:
+    """Compile-time block sizes of the megakernel (elements). ``attention_d`` and
+    ``attention_q`` are raised to cover the program's head_dim and GQA group if smaller."""
+
+    elementwise: int = 1024
+    gemv_n: int = 16
+    gemv_k: int = 256
+    rope: int = 64
+    attention_t: int = 32
+    attention_d: int = 64
+    attention_q: int = 1
+    pairs: int = 64
+
+
+def _pow2(x: int) -> int:
+    p = 1
+    while p < x:
+        p *= 2
+    return p
+
+
+class TritonExecutor:
+    """Run ``program`` (R = 1) on the Triton backend; see the module docstring.
+
+    ``init_fn(buffer, rank)`` returns a buffer's initial contents (any shape with its element
+    count; cast to its dtype) or None (poison: NaN / INT_POISON). ``check=True`` validates
+    first (TritonRefused if rejected); ``check=False`` runs unvalidated programs, whose
+    deadlocks end in TritonWatchdogError. Structural problems that could make the kernel
+    touch memory outside the arena are refused always (table.TableError).
+
+    ``linear``: run one worker over ``linearize(program)`` (default under the interpreter;
+    required there) instead of the program's W queues (default on a GPU). ``timeout_s``:
+    GPU watchdog bound per wait; ``interpret_polls``: its interpreter counterpart.
+    ``blocks``: kernel block sizes; ``num_warps``: warps per worker CTA.
+    """
+
+    def __init__(self, program: ScheduleProgram, init_fn: InitFn | None = None, *, check: bool = True,
+                 device: str | torch.device | None = None, linear: bool | None = None,
+                 timeout_s: float = 2.0, interpret_polls: int = 2, blocks: Blocks | None = None,
+                 num_warps: int = 4):
+        if check:
+            self._check(program)
+        if program.ranks != 1:
+            raise TritonError(f"program {program.name!r} has {program.ranks} ranks; the triton backend "
+                              "runs single-rank programs until the NVSHMEM runtime (issue 6) lands",
+                              exit_code=2)
+        self.program = program
+        self.interpret = interpreting()
+        if device is None:
+            device = "cpu" if self.interpret else "cuda"
+        self.device = torch.device(device)
+        if self.interpret and self.device.type != "cpu":
+            raise TritonError("TRITON_INTERPRET=1 runs on the CPU; pass device='cpu'", exit_code=2)
+        if not self.interpret and self.device.type != "cuda":
+            raise TritonError(f"compiled Triton kernels need a CUDA device, got {self.device}; "
+                              "set TRITON_INTERPRET=1 to run on the CPU", exit_code=2)
+        self.linear = self.interpret if linear is None else bool(linear)
+        if self.interpret and not self.linear and program.workers > 1:
+            raise TritonError("the Triton interpreter runs programs one at a time, so W > 1 spinning "
+                              "workers cannot make progress; use linear=True", exit_code=2)
+        if program.workers > program.target.max_workers:
+            raise TritonError(f"program has {program.workers} workers per rank, target "
+                              f"{program.target.name} allows {program.target.max_workers}", exit_code=2)
+        self.rank = 0
+        self.slots = max(1, program.slots)
+        self.num_warps = int(num_warps)
+        self.timeout = int(interpret_polls) if self.interpret else int(timeout_s * 1e9)
+        if self.timeout < 1:
+            raise ValueError("the watchdog bound must be positive")
+
+        self.layout = T.build_layout(program, self.rank)
+        if self.linear:
+            order = [T.linearize(program, self.rank, strict=check)]
+        else:
+            q = program.queues()
+            order = [q[(self.rank, w)] for w in range(program.workers)]
+        self.table = T.build_table(program, self.rank, order, self.layout)
+        self.workers = self.table.workers
+        b = blocks or Blocks()
+        b.attention_d = max(b.attention_d, _pow2(self.table.dims["head_dim"]))
+        b.attention_q = max(b.attention_q, _pow2(self.table.dims["group"]))
+        self.blocks = b
+        self.source = MK.generate_source(self.table, program.name)
+        self._kernel = MK.load_kernel(self.source)
+
+        self._alloc(init_fn)
+        dev = self.device
+        self._rows = torch.from_numpy(self.table.rows).to(dev)
+        self._waits = torch.from_numpy(self.table.waits).to(dev)
+        self._sigs = torch.from_numpy(self.table.signals).to(dev)
+        self._qstart = torch.from_numpy(self.table.qstart).to(dev)
+        self._err = torch.zeros(self.workers * MK.ERR_W + 1, dtype=torch.int64, device=dev)
+        self._epoch = torch.zeros(1, dtype=torch.int64, device=dev)
+        self._qlen = [int(self.table.qstart[w + 1] - self.table.qstart[w]) for w in range(self.workers)]
+        self._next_epoch = 0
+        self._broken: str | None = None
+        self._launch_kw = self._launch_options()
+        self.compiled = None  # the CompiledKernel after the first GPU launch
+        self.occupancy: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ setup
+    @staticmethod
+    def _check(program: ScheduleProgram) -> None:
+        try:
+            from validator import validate  # lazy: heavy imports (z3) only when validating
+        except ImportError as e:
+            raise TritonError(f"check=True needs validator.validate, which cannot be imported ({e}); "
+                              "pass check=False to run an unvalidated program", exit_code=2) from e
+        verdict = validate(program)
+        if not verdict.ok:
+            raise TritonRefused(verdict)
+
+    def _alloc(self, init_fn: InitFn | None) -> None:
+        lay = self.layout
+        self.arena = torch.zeros(lay.nbytes, dtype=torch.uint8, device=self.device)
+        self._views: dict[str, torch.Tensor] = {}
+        for b in self.program.buffers:
+            if b.name not in lay.offsets:
+                continue
+            off = lay.offsets[b.name]
+            dt = TORCH_DTYPES[b.dtype]
+            v = self.arena[off:off + b.nbytes].view(dt).view(b.shape)
+            self._views[b.name] = v
+            init = init_fn(b, self.rank) if init_fn is not None else None
+            if init is None:
+                v.fill_(float("nan") if b.dtype in FLOAT_DTYPES else INT_POISON)
+            else:
+                if not isinstance(init, torch.Tensor):
+                    raise TritonError(f"init_fn returned {type(init).__name__} for buffer {b.name}; "
+                                      "expected a torch.Tensor or None", exit_code=2)
+                if init.numel() != b.numel:
+                    raise TritonError(f"init_fn gave {tuple(init.shape)} ({init.numel()} elements) for "
+                                      f"buffer {b.name} of shape {b.shape}", exit_code=2)
+                v.copy_(init.detach().reshape(b.shape).to(device=self.device, dtype=dt))
+        c0 = lay.counters_offset
+        self._counters = self.arena[c0:c0 + 4 * len(self.program.counters)].view(torch.int32)
+
+    def _launch_options(self) -> dict[str, Any]:
+        b = self.blocks
+        kw: dict[str, Any] = dict(
+            BLOCK=b.elementwise, GEMV_N=b.gemv_n, GEMV_K=b.gemv_k, ROPE_BLOCK=b.rope,
+            ATT_T=b.attention_t, ATT_D=b.attention_d, ATT_Q=b.attention_q, PAIR_BLOCK=b.pairs,
+        )
+        if not self.interpret:
+            kw["num_warps"] = self.num_warps
+            if _supports_cooperative_launch():
+                kw["launch_cooperative_grid"] = True
+        return kw
+
+    def _args(self) -> tuple:
+        a = self.arena
+        return (a.view(torch.bfloat16), a.view(torch.float16), a.view(torch.float32), a.view(torch.int32),
+                self._rows, self._waits, self._sigs, self._qstart, self._err, self._epoch, self.slots,
+                self.timeout)
+
+    def _check_coresidency(self) -> None:
+        """Refuse a launch whose W workers cannot all be resident at once (they would spin on
+        each other forever): W <= SMs and at least one CTA of this kernel fits on an SM."""
+        compiled = self._kernel.warmup(*self._args(), grid=(self.workers,), **self._launch_kw)
+        self.compiled = compiled
+        compiled._init_handles()
+        props = torch.cuda.get_device_properties(self.device)
+        sms = props.multi_processor_count
+        n_regs = int(getattr(compiled, "n_regs", 0) or 0)
+        shared = int(getattr(compiled.metadata, "shared", 0) or 0)
+        warps = int(getattr(compiled.metadata, "num_warps", self.num_warps))
+        threads = warps * 32
+        per_sm = _occupancy(compiled, threads, shared)
+        if per_sm is None:  # no driver binding: compute from the resource limits
+            limits = [props.max_threads_per_multi_processor // threads]
+            regs_sm = getattr(props, "regs_per_multiprocessor", 65536)
+            if n_regs:
+                limits.append(regs_sm // (n_regs * threads))
+            smem_sm = getattr(props, "shared_memory_per_multiprocessor", 0)
+            if shared and smem_sm:
+                limits.append(smem_sm // shared)
+            per_sm = min(limits)
+        self.occupancy = dict(sms=sms, ctas_per_sm=per_sm, n_regs=n_regs, shared=shared, warps=warps,
+                              workers=self.workers, cooperative="launch_cooperative_grid" in self._launch_kw)
+        if self.workers > sms:
+            raise TritonError(f"{self.workers} workers exceed the {sms} SMs of {props.name}: a persistent "
+                              "kernel runs at most one worker per SM")
+        if per_sm < 1:
+            raise TritonError(f"the megakernel cannot be resident on an SM ({n_regs} registers/thread, "
+                              f"{shared} B shared memory, {threads} threads); lower num_warps or block sizes")
+
+    # ------------------------------------------------------------- public API
+    def read(self, buffer: str, rank: int = 0) -> torch.Tensor:
+        """A CPU copy of ``buffer`` on ``rank`` (its dtype and shape)."""
+        return self._view(buffer, rank).detach().to("cpu", copy=True)
+
+    def write(self, buffer: str, rank: int, value: torch.Tensor) -> None:
+        """Overwrite ``buffer`` on ``rank`` with ``value`` (same element count; cast to the
+        buffer's dtype). Call between steps (token and position inputs)."""
+        v = self._view(buffer, rank)
+        if not isinstance(value, torch.Tensor):
+            value = torch.as_tensor(value)
+        if value.numel() != v.numel():
+            raise TritonError(f"write {buffer}@{rank}: value has {value.numel()} elements, buffer "
+                              f"{v.numel()}", exit_code=2)
+        v.copy_(value.detach().reshape(v.shape).to(device=self.device, dtype=v.dtype))
+
+    def counter_values(self) -> dict[str, int]:
+        """Current value of every counter (int32, wrapping; monotone across steps)."""
+        vals = self._counters.to("cpu").tolist()
+        return {c.name: vals[i] for i, c in enumerate(self.program.counters)}
+
+    @property
+    def next_epoch(self) -> int:
+        """The epoch the next ``step`` must run (epochs run in order from 0)."""
+        return self._next_epoch
+
+    def step(self, epoch: int) -> TritonStats:
+        """Run decode step ``epoch``: one kernel launch. Epochs run in order from 0 (counters
+        are epoch-relative). Raises TritonWatchdogError / TritonTaskError when the kernel
+        reports a failure (the executor is unusable afterwards), ValueError for an
+        out-of-order epoch."""
+        if epoch != self._next_epoch:
+            raise ValueError(f"epochs run in order: expected epoch {self._next_epoch}, got {epoch}")
+        return self.run_steps(1)
+
+    def run_steps(self, count: int, on_start: Callable[[int, int], None] | None = None,
+                  on_end: Callable[[int, int], None] | None = None) -> TritonStats:
+        """Run ``count`` consecutive epochs (one launch each); ``on_start(epoch, rank)`` before
+        and ``on_end(epoch, rank)`` after each (write inputs / read outputs there)."""
+        if self._broken:
+            raise TritonError(f"the executor is unusable after an earlier failure: {self._broken}")
+        if count < 1:
+            raise ValueError(f"count must be >= 1, got {count}")
+        first = self._next_epoch
+        if first + count > self.program.max_epochs:
+            raise TritonError(f"epoch {first + count - 1} exceeds the program's max_epochs "
+                              f"{self.program.max_epochs}")
+        stats = TritonStats(epochs=list(range(first, first + count)), workers=self.workers,
+                            device=str(self.device))
+        t0 = time.perf_counter()
+        for e in range(first, first + count):
+            if on_start is not None:
+                on_start(e, self.rank)
+            try:
+                self._launch(e)
+            except BaseException as exc:
+                self._broken = f"{type(exc).__name__}: {exc}"
+                raise
+            self._next_epoch = e + 1
+            stats.tasks += self.table.n_tasks
+            stats.launches += 1
+            if on_end is not None:
+                on_end(e, self.rank)
+        stats.seconds = time.perf_counter() - t0
+        return stats
+
+    def emit_source(self, path: str | Path) -> Path:
+        """Write the generated kernel source (the module Triton compiles) to ``path``."""
+        path = Path(path)
+        path.write_text(self.source)
+        return path
+
+    # ------------------------------------------------------------- internals
+    def _view(self, buffer: str, rank: int) -> torch.Tensor:
+        if rank != self.rank:
+            raise TritonError(f"rank {rank}: this executor runs rank {self.rank} only", exit_code=2)
+        v = self._views.get(buffer)
+        if v is None:
+            raise TritonError(f"unknown buffer {buffer!r} (not held by rank {rank})", exit_code=2)
+        return v
+
+    def _launch(self, epoch: int) -> None:
+        self._epoch.fill_(epoch)
+        if not self.interpret and self.compiled is None:
+            self._check_coresidency()
+        self._kernel[(self.workers,)](*self._args(), **self._launch_kw)
+        rec = self._err.to("cpu")
+        self._report(epoch, rec)
+
+    def _report(self, epoch: int, rec: torch.Tensor) -> None:
+        W = self.workers
+        r = rec[: W * MK.ERR_W].view(W, MK.ERR_W).tolist()
+        stuck, task_err = [], None
+        for w, (kind, row, a, b, c, ep, done, _) in enumerate(r):
+            if kind == MK.KIND_OK:
+                if done != self._qlen[w]:
+                    raise TritonError(f"epoch {epoch}: worker {w} completed {done} of its "
+                                      f"{self._qlen[w]} tasks without reporting an error")
+                continue
+            tid, op = self.table.task_ids[row], self.table.task_ops[row]
+            qi = row - int(self.table.qstart[w])
+            if kind in (MK.KIND_TIMEOUT, MK.KIND_ABORTED):
+                stuck.append(dict(worker=w, task=tid, op=op, queue_index=qi,
+                                  counter=self.table.wait_counters[a], seen=b, needed=c,
+                                  kind="timeout" if kind == MK.KIND_TIMEOUT else "aborted"))
+            elif kind == MK.KIND_POS:
+                task_err = task_err or (f"epoch {epoch}: task {tid} ({op}, worker {w}): position {a} "
+                                        f"outside the KV cache [0, {b})" if b else
+                                        f"epoch {epoch}: task {tid} ({op}, worker {w}): negative position {a}", tid)
+            elif kind == MK.KIND_TOKEN:
+                task_err = task_err or (f"epoch {epoch}: task {tid} ({op}, worker {w}): token {a} outside "
+                                        f"the embedding table [0, {b})", tid)
+            else:
+                raise TritonError(f"epoch {epoch}: worker {w} reported unknown error kind {kind}")
+        if task_err is not None:
+            raise TritonTaskError(task_err[0], task_err[1], epoch)
+        if stuck:
+            stuck.sort(key=lambda s: s["kind"] != "timeout")
+            bound = f"{self.timeout} polls" if self.interpret else f"{self.timeout / 1e9:g} s"
+            parts = [f"worker {s['worker']} {'stuck' if s['kind'] == 'timeout' else 'stopped'} at task "
+                     f"{s['task']} ({s['op']}, queue position {s['queue_index']}) waiting on counter "
+                     f"{s['counter']} (value {s['seen']}, needs {s['needed']})" for s in stuck]
+            raise TritonWatchdogError(f"epoch {epoch}: watchdog: a wait exceeded {bound}: " + "; ".join(parts),
+                                      stuck)
+
+
+def _supports_cooperative_launch() -> bool:
+    """Whether this Triton's CUDA backend has the ``launch_cooperative_grid`` option
+    (cuLaunchCooperativeKernel: the launch fails instead of deadlocking when the grid cannot
+    be co-resident)."""
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except Exception:
+        return False
+    return "launch_cooperative_grid" in getattr(CUDAOptions, "__dataclass_fields__", {})
+
+
+def _occupancy(compiled: Any, threads: int, shared: int) -> int | None:
+    """CTAs of ``compiled`` per SM from the CUDA driver's occupancy calculator, or None when
+    the driver binding (cuda-python) is unavailable."""
+    try:
+        from cuda.bindings import driver as cu  # cuda-bindings >= 12.6
+    except Exception:
+        try:
+            from cuda import cuda as cu  # older cuda-python
+        except Exception:
+            return None
+    try:
+        err, n = cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(cu.CUfunction(compiled.function), threads, shared)
+        if int(err) != 0:
+            return None
+        return int(n)
+    except Exception:
+        return None

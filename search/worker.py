@@ -1,0 +1,452 @@
+"""The evaluation subprocess of `amk search`: one candidate config -> a result dict.
+
+Run as ``python -m search.worker --serve`` (the protocol of ``search.evaluator.WorkerClient``:
+request/result file paths over a pipe; the model is loaded once per process) or
+``python -m search.worker REQUEST.json RESULT.json`` (one candidate). ``evaluate(request)``
+is also callable in-process (tests).
+
+Request (JSON): ``model`` (MODEL argument), ``ranks``, ``backend`` (sim | triton),
+``config`` (full lowering config of the candidate), ``incumbent`` (full lowering config of
+the incumbent or null; triton A/B only), ``target`` (Target fields), ``positions`` (decode
+positions whose logits are compared), ``prompt_seed`` (fresh random prompt tokens),
+``sim_seed`` / ``sim_policy`` (interleaving of the sim), ``seq_len`` (the context length the
+latency refers to), ``tolerance`` ({"rel_err", "min_argmax_agree"}), ``timing`` (A/B
+parameters), ``hooks`` (tests only: dotted names of an executor factory, a timer, or a
+predictor; never set by the CLI).
+
+Result: ``status`` ok | rejected | fail, ``stage`` where it stopped, ``reason``, ``verdict``,
+``program`` (stats, op counts, cost-model estimate), ``correctness``, ``timing``
+(``source`` predicted | measured, ``median_ms``, ``spread_ms``, ``incumbent_ms``, A/B
+statistics), ``floor_ms``, ``times`` (seconds per stage), ``restart_worker``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from collections import Counter as _Counter
+from typing import Any, Callable
+
+from amk.errors import AmkError
+
+_CACHE: dict[tuple, Any] = {}
+
+
+def _resolve_hook(name: str | None) -> Any:
+    if not name:
+        return None
+    mod, _, attr = name.partition(":")
+    return getattr(importlib.import_module(mod), attr)
+
+
+class ModelContext:
+    """A loaded model (fp32, the correctness reference), its graph and weight init_fn."""
+
+    def __init__(self, model_arg: str):
+        from lowering.weights import make_init_fn
+        from models.graph import import_model
+        from models.sources import resolve_model
+
+        res = resolve_model(model_arg, "fp32")
+        self.model = res.model
+        self.config = res.config
+        self.graph = import_model(res.model, res.config, name=res.source.name)
+        self.spec = self.graph.spec
+        self.init_fn = make_init_fn(res.model.state_dict(), self.spec)
+
+    @staticmethod
+    def get(model_arg: str) -> "ModelContext":
+        key = ("model", model_arg)
+        if key not in _CACHE:
+            _CACHE[key] = ModelContext(model_arg)
+        return _CACHE[key]
+
+    def reference_logits(self, tokens: list[int]) -> Any:
+        """HF eager logits (fp32) for the prompt ``tokens``, one row per position:
+        [len(tokens), vocab]. A causal forward over the whole prompt gives at every
+        position exactly what token-by-token decoding with a KV cache gives."""
+        import torch
+
+        with torch.no_grad():
+            out = self.model(input_ids=torch.tensor([tokens], dtype=torch.long))
+        return out.logits[0].float()
+
+
+def make_target(d: dict[str, Any]) -> Any:
+    from ir.program import Target
+
+    return Target(**{k: v for k, v in d.items() if k in ("name", "sms", "max_workers",
+                                                         "backend")})
+
+
+def lower_config(graph: Any, ranks: int, config: dict[str, Any], target: Any) -> Any:
+    """Lower ``graph`` with a lowering-config dict. Raises AmkError for a config the lowering
+    refuses (bad value, too many workers for the target, ...)."""
+    from lowering.config import LoweringConfig
+    from lowering.lower import lower
+
+    cfg = LoweringConfig.from_json(dict(config), source="candidate config")
+    return lower(graph, ranks, config=cfg, target=target)
+
+
+def program_summary(program: Any, seq_len: int) -> dict[str, Any]:
+    """Stats, per-op task counts, tasks per worker (max/min) and the cost-model estimate."""
+    from lowering.costmodel import estimate
+
+    per_worker = _Counter((t.rank, t.worker) for t in program.tasks)
+    loads = [per_worker.get((r, w), 0) for r in range(program.ranks)
+             for w in range(program.workers)]
+    est = estimate(program, seq_len=seq_len)
+    return {**program.stats(), "ops": dict(sorted(_Counter(t.op for t in program.tasks).items())),
+            "tasks_per_worker_max": max(loads, default=0),
+            "tasks_per_worker_min": min(loads, default=0),
+            "collective_groups": len({t.group for t in program.tasks if t.group}),
+            "predicted_latency_ms": est.predicted_latency_s * 1e3,
+            "cost_model_roofline_ms": est.roofline_s * 1e3}
+
+
+# -- correctness gate -----------------------------------------------------------------
+def _poison_outputs(ex: Any, program: Any, rank: int | None) -> None:
+    """Fill the io_output buffers of ``rank`` (all ranks if None) with NaN (float) or the
+    int sentinel, so an output the step does not write shows up as wrong."""
+    import torch
+
+    from lowering.reference import INT_POISON
+
+    for b in program.buffers:
+        if b.kind != "io_output":
+            continue
+        ranks = [b.rank] if b.placement == "local" else list(range(program.ranks))
+        for r in ranks:
+            if rank is not None and r != rank:
+                continue
+            if b.dtype == "i32":
+                val = torch.full(b.shape, INT_POISON, dtype=torch.int32)
+            else:
+                val = torch.full(b.shape, float("nan"), dtype=torch.float32)
+            ex.write(b.name, r, val)
+
+
+def correctness_gate(program: Any, ctx: ModelContext, req: dict[str, Any],
+                     executor_factory: Callable[..., Any]) -> dict[str, Any]:
+    """Run ``program`` for positions 0..max(positions) on fresh random prompt tokens and
+    compare its logits with HF eager at ``positions``.
+
+    Returns ``{"passed", "max_abs_err", "rel_err", "argmax_agree", "positions", "finite",
+    "tokens_agree_across_ranks", "why"}``. Outputs are poisoned before every step; the
+    logits are the concatenation of ``logits.r{r}`` over ranks (each rank's vocabulary
+    rows, in order) and must have the vocabulary's length.
+    """
+    import torch
+
+    from lowering.reference import INT_POISON
+
+    positions = sorted(set(int(p) for p in req["positions"]))
+    n = positions[-1] + 1
+    vocab = int(ctx.spec.vocab)
+    gen = torch.Generator().manual_seed(int(req["prompt_seed"]))
+    tokens = torch.randint(0, vocab, (n,), generator=gen).tolist()
+    ref = ctx.reference_logits(tokens)
+    R = program.ranks
+    ex = executor_factory(program, ctx.init_fn, seed=int(req.get("sim_seed", 0)),
+                          policy=req.get("sim_policy", "random"))
+    names = program.buffer_map()
+    for r in range(R):
+        for nm in (f"token.r{r}", f"pos.r{r}", f"logits.r{r}", f"next.r{r}"):
+            if nm not in names:
+                raise AmkError(f"program has no buffer {nm}: cannot run the correctness gate")
+    got: dict[int, dict[int, Any]] = {}
+    nxt: dict[int, dict[int, int]] = {}
+
+    def on_start(e: int, r: int) -> None:
+        ex.write(f"token.r{r}", r, torch.tensor([tokens[e]], dtype=torch.int32))
+        ex.write(f"pos.r{r}", r, torch.tensor([e], dtype=torch.int32))
+        _poison_outputs(ex, program, r)
+
+    def on_end(e: int, r: int) -> None:
+        if e in positions:
+            got.setdefault(e, {})[r] = ex.read(f"logits.r{r}", r).float().reshape(-1)
+            nxt.setdefault(e, {})[r] = int(ex.read(f"next.r{r}", r).reshape(-1)[0])
+
+    first = getattr(ex, "next_epoch", 0)
+    if first != 0:
+        raise AmkError("the executor must start at epoch 0")
+    if hasattr(ex, "run_steps") and req.get("overlap_epochs", True):
+        ex.run_steps(n, on_start=on_start, on_end=on_end)
+    else:
+        for e in range(n):
+            for r in range(R):
+                on_start(e, r)
+            ex.step(e)
+            for r in range(R):
+                on_end(e, r)
+    max_err, scale, agree, finite, ranks_agree = 0.0, 1.0, 0, True, True
+    why = []
+    for p in positions:
+        logits = torch.cat([got[p][r] for r in range(R)])
+        if logits.numel() != vocab:
+            raise AmkError(f"gathered logits have {logits.numel()} entries, vocabulary {vocab}")
+        if not torch.isfinite(logits).all():
+            finite = False
+            why.append(f"non-finite logits at position {p} (an output left unwritten?)")
+            continue
+        r_ = ref[p]
+        scale = max(scale, float(r_.abs().max()))
+        max_err = max(max_err, float((logits - r_).abs().max()))
+        toks = {nxt[p][r] for r in range(R)}
+        if len(toks) != 1 or INT_POISON in toks:
+            ranks_agree = False
+            why.append(f"next token at position {p} differs across ranks or is unwritten: "
+                       f"{sorted(toks)}")
+        agree += int(nxt[p][0] == int(r_.argmax()))
+    tol = req.get("tolerance", {})
+    rel = max_err / scale
+    agree_frac = agree / len(positions)
+    rel_tol = float(tol.get("rel_err", 2e-3))
+    min_agree = float(tol.get("min_argmax_agree", 1.0))
+    if finite and rel > rel_tol:
+        why.append(f"logit error {max_err:.3g} ({rel:.2e} of max |logit| {scale:.3g}) exceeds "
+                   f"{rel_tol:g}")
+    if finite and agree_frac < min_agree:
+        why.append(f"next token matches HF argmax at {agree}/{len(positions)} positions")
+    return {"passed": not why, "max_abs_err": max_err if finite else None,
+            "rel_err": rel if finite else None, "argmax_agree": agree_frac,
+            "positions": positions, "finite": finite, "tokens_agree_across_ranks": ranks_agree,
+            "why": "; ".join(why)}
+
+
+def default_executor_factory(backend: str) -> Callable[..., Any]:
+    if backend == "sim":
+        from lowering.sim import SimExecutor
+
+        def make(program, init_fn, seed=0, policy="random"):
+            # The program was validated just before; check=False skips a second validation.
+            return SimExecutor(program, init_fn, seed=seed, policy=policy, check=False)
+        return make
+    if backend == "triton":
+        from lowering.triton.runtime import TritonExecutor  # noqa: the GPU backend
+
+        def make(program, init_fn, seed=0, policy="random"):
+            return TritonExecutor(program, init_fn, check=False)
+        return make
+    raise AmkError(f"unknown backend {backend!r}")
+
+
+# -- timing ---------------------------------------------------------------------------
+def _hbm(req: dict[str, Any]) -> tuple[float, int]:
+    """(bandwidth in bytes/s, cache bytes) for the floor on the triton backend: measured
+    once per worker with a device copy; the cache is the GPU's L2. A request may give
+    ``hbm_bw`` (and ``cache_bytes``) instead, e.g. a bandwidth measured earlier."""
+    if req.get("hbm_bw"):
+        return float(req["hbm_bw"]), int(req.get("cache_bytes", 0))
+    key = ("hbm",)
+    if key not in _CACHE:
+        import torch
+
+        from amk.timing import measure_hbm_bandwidth
+
+        bw = measure_hbm_bandwidth("cuda", nbytes=int(req.get("bw_bytes", 1 << 30)))
+        l2 = int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0))
+        _CACHE[key] = (bw, l2)
+    return _CACHE[key]
+
+
+def time_triton(program: Any, inc_program: Any | None, ctx: ModelContext, req: dict[str, Any],
+                executor_factory: Callable[..., Any], timer: Any) -> dict[str, Any]:
+    """Interleaved A/B timing of the candidate against the incumbent (or A/A on itself when
+    there is no incumbent yet) at position ``seq_len - 1``."""
+    import torch
+
+    from search.evaluator import ab_interleaved
+
+    tp = req.get("timing", {})
+    pos = max(0, int(req.get("seq_len", 128)) - 1)
+
+    def prepared(prog):
+        ex = executor_factory(prog, ctx.init_fn, seed=0, policy="in_order")
+        state = {"e": 0}
+        for r in range(prog.ranks):
+            ex.write(f"token.r{r}", r, torch.tensor([1], dtype=torch.int32))
+            ex.write(f"pos.r{r}", r, torch.tensor([pos], dtype=torch.int32))
+
+        def step():
+            ex.step(state["e"])
+            state["e"] += 1
+        return ex, step
+
+    _, run_b = prepared(program)
+    if inc_program is not None:
+        _, run_a = prepared(inc_program)
+    else:
+        run_a = run_b
+    ab = ab_interleaved(run_a, run_b, timer, rounds=int(tp.get("rounds", 7)),
+                        steps=int(tp.get("steps", 20)), warmup=int(tp.get("warmup", 3)),
+                        min_gain=float(tp.get("min_gain", 0.01)))
+    return {"source": "measured", "median_ms": ab.b_ms, "spread_ms": ab.b_spread_ms,
+            "incumbent_ms": ab.a_ms if inc_program is not None else None,
+            "ab": ab.to_json()}
+
+
+def time_sim(program: Any, req: dict[str, Any], predict: Callable[..., float] | None
+             ) -> dict[str, Any]:
+    """The cost model's prediction (deterministic: no spread)."""
+    from lowering.costmodel import estimate
+
+    seq_len = int(req.get("seq_len", 128))
+    if predict is not None:
+        ms = float(predict(program, seq_len))
+    else:
+        ms = estimate(program, seq_len=seq_len).predicted_latency_s * 1e3
+    return {"source": "predicted", "median_ms": ms, "spread_ms": 0.0, "incumbent_ms": None}
+
+
+# -- one request ----------------------------------------------------------------------
+def evaluate(req: dict[str, Any]) -> dict[str, Any]:
+    """Evaluate one candidate request (see the module docstring). Never raises for a
+    candidate's own failure: the result says what happened and where."""
+    from search.evaluator import below_floor, roofline_floor_ms
+
+    times: dict[str, float] = {}
+    res: dict[str, Any] = {"status": "fail", "stage": "setup", "reason": "", "times": times,
+                           "restart_worker": False}
+    hooks = req.get("hooks") or {}
+    backend = req["backend"]
+    try:
+        t = time.perf_counter()
+        ctx = ModelContext.get(req["model"])
+        times["model_s"] = time.perf_counter() - t
+        target = make_target(req.get("target", {}))
+        # 1. lower
+        res["stage"] = "lower"
+        t = time.perf_counter()
+        try:
+            program = lower_config(ctx.graph, int(req["ranks"]), req["config"], target)
+        except AmkError as err:
+            res.update(status="rejected", reason=f"lowering refused the config: {err}")
+            return res
+        times["lower_s"] = time.perf_counter() - t
+        seq_len = int(req.get("seq_len", 128))
+        res["program"] = program_summary(program, seq_len)
+        # 2. validate: a rejected program never reaches a backend
+        res["stage"] = "validate"
+        from validator import validate
+
+        t = time.perf_counter()
+        verdict = validate(program, backend=backend)
+        times["validate_s"] = time.perf_counter() - t
+        res["verdict"] = {"ok": verdict.ok, "classes": sorted(verdict.classes),
+                          "errors": [f.to_json() for f in verdict.errors[:5]],
+                          "n_errors": len(verdict.errors)}
+        if not verdict.ok:
+            first = verdict.errors[0]
+            res.update(status="rejected", reason=f"validator: {', '.join(sorted(verdict.classes))}"
+                       f" ({len(verdict.errors)} errors; first: {first.message})"[:400])
+            return res
+        # floor: sim uses the cost model's bandwidth, no cache; triton a measured one
+        if backend == "sim":
+            from lowering.costmodel import DEFAULT_HBM_BW
+
+            floor = roofline_floor_ms(program, float(req.get("hbm_bw", DEFAULT_HBM_BW)))
+        else:
+            bw, l2 = _hbm(req)
+            floor = roofline_floor_ms(program, bw, cache_bytes=l2)
+        res["floor_ms"] = floor
+        # 3. correctness gate
+        res["stage"] = "correctness"
+        factory = _resolve_hook(hooks.get("executor")) or default_executor_factory(backend)
+        t = time.perf_counter()
+        gate = correctness_gate(program, ctx, req, factory)
+        times["gate_s"] = time.perf_counter() - t
+        res["correctness"] = gate
+        if not gate["passed"]:
+            res.update(status="fail", reason=f"correctness: {gate['why']}"[:400])
+            return res
+        # 4. timing
+        res["stage"] = "timing"
+        t = time.perf_counter()
+        if backend == "sim":
+            timing = time_sim(program, req, _resolve_hook(hooks.get("predict")))
+        else:
+            timer_hook = _resolve_hook(hooks.get("timer"))
+            if timer_hook is not None:
+                timer = timer_hook()
+            else:
+                from search.evaluator import cuda_event_timer
+
+                timer = cuda_event_timer()
+            inc = None
+            if req.get("incumbent") and req["incumbent"] != req["config"]:
+                inc = lower_config(ctx.graph, int(req["ranks"]), req["incumbent"], target)
+            timing = time_triton(program, inc, ctx, req, factory, timer)
+        times["timing_s"] = time.perf_counter() - t
+        res["timing"] = timing
+        if not math.isfinite(timing["median_ms"]) or timing["median_ms"] <= 0 or \
+                below_floor(timing["median_ms"], floor):
+            res.update(status="fail", reason=(
+                f"timing {timing['median_ms']:.4g} ms ({timing['source']}) is below the "
+                f"roofline floor {floor:.4g} ms: a measurement error, not a speedup"))
+            return res
+        res.update(status="ok", stage="done")
+        return res
+    except AmkError as err:
+        res.update(status="fail", reason=f"{res['stage']}: {err}"[:400])
+        return res
+    except Exception as err:  # a crash of the candidate's evaluation, not of the search
+        tb = traceback.format_exc(limit=6)
+        print(tb, file=sys.stderr)
+        res.update(status="fail", reason=f"{res['stage']} crashed: {type(err).__name__}: "
+                   f"{err}"[:400])
+        if backend == "triton" and "CUDA" in f"{type(err).__name__}{err}":
+            res["restart_worker"] = True  # the CUDA context may be unusable now
+        return res
+
+
+def _write_json_atomic(path: str, obj: Any) -> None:
+    from search.records import atomic_write_json
+
+    atomic_write_json(path, obj)
+
+
+def serve() -> int:
+    """The persistent worker loop (see search.evaluator.WorkerClient for the protocol)."""
+    proto = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints go to the log
+    for line in sys.stdin:
+        line = line.strip()
+        if not line:
+            continue
+        msg = json.loads(line)
+        with open(msg["request"], encoding="utf-8") as f:
+            req = json.load(f)
+        t0 = time.perf_counter()
+        res = evaluate(req)
+        res["worker_s"] = time.perf_counter() - t0
+        res["worker_pid"] = os.getpid()
+        _write_json_atomic(msg["result"], res)
+        proto.write(json.dumps({"done": msg["result"]}) + "\n")
+        proto.flush()
+        if res.get("restart_worker"):
+            return 0
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--serve"]:
+        return serve()
+    if len(argv) == 2:
+        with open(argv[0], encoding="utf-8") as f:
+            req = json.load(f)
+        _write_json_atomic(argv[1], evaluate(req))
+        return 0
+    print("usage: python -m search.worker --serve | REQUEST.json RESULT.json", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

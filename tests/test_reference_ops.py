@@ -1,0 +1,287 @@
+"""lowering/reference.py against independent formulations (transformers' Llama modules, torch)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import (
+    LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb, eager_attention_forward,
+)
+
+from ir.ops import OPS
+from lowering.reference import INT_POISON, IMPLS, ReferenceOpError, apply_op, torch_dtype
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _out(*shape, dtype=torch.float32):
+    return torch.full(shape, float("nan"), dtype=dtype) if dtype.is_floating_point else \
+        torch.full(shape, INT_POISON, dtype=dtype)
+
+
+def test_every_ir_op_has_an_implementation():
+    assert set(IMPLS) == set(OPS)
+
+
+def test_torch_dtype_names():
+    assert torch_dtype("bf16") is torch.bfloat16 and torch_dtype("i32") is torch.int32
+    with pytest.raises(ValueError, match="unknown IR dtype"):
+        torch_dtype("f64")
+
+
+@pytest.mark.parametrize("groups,dim", [(1, 64), (4, 16), (3, 48)])
+def test_rmsnorm_matches_llama_rmsnorm_fp32(groups, dim):
+    g = _gen(0)
+    x = torch.randn(groups, dim, generator=g) * 3
+    w = torch.randn(dim, generator=g)
+    hf = LlamaRMSNorm(dim, eps=1e-5)
+    with torch.no_grad():
+        hf.weight.copy_(w)
+        want = hf(x)
+    y = _out(groups * dim)
+    apply_op("rmsnorm", {"dim": dim, "eps": 1e-5}, [x.reshape(-1), w], [y])
+    assert torch.equal(y, want.reshape(-1))  # op for op the same arithmetic
+
+
+def test_rmsnorm_bf16_rounds_once():
+    g = _gen(1)
+    x = torch.randn(64, generator=g).to(torch.bfloat16)
+    w = torch.randn(64, generator=g).to(torch.bfloat16)
+    y = _out(64, dtype=torch.bfloat16)
+    apply_op("rmsnorm", {"dim": 64, "eps": 1e-6}, [x, w], [y])
+    xf = x.float()
+    want = (w.float() * (xf * torch.rsqrt(xf.pow(2).mean() + 1e-6))).to(torch.bfloat16)
+    assert torch.equal(y, want)
+    # HF (bf16) rounds before the weight multiply: close, not necessarily identical.
+    hf = LlamaRMSNorm(64, eps=1e-6).to(torch.bfloat16)
+    with torch.no_grad():
+        hf.weight.copy_(w)
+        assert torch.allclose(y.float(), hf(x).float(), rtol=2e-2, atol=2e-2)
+
+
+def _rope_config(rope_type: str) -> LlamaConfig:
+    params = {"rope_type": "default", "rope_theta": 10000.0}
+    if rope_type == "llama3":
+        params = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+                  "high_freq_factor": 4.0, "original_max_position_embeddings": 1024}
+    return LlamaConfig(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                       max_position_embeddings=4096, rope_parameters=params)
+
+
+@pytest.mark.parametrize("rope_type", ["default", "llama3"])
+@pytest.mark.parametrize("pos", [0, 1, 7, 31, 1000, 3000])
+def test_rope_matches_hf_apply_rotary_pos_emb(rope_type, pos):
+    cfg = _rope_config(rope_type)
+    rot = LlamaRotaryEmbedding(cfg)
+    hq, hkv, hd = 4, 2, 64
+    g = _gen(pos)
+    q = torch.randn(1, hq, 1, hd, generator=g)
+    k = torch.randn(1, hkv, 1, hd, generator=g)
+    cos, sin = rot(q, torch.tensor([[pos]]))
+    q_want, k_want = apply_rotary_pos_emb(q, k, cos, sin)
+    posb = torch.tensor([pos], dtype=torch.int32)
+    qy, ky = _out(hq * hd), _out(hkv, hd)
+    apply_op("rope", {"head_dim": hd}, [q.reshape(-1), rot.inv_freq, posb], [qy])
+    apply_op("rope", {"head_dim": hd}, [k.reshape(hkv, hd), rot.inv_freq, posb], [ky])
+    assert torch.equal(qy, q_want.reshape(-1))
+    assert torch.equal(ky, k_want.reshape(hkv, hd))
+
+
+def test_rope_in_place_and_negative_position():
+    inv = 1.0 / (10000 ** (torch.arange(0, 8, 2, dtype=torch.float32) / 8))
+    x = torch.randn(2, 8, generator=_gen(3))
+    ref = _out(2, 8)
+    apply_op("rope", {"head_dim": 8}, [x, inv, torch.tensor([5], dtype=torch.int32)], [ref])
+    apply_op("rope", {"head_dim": 8}, [x, inv, torch.tensor([5], dtype=torch.int32)], [x])  # aliasing
+    assert torch.equal(x, ref)
+    with pytest.raises(ReferenceOpError, match="negative"):
+        apply_op("rope", {"head_dim": 8}, [x, inv, torch.tensor([-1], dtype=torch.int32)], [ref])
+
+
+class _AttnModule(torch.nn.Module):
+    def __init__(self, groups: int):
+        super().__init__()
+        self.num_key_value_groups = groups
+
+
+@pytest.mark.parametrize("hq,g,pos", [(4, 2, 0), (4, 2, 9), (9, 3, 17), (3, 1, 5), (2, 2, 3)])
+def test_attention_matches_hf_eager_attention(hq, g, pos):
+    hd, s = 16, 32
+    gen = _gen(hq * 100 + pos)
+    q = torch.randn(hq, hd, generator=gen)
+    kc = torch.full((g, s, hd), float("nan"))  # rows beyond pos are poison: must not be read
+    vc = torch.full((g, s, hd), float("nan"))
+    kc[:, : pos + 1] = torch.randn(g, pos + 1, hd, generator=gen)
+    vc[:, : pos + 1] = torch.randn(g, pos + 1, hd, generator=gen)
+    scale = hd ** -0.5
+    want, _ = eager_attention_forward(_AttnModule(hq // g).eval(), q.reshape(1, hq, 1, hd),
+                                      kc[None, :, : pos + 1], vc[None, :, : pos + 1], None, scale)
+    o = _out(hq * hd)
+    apply_op("attention", {"head_dim": hd, "scale": scale}, [q.reshape(-1), kc, vc,
+                                                               torch.tensor([pos], dtype=torch.int32)], [o])
+    assert torch.allclose(o, want.reshape(-1), rtol=1e-5, atol=1e-6)
+    assert not torch.isnan(o).any()
+
+
+def test_attention_gqa_mapping_is_h_div_group():
+    # kv head g holds a distinctive constant value vector: head h must return kv head h // (Hq/G)'s value.
+    hq, g, hd, pos = 6, 3, 4, 2
+    q = torch.zeros(hq, hd)
+    kc = torch.zeros(g, 8, hd)
+    vc = torch.zeros(g, 8, hd)
+    for j in range(g):
+        vc[j, : pos + 1] = float(j + 1)
+    o = _out(hq, hd)
+    apply_op("attention", {"head_dim": hd, "scale": 1.0}, [q, kc, vc, torch.tensor([pos], dtype=torch.int32)], [o])
+    assert o[:, 0].tolist() == [1.0, 1.0, 2.0, 2.0, 3.0, 3.0]
+
+
+def test_attention_single_kv_head_cache_region_2d():
+    hd, pos = 8, 3
+    q = torch.randn(2, hd, generator=_gen(5))
+    kc = torch.randn(16, hd, generator=_gen(6))  # [S, D]: one kv head, squeezed
+    vc = torch.randn(16, hd, generator=_gen(7))
+    o = _out(2 * hd)
+    apply_op("attention", {"head_dim": hd, "scale": 0.5}, [q, kc, vc, torch.tensor([pos], dtype=torch.int32)], [o])
+    p = torch.softmax(q @ kc[: pos + 1].T * 0.5, dim=-1)
+    assert torch.allclose(o, (p @ vc[: pos + 1]).reshape(-1), atol=1e-6)
+
+
+def test_kv_append_writes_only_row_pos_through_views():
+    g, s, hd = 2, 8, 4
+    cache = torch.zeros(3, g, s, hd)  # [layers, G, S, D]: a layer slice is a view
+    vcache = torch.zeros(3, g, s, hd)
+    k = torch.randn(g * hd, generator=_gen(8))
+    v = torch.randn(g * hd, generator=_gen(9))
+    apply_op("kv_append", {"head_dim": hd}, [k, v, torch.tensor([5], dtype=torch.int32)],
+             [cache[1:2], vcache[1:2]])
+    assert torch.equal(cache[1, :, 5], k.reshape(g, hd))
+    assert torch.equal(vcache[1, :, 5], v.reshape(g, hd))
+    cache[1, :, 5] = 0
+    vcache[1, :, 5] = 0
+    assert not cache.any() and not vcache.any()
+    with pytest.raises(ReferenceOpError, match="out of range"):
+        apply_op("kv_append", {"head_dim": hd}, [k, v, torch.tensor([s], dtype=torch.int32)],
+                 [cache[1], vcache[1]])
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_gemv_matches_linear(bias):
+    gen = _gen(10)
+    w = torch.randn(24, 40, generator=gen)
+    x = torch.randn(40, generator=gen)
+    b = torch.randn(24, generator=gen)
+    want = F.linear(x, w, b if bias else None)
+    buf = _out(100)
+    apply_op("gemv", {}, [x, w] + ([b] if bias else []), [buf[10:34]])
+    assert torch.allclose(buf[10:34], want, rtol=1e-5, atol=1e-5)
+    assert torch.isnan(buf[:10]).all() and torch.isnan(buf[34:]).all()
+
+
+def test_gemv_bf16_weights_accumulate_in_fp32():
+    gen = _gen(11)
+    w = torch.randn(8, 512, generator=gen).to(torch.bfloat16)
+    x = torch.randn(512, generator=gen).to(torch.bfloat16)
+    y = _out(8, dtype=torch.bfloat16)
+    apply_op("gemv", {}, [x, w], [y])
+    want = (w.double() @ x.double()).to(torch.bfloat16)
+    assert torch.allclose(y.float(), want.float(), rtol=1e-2, atol=1e-2)
+    one_row = _out(1)
+    apply_op("gemv", {}, [x, w[3:4]], [one_row])  # N = 1 squeezes to a [K] weight
+    assert torch.allclose(one_row, w[3].float() @ x.float())
+
+
+def test_silu_mul_add_copy_put():
+    gen = _gen(12)
+    a, b = torch.randn(33, generator=gen), torch.randn(33, generator=gen)
+    y = _out(33)
+    apply_op("silu_mul", {}, [a, b], [y])
+    assert torch.allclose(y, a * torch.sigmoid(a) * b, rtol=1e-6, atol=1e-7)
+    apply_op("add", {}, [a, b], [y])
+    assert torch.equal(y, a + b)
+    yb = _out(3, 11, dtype=torch.bfloat16)
+    apply_op("copy", {}, [a], [yb])
+    assert torch.equal(yb.reshape(-1), a.to(torch.bfloat16))
+    apply_op("put", {}, [b.reshape(3, 11)], [y])
+    assert torch.equal(y, b)
+    for op in ("quiet", "fence", "nop"):
+        apply_op(op, {}, [], [])
+
+
+def test_reduce_sequential_order_and_residual():
+    gen = _gen(13)
+    p = torch.randn(4, 16, generator=gen)
+    r = torch.randn(16, generator=gen)
+    y = _out(16)
+    apply_op("reduce", {}, [p[None], r], [y])
+    want = ((p[0] + p[1]) + p[2]) + p[3] + r
+    assert torch.equal(y, want)
+    apply_op("reduce", {}, [p[2:3]], [y])  # k == 1
+    assert torch.equal(y, p[2])
+    with pytest.raises(ReferenceOpError, match="multiple"):
+        apply_op("reduce", {}, [p[:, :5]], [y])
+
+
+def test_argmax_first_index_and_offset():
+    x = torch.tensor([1.0, 5.0, -2.0, 5.0, 3.0])
+    y = _out(2)
+    apply_op("argmax", {"offset": 1000}, [x], [y])
+    assert y.tolist() == [5.0, 1001.0]
+    assert int(torch.argmax(x)) == 1
+    x[2] = float("nan")
+    apply_op("argmax", {"offset": 0}, [x], [y])
+    assert math.isnan(y[0]) and y[1] == 2.0  # as torch.argmax: NaN is the maximum
+
+
+def test_argmax_combine_ties_lowest_index():
+    pairs = torch.tensor([[2.0, 70.0], [3.0, 90.0], [3.0, 40.0], [1.0, 5.0]])
+    tok = _out(1, dtype=torch.int32)
+    apply_op("argmax_combine", {}, [pairs], [tok])
+    assert tok.tolist() == [40]
+    # Combining per-slice argmaxes equals a global torch.argmax, ties included.
+    gen = _gen(14)
+    for _ in range(20):
+        logits = torch.randint(0, 4, (50,), generator=gen).float()  # many ties
+        parts = []
+        for lo, hi in ((0, 13), (13, 31), (31, 50)):
+            pr = _out(2)
+            apply_op("argmax", {"offset": lo}, [logits[lo:hi]], [pr])
+            parts.append(pr)
+        # Slices in reverse order: the rule must not depend on pair order.
+        apply_op("argmax_combine", {}, [torch.stack(parts[::-1])], [tok])
+        assert tok.item() == int(torch.argmax(logits))
+
+
+def test_argmax_combine_poison():
+    tok = _out(1, dtype=torch.int32)
+    apply_op("argmax_combine", {}, [torch.tensor([[float("nan"), 7.0], [1.0, 3.0]])], [tok])
+    assert tok.item() == 7  # NaN value counts as the maximum
+    apply_op("argmax_combine", {}, [torch.tensor([[2.0, float("nan")], [1.0, 3.0]])], [tok])
+    assert tok.item() == INT_POISON
+
+
+def test_embed_row_and_range_check():
+    table = torch.randn(10, 6, generator=_gen(15))
+    y = _out(6)
+    apply_op("embed", {}, [table, torch.tensor([7], dtype=torch.int32)], [y])
+    assert torch.equal(y, table[7])
+    for bad in (10, -1, INT_POISON):
+        with pytest.raises(ReferenceOpError, match="out of range"):
+            apply_op("embed", {}, [table, torch.tensor([bad], dtype=torch.int32)], [y])
+
+
+def test_bad_operands_raise():
+    with pytest.raises(ReferenceOpError, match="rmsnorm"):
+        apply_op("rmsnorm", {"dim": 7, "eps": 1e-6}, [torch.zeros(16), torch.zeros(7)], [torch.zeros(16)])
+    with pytest.raises(ReferenceOpError, match="gemv"):
+        apply_op("gemv", {}, [torch.zeros(5), torch.zeros(3, 4)], [torch.zeros(3)])
+    with pytest.raises(ReferenceOpError, match="result has"):
+        apply_op("add", {}, [torch.zeros(4), torch.zeros(4)], [torch.zeros(5)])
+    with pytest.raises(KeyError, match="unknown op"):
+        apply_op("softmax", {}, [], [])

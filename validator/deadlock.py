@@ -1,0 +1,255 @@
+"""Deadlock checks: unsatisfiable waits, the exact monotone simulation, cycle witnesses, and
+collective participation.
+
+Why one greedy run decides deadlock: counters only grow and waits are ``>=`` thresholds, so
+running a task never disables another one. Hence every maximal execution ends in the same
+state (the system is confluent), and if a greedy run stalls, every execution stalls
+(ir/program.py semantics; this is the classic argument for monotone counter systems). Remote
+puts and signals are assumed to be delivered eventually (NVSHMEM progress; a kernel end
+completes them), so for liveness a signal counts from the moment its task ran.
+
+The run is *round based* and vectorised over chains (validator/window.py): in each round
+every worker queue runs as many segments as the counter values at the start of the round
+allow; the round's signals are added at its end. Work is O(segments + waits + signals) in
+numpy. Launches of 1, 2, ..., E steps are checked in one pass: stage k allows only epochs
+< k, runs to the fixpoint, and a stall at stage k is a deadlock of a k-step launch.
+
+The round in which each segment ran is a topological order of every happens-before edge
+(queue order, kernel boundaries, and any signal that preceded its waiter in this run), so
+validator/hb.py reuses it to compute vector clocks level by level.
+
+Error classes: UnsatisfiableWait, Deadlock, DeadlockCycle, CollectiveParticipation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import networkx as nx
+import numpy as np
+
+from validator.structure import Index
+from validator.verdict import Finding
+from validator.window import Window
+
+
+@dataclass
+class SimResult:
+    """``seg_round[s]``: the round segment ``s`` ran in (-1: never). ``stuck``: deadlock."""
+
+    seg_round: np.ndarray
+    rounds: int
+    stuck: bool
+    findings: list[Finding] = field(default_factory=list)
+    stalled_launch_steps: int | None = None
+
+
+def _ranges(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenate ``arange(lo[i], hi[i])`` for all i; also return the owner i per element."""
+    cnt = hi - lo
+    tot = int(cnt.sum())
+    if tot == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    owner = np.repeat(np.arange(len(lo)), cnt)
+    starts = np.repeat(lo - np.concatenate(([0], np.cumsum(cnt)[:-1])), cnt)
+    return starts + np.arange(tot), owner
+
+
+def unsatisfiable_waits(ix: Index) -> list[Finding]:
+    """Waits whose threshold exceeds one epoch's worth of signals: ``t > N(c)``.
+
+    With offset 0 such a wait needs signals of a later step, which never come in the last
+    step of a launch; with ``@prev`` it waits for more than the previous step produced.
+    """
+    out = []
+    if not len(ix.w_task):
+        return out
+    bad = np.nonzero(ix.w_thr > ix.ctr_n[ix.w_ctr])[0]
+    for k in bad:
+        t, c = int(ix.w_task[k]), int(ix.w_ctr[k])
+        n = int(ix.ctr_n[c])
+        prev = " @prev" if ix.w_off[k] else ""
+        out.append(Finding(
+            "UnsatisfiableWait",
+            f"task {ix.task_ids[t]} waits {ix.ctr_names[c]} >= {int(ix.w_thr[k])}{prev}, but "
+            f"only {n} is signalled to it per step",
+            tasks=[ix.task_ids[t]],
+            witness={"task": ix.task_ids[t], "counter": ix.ctr_names[c],
+                     "threshold": int(ix.w_thr[k]), "offset": int(ix.w_off[k]),
+                     "signalled_per_step": n,
+                     "signallers": _signallers(ix, c)}))
+    return out
+
+
+def _signallers(ix: Index, c: int, limit: int = 20) -> list[str]:
+    ks = np.nonzero(ix.s_ctr == c)[0][:limit]
+    return [ix.task_ids[int(ix.s_task[k])] for k in ks]
+
+
+def simulate(ix: Index, win: Window) -> SimResult:
+    """Greedy round-based run of all queues over the window's epochs (see module doc)."""
+    C = win.n_chains
+    R, W = ix.ranks, ix.workers
+    lo, hi = win.chain_seg_lo, win.chain_seg_hi
+    cm = win.cm_order
+    per_epoch = (hi - lo) // win.E  # segments per chain per epoch
+    big = np.iinfo(np.int64).max // 4
+    V = np.zeros(len(ix.ctr_names), dtype=np.int64)
+    cptr = lo.copy()
+    seg_round = np.full(win.n_seg, -1, dtype=np.int64)
+    rnd = 0
+    seg_rank = win.chain_rank[win.seg_chain]
+
+    def rank_finished() -> np.ndarray:
+        fin = np.full(C, big, dtype=np.int64)
+        nz = per_epoch > 0
+        fin[nz] = (cptr[nz] - lo[nz]) // per_epoch[nz]
+        return fin.reshape(R, W).min(axis=1)
+
+    for allowed in range(win.E):  # stage: a launch of allowed+1 steps
+        while True:
+            V0 = V.copy()
+            rfin = rank_finished()
+            active = np.nonzero(cptr < hi)[0]
+            ran = []
+            while len(active):
+                cand = cm[cptr[active]]
+                ok = win.seg_epoch[cand] <= allowed
+                kern = win.seg_kernel[cand] == 1
+                if kern.any():
+                    ok &= ~kern | (rfin[seg_rank[cand]] >= win.seg_epoch[cand])
+                wl, wh = win.seg_wi_lo[cand], win.seg_wi_hi[cand]
+                if (wh > wl).any():
+                    idx, own = _ranges(wl, wh)
+                    unsat = V0[win.wi_ctr[idx]] < win.wi_abs[idx]
+                    bad = np.bincount(own[unsat], minlength=len(cand)) > 0
+                    ok &= ~bad
+                if not ok.any():
+                    break
+                adv = active[ok]
+                ran.append(cand[ok])
+                cptr[adv] += 1
+                active = adv[cptr[adv] < hi[adv]]
+            if not ran:
+                break
+            done = np.concatenate(ran)
+            seg_round[done] = rnd
+            rnd += 1
+            idx, _ = _ranges(win.seg_si_lo[done], win.seg_si_hi[done])
+            if len(idx):
+                V += np.bincount(win.si_ctr[idx], weights=win.si_amt[idx],
+                                 minlength=len(V)).astype(np.int64)
+        # stalled in this stage? (some chain still has a segment of an allowed epoch)
+        heads_ok = cptr < hi
+        if heads_ok.any():
+            head = cm[cptr[heads_ok]]
+            if (win.seg_epoch[head] <= allowed).any():
+                res = SimResult(seg_round, rnd, True, stalled_launch_steps=allowed + 1)
+                res.findings = _deadlock_findings(ix, win, V, cptr, allowed, rank_finished())
+                return res
+    return SimResult(seg_round, rnd, False)
+
+
+def _deadlock_findings(ix: Index, win: Window, V, cptr, allowed: int, rfin) -> list[Finding]:
+    """Witness of a stalled run: the blocked queue heads and, if any, a wait-for cycle."""
+    C, W = win.n_chains, ix.workers
+    lo, hi, cm = win.chain_seg_lo, win.chain_seg_hi, win.cm_order
+    blocked = []
+    g = nx.DiGraph()
+    stuck_chains = [c for c in range(C) if cptr[c] < hi[c]
+                    and win.seg_epoch[cm[cptr[c]]] <= allowed]
+    head_of = {c: int(cm[cptr[c]]) for c in range(C) if cptr[c] < hi[c]}
+
+    def tnode(seg: int) -> str:
+        return f"task {ix.task_ids[int(win.seg_task[seg])]} (step {int(win.seg_epoch[seg])})"
+
+    # unexecuted signal instances per counter -> the blocked heads they sit behind
+    pend: dict[int, list[tuple[str, int]]] = {}
+    for c, h in head_of.items():
+        segs = cm[cptr[c]:hi[c]]
+        segs = segs[win.seg_epoch[segs] <= allowed]
+        idx, own = _ranges(win.seg_si_lo[segs], win.seg_si_hi[segs])
+        for k in idx:
+            task = ix.task_ids[int(ix.s_task[int(win.si_sig[k])])]
+            pend.setdefault(int(win.si_ctr[k]), []).append((task, h))
+    for c in stuck_chains:
+        h = head_of[c]
+        e = int(win.seg_epoch[h])
+        entry = {"rank": int(c // W), "worker": int(c % W),
+                 "task": ix.task_ids[int(win.seg_task[h])], "step": e, "waits": []}
+        if win.seg_kernel[h] and rfin[win.chain_rank[c]] < e:
+            r = int(win.chain_rank[c])
+            unfinished = [w for w in range(W) if (r * W + w) in head_of
+                          and win.seg_epoch[head_of[r * W + w]] <= e - 1]
+            entry["waits"].append({"kernel_boundary": f"rank {r} step {e - 1}",
+                                   "unfinished_workers": unfinished})
+            kn = f"end of step {e - 1} on rank {r}"
+            g.add_edge(tnode(h), kn)
+            for w in unfinished:
+                g.add_edge(kn, tnode(head_of[r * W + w]))
+        for k in range(win.seg_wi_lo[h], win.seg_wi_hi[h]):
+            ctr, need = int(win.wi_ctr[k]), int(win.wi_abs[k])
+            if V[ctr] >= need:
+                continue
+            base = e + int(ix.w_off[int(win.wi_wait[k])])
+            n = int(ix.ctr_n[ctr])
+            entry["waits"].append({
+                "counter": ix.ctr_names[ctr], "value": int(V[ctr]), "needed": need,
+                "value_in_step": int(V[ctr]) - base * n, "threshold": int(ix.w_thr[int(win.wi_wait[k])]),
+                "pending_signallers": sorted({t for t, _ in pend.get(ctr, [])})[:10]})
+            cn = f"counter {ix.ctr_names[ctr]}"
+            g.add_edge(tnode(h), cn)
+            for task, hh in pend.get(ctr, []):
+                g.add_edge(cn, tnode(hh), via=task)
+        blocked.append(entry)
+    steps = allowed + 1
+    tasks = [b["task"] for b in blocked]
+    findings = []
+    try:
+        cyc = nx.find_cycle(g)
+    except nx.NetworkXNoCycle:
+        cyc = None
+    if cyc:
+        path = []
+        for u, v in cyc:
+            step = {"from": u, "to": v}
+            via = g.edges[u, v].get("via")
+            if via:
+                step["signalled_by"] = via
+            path.append(step)
+        names = [u for u, _ in cyc]
+        findings.append(Finding(
+            "DeadlockCycle",
+            f"circular wait in a launch of {steps} step(s): " + " -> ".join(names + [names[0]]),
+            tasks=sorted({n.split()[1] for n in names if n.startswith("task ")}),
+            witness={"cycle": path, "launch_steps": steps, "blocked": blocked[:32]}))
+    else:
+        findings.append(Finding(
+            "Deadlock",
+            f"the queues stall in a launch of {steps} step(s): {len(blocked)} worker(s) blocked, "
+            f"e.g. {blocked[0]['task']} on " + ", ".join(
+                w.get("counter", w.get("kernel_boundary", "?")) for w in blocked[0]["waits"]),
+            tasks=tasks[:64],
+            witness={"launch_steps": steps, "blocked": blocked[:32],
+                     "blocked_total": len(blocked)}))
+    return findings
+
+
+def collective_participation(ix: Index) -> list[Finding]:
+    """Every collective instance (``group``) must have at least one task on every rank."""
+    ranks_of: dict[str, set[int]] = {}
+    first: dict[str, str] = {}
+    for i, grp in enumerate(ix.t_group):
+        if grp is not None:
+            ranks_of.setdefault(grp, set()).add(int(ix.t_rank[i]))
+            first.setdefault(grp, ix.task_ids[i])
+    out = []
+    for grp, rs in ranks_of.items():
+        missing = [r for r in range(ix.ranks) if r not in rs]
+        if missing:
+            out.append(Finding(
+                "CollectiveParticipation",
+                f"collective {grp} has no task on rank(s) {missing}; every rank must take part",
+                tasks=[first[grp]],
+                witness={"group": grp, "ranks_present": sorted(rs), "ranks_missing": missing}))
+    return out
