@@ -1,5 +1,6 @@
 # amk: the two commands of the README quickstart.
-#   make demo   set up .venv if missing, then `amk doctor` and a greedy generation of the real
+#   make demo   set up .venv if missing, then `amk doctor`, `amk compile smollm2-135m --tp 2` and
+#               `amk generate ... --tp 2 --verify` (sim backend) on the real
 #               SmolLM2-135M-Instruct checkpoint ("The capital of France is" -> " Paris...")
 #   make test   set up .venv if missing, then the CPU test suite (GPU tests are listed as skipped)
 # VENV=path picks another virtual environment (.ci/run uses a fresh one).
@@ -18,7 +19,8 @@ setup: $(VENV)/bin/amk
 
 demo: setup
 	$(VENV)/bin/amk doctor
-	$(PY) -m amk.demo --model smollm2-135m --prompt "The capital of France is"
+	$(VENV)/bin/amk compile smollm2-135m --tp 2 --backend sim --out build/smollm2-135m-tp2
+	$(VENV)/bin/amk generate smollm2-135m --prompt "The capital of France is" --max-new-tokens 32 --tp 2 --backend sim --verify
 
 # -ra lists skipped tests (gpu/multigpu without GPUs) with their reasons. Exit code 5 (no
 # tests collected) is reported and fails the target: the suite must always run real tests.

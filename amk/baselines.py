@@ -134,11 +134,72 @@ def hf_compiled_graph(model, prompt_ids: torch.Tensor, n_tokens: int,
     return BaselineResult("hf_compiled_graph", tokens[:n_tokens], timing)
 
 
-def judge(result: BaselineResult, reference: list[int]) -> BaselineResult:
-    """Set ``result.correct``: its greedy tokens equal the reference's."""
-    n = min(len(result.tokens), len(reference))
-    result.correct = n > 0 and result.tokens[:n] == reference[:n]
-    if not result.correct:
-        first = next((i for i in range(n) if result.tokens[i] != reference[i]), n)
-        result.note = f"diverges from HF generate at token {first}"
+@dataclass
+class TokenReference:
+    """The greedy reference a decode result is judged against.
+
+    ``tokens``: HF ``generate`` greedy tokens of the model as benchmarked (e.g. bf16).
+    ``margin[k]``: top-1 minus top-2 logit of an fp32 copy of the same weights at generated
+    step k (teacher-forced along ``tokens``). ``noise[k]``: max |bf16 logits - fp32 logits|
+    of HF itself at step k: the rounding noise of the reference.
+    """
+
+    tokens: list[int]
+    margin: list[float]
+    noise: list[float]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tokens": self.tokens, "margin": self.margin, "noise": self.noise}
+
+
+NEAR_TIE_FACTOR = 4.0  # a divergence is a near-tie when margin <= 4 x the reference's own noise
+
+
+def make_reference(model, prompt_ids: torch.Tensor, n_tokens: int) -> TokenReference:
+    """HF greedy tokens plus the per-step fp32 margin and bf16-vs-fp32 noise (see
+    TokenReference). ``prompt_ids``: int64 [1, P] on the model's device."""
+    import copy
+
+    toks = reference_tokens(model, prompt_ids, n_tokens)
+    seq = torch.cat([prompt_ids, torch.tensor([toks], device=prompt_ids.device)], dim=1)
+    p = prompt_ids.shape[1]
+    with torch.no_grad():
+        lo = model(input_ids=seq).logits[0, p - 1:p - 1 + n_tokens].float()
+        ref32 = copy.deepcopy(model).float()
+        hi = ref32(input_ids=seq).logits[0, p - 1:p - 1 + n_tokens].float()
+        del ref32
+    top2 = hi.topk(2, dim=-1).values
+    margin = (top2[:, 0] - top2[:, 1]).tolist()
+    noise = (lo - hi).abs().amax(dim=-1).tolist()
+    return TokenReference(toks, margin, noise)
+
+
+def judge_tokens(tokens: list[int], ref: TokenReference) -> tuple[bool, int | None, str]:
+    """Verdict for a greedy token sequence against ``ref``.
+
+    Identical tokens are correct. A first divergence at step k is accepted only as a
+    near-tie: the fp32 reference's margin at k is at most NEAR_TIE_FACTOR times HF's own
+    bf16-vs-fp32 logit noise there (two correct bf16 implementations may round such a step
+    either way). Returns (correct, first divergence or None, note).
+    """
+    n = min(len(tokens), len(ref.tokens))
+    k = next((i for i in range(n) if tokens[i] != ref.tokens[i]), None)
+    if k is None:
+        if len(tokens) < len(ref.tokens):
+            return False, len(tokens), f"only {len(tokens)} of {len(ref.tokens)} tokens"
+        return True, None, "identical to HF generate"
+    m, z = ref.margin[k], ref.noise[k]
+    if m <= NEAR_TIE_FACTOR * z:
+        return True, k, (f"diverges at token {k}, a bf16 near-tie (fp32 margin {m:.4f} <= "
+                         f"{NEAR_TIE_FACTOR:g} x HF bf16 noise {z:.4f})")
+    return False, k, f"diverges at token {k} (fp32 margin {m:.4f} > {NEAR_TIE_FACTOR:g} x noise {z:.4f})"
+
+
+def judge(result: BaselineResult, ref: TokenReference | list[int]) -> BaselineResult:
+    """Set ``result.correct`` and its note against a TokenReference (or plain tokens, which
+    must then match exactly)."""
+    if not isinstance(ref, TokenReference):
+        ref = TokenReference(list(ref), [float("inf")] * len(ref), [0.0] * len(ref))
+    result.correct, first, result.note = judge_tokens(result.tokens, ref)
+    result.extra["first_divergence"] = first
     return result

@@ -214,11 +214,11 @@ def hf_tokenwise_logits(model: Any, tokens: Sequence[int], keep: Sequence[int]) 
     keep_set = set(keep)
     with torch.no_grad():
         for pos, tok in enumerate(tokens):
-            res = model(input_ids=torch.tensor([[int(tok)]]), past_key_values=cache,
-                        use_cache=True)
+            res = model(input_ids=torch.tensor([[int(tok)]], device=model.device),
+                        past_key_values=cache, use_cache=True)
             cache = res.past_key_values
             if pos in keep_set:
-                out[pos] = res.logits[0, -1].float().clone()
+                out[pos] = res.logits[0, -1].float().cpu()
             if pos >= max(keep_set):
                 break
     return out
@@ -226,7 +226,7 @@ def hf_tokenwise_logits(model: Any, tokens: Sequence[int], keep: Sequence[int]) 
 
 def hf_generate(model: Any, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
     """HF ``generate`` with greedy decoding (do_sample=False); returns the new tokens."""
-    ids = torch.tensor([list(prompt)], dtype=torch.long)
+    ids = torch.tensor([list(prompt)], dtype=torch.long, device=model.device)
     with torch.no_grad():
         out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
                              max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,

@@ -76,6 +76,8 @@ def _value_json(v: Any, where: str):
     """Check a param/config value is representable (and in the text form too)."""
     if v is None or isinstance(v, (bool, int, float, str)):
         return v
+    if hasattr(v, "__index__"):  # numpy integers: the same value as a Python int
+        return v.__index__()
     if isinstance(v, list):
         return [_value_json(x, f"{where}[{i}]") for i, x in enumerate(v)]
     if isinstance(v, dict):

@@ -157,12 +157,12 @@ def format_value(v: Any, where: str = "value") -> str:
         return "false"
     if v is None:
         return "null"
-    if isinstance(v, int):
-        return int.__repr__(int(v))
     if isinstance(v, float):
         return float.__repr__(float(v))  # 'inf', '-inf', 'nan', '1e-05', '-0.0'
     if isinstance(v, str):
         return format_string(v)
+    if hasattr(v, "__index__"):  # int, and integer types such as numpy.int64 (lossless)
+        return int.__repr__(v.__index__())
     if isinstance(v, list):
         return "[" + ", ".join(format_value(x, f"{where}[{i}]") for i, x in enumerate(v)) + "]"
     if isinstance(v, dict):
@@ -312,7 +312,7 @@ def _build_transformer():
         return getattr(tok, "column", None) or 1
 
     class LineTransformer(Transformer):
-        """Builds one line's item: ``(kind, column, payload)`` or None for an empty line."""
+        """Builds one line's item: ``(kind, payload)``, or None for a blank/comment line."""
 
         # -- atoms --
         def ident(self, c):

@@ -35,7 +35,7 @@ from typing import Any, Callable, Sequence
 
 from amk.errors import AmkError
 from ir.program import (
-    DTYPE_BYTES, Bound, Buffer, Counter, Range, Region, ScheduleProgram, Signal, Target, Task,
+    Bound, Buffer, Counter, Range, Region, ScheduleProgram, Signal, Target, Task,
     Wait, WeightSource,
 )
 from lowering.config import LoweringConfig
@@ -217,7 +217,8 @@ class _Lowerer:
     def act(self, name: str, rank: int, n: int) -> str:
         return self.e.buffer(f"{name}.r{rank}", "activation", self.dt, (n,), rank)
 
-    def ready(self, counter: str, n: int, rank: int) -> Ready:
+    def ready(self, counter: str, n: int) -> Ready:
+        """Ready once ``counter`` got its ``n`` signals, from the workers signalled so far."""
         return Ready(counter, n, frozenset(self.e.signal_workers.get(counter, set())))
 
     # -- stages --------------------------------------------------------------------------
@@ -255,7 +256,7 @@ class _Lowerer:
             outs = [Region(y, r, (_r(0, H),))]
             w = self.e.place(r, self.e.cost("embed", ins, outs))
             self.e.task(f"embed.r{r}", r, w, "embed", ins, outs, signals=[c])
-            out[r] = Loc(y, r, 0, H, (self.ready(c, 1, r),))
+            out[r] = Loc(y, r, 0, H, (self.ready(c, 1),))
         return out
 
     def rmsnorm(self, name: str, op: GraphOp, x: dict[int, Loc]) -> dict[int, Loc]:
@@ -271,13 +272,12 @@ class _Lowerer:
             wk = self.e.place(r, self.e.cost("rmsnorm", ins, outs))
             self.e.task(f"{name}.r{r}", r, wk, "rmsnorm", ins, outs,
                         {"dim": H, "eps": float(op.params["eps"])}, ready=x[r].ready, signals=[c])
-            out[r] = Loc(y, r, 0, H, (self.ready(c, 1, r),))
+            out[r] = Loc(y, r, 0, H, (self.ready(c, 1),))
         return out
 
     def gemv_tiles(self, tag: str, r: int, x: Loc, wbuf: str, k: int, rows: tuple[int, int],
                    y: Callable[[int, int], Region], bias: str | None, counter: str,
-                   ready: Sequence[Ready] = (), fuse: Callable[[int, int, int], None] | None = None,
-                   group: str | None = None) -> int:
+                   fuse: Callable[[int, int, int], None] | None = None) -> int:
         """GEMV tiles over local weight rows ``rows`` of ``wbuf`` ([n, k]); output rows
         [a, b) of the tile go to ``y(a, b)`` (row indices local to wbuf). ``fuse(worker, a,
         b)`` may emit follow-up tasks of the tile on the same worker (it then signals).
@@ -290,8 +290,7 @@ class _Lowerer:
             outs = [y(a, b)]
             w = self.e.place(r, self.e.cost("gemv", ins, outs))
             sig = [] if fuse else [counter]
-            self.e.task(f"{tag}.t{n}.r{r}", r, w, "gemv", ins, outs,
-                        ready=tuple(x.ready) + tuple(ready), signals=sig, group=group)
+            self.e.task(f"{tag}.t{n}.r{r}", r, w, "gemv", ins, outs, ready=x.ready, signals=sig)
             if fuse:
                 fuse(w, a, b)
             n += 1
@@ -357,7 +356,7 @@ class _Lowerer:
             chain.append(("rope", [Region(q_in, r, (_r(0, nq),)), Region(self.inv[r], r, (_r(0, D // 2),)),
                                    Region(self.pos[r], r, (_r(0, 1),))],
                           [Region(qr, r, (_r(0, nq),))], {"head_dim": D}, "rope_q"))
-            self.chain(i, r, chain, [self.ready(cq, nt["q"], r)], cqr)
+            self.chain(i, r, chain, [self.ready(cq, nt["q"])], cqr)
             # kv chain: [k_norm] -> rope -> kv_append, on one worker
             k_in, v_b = bufs["k"][3], bufs["v"][3]
             kr = self.act(f"kr.l{i}", r, nkv)
@@ -378,11 +377,11 @@ class _Lowerer:
             chain.append(("kv_append", [Region(kr, r, (_r(0, nkv),)), Region(v_b, r, (_r(0, nkv),)),
                                         Region(self.pos[r], r, (_r(0, 1),))],
                           [Region(kc, r, cache), Region(vc, r, cache)], {"head_dim": D}, "kv_append"))
-            self.chain(i, r, chain, [self.ready(ckv, nt["k"] + nt["v"], r)], ckc)
+            self.chain(i, r, chain, [self.ready(ckv, nt["k"] + nt["v"])], ckc)
             # attention: one task per local KV head (its query heads of this rank)
             a = self.act(f"a.l{i}", r, nq)
             ca = e.counter(f"c.l{i}.attn.r{r}", r)
-            rdy = [self.ready(cqr, 1, r), self.ready(ckc, 1, r)]
+            rdy = [self.ready(cqr, 1), self.ready(ckc, 1)]
             n_att = 0
             for j, g in enumerate(range(g0, g1)):
                 lo, hi = self.part.kv_group_heads(r, g)
@@ -397,7 +396,7 @@ class _Lowerer:
                        {"head_dim": D, "scale": float(self.spec.attn_scale)}, ready=rdy,
                        signals=[ca])
                 n_att += 1
-            out[r] = Loc(a, r, 0, nq, (self.ready(ca, n_att, r),))
+            out[r] = Loc(a, r, 0, nq, (self.ready(ca, n_att),))
         return out
 
     def chain(self, i: int, r: int, steps: list, ready: list[Ready], counter: str) -> None:
@@ -439,7 +438,7 @@ class _Lowerer:
                            ready=hn[r].ready if k == 0 else (),
                            signals=[cm] if k == len(steps) - 1 else [])
                 nt += 1
-            out[r] = Loc(mb, r, 0, n, (self.ready(cm, nt, r),))
+            out[r] = Loc(mb, r, 0, n, (self.ready(cm, nt),))
         return out
 
     # -- row-parallel linear + all-reduce + residual ---------------------------------------
@@ -477,7 +476,7 @@ class _Lowerer:
 
         n = self.gemv_tiles(f"{site}.w", r, xin[r], wbuf[r], k, (0, H),
                             lambda a, b: Region(part, r, (_r(a, b),)), None, cnt, fuse=fuse)
-        return {r: Loc(out, r, 0, H, (self.ready(cnt, n, r),))}
+        return {r: Loc(out, r, 0, H, (self.ready(cnt, n),))}
 
     def _partials(self, site: str, xin, wbuf, contrib, buf: str, idx: dict[int, int]) -> dict[int, Ready]:
         """Each contributor writes its partial into its own row of ``buf`` (slot s)."""
@@ -489,7 +488,7 @@ class _Lowerer:
             n = self.gemv_tiles(f"{site}.w", r, xin[r], wbuf[r], k, (0, H),
                                 lambda a, b, r=r: Region(buf, r, (SLOT, _r(idx[r], idx[r] + 1), _r(a, b))),
                                 None, c)
-            ready[r] = self.ready(c, n, r)
+            ready[r] = self.ready(c, n)
         return ready
 
     def _row_oneshot(self, site, xin, resid, wbuf, contrib) -> dict[int, Loc]:
@@ -528,7 +527,7 @@ class _Lowerer:
                 e.task(f"{site}.red.t{n}.r{r}", r, w, "reduce", ins, outs, ready=rdy,
                        signals=[cnt], group=f"ar.{site}")
                 n += 1
-            out[r] = Loc(y, r, 0, H, (self.ready(cnt, n, r),))
+            out[r] = Loc(y, r, 0, H, (self.ready(cnt, n),))
         return out
 
     def _row_twoshot(self, site, xin, resid, wbuf, contrib) -> dict[int, Loc]:
@@ -571,7 +570,7 @@ class _Lowerer:
                 e.task(f"{site}.red.t{n}.r{b}", b, w, "reduce", ins, outs, ready=rdy,
                        signals=[cnt], group=f"ar.{site}")
                 n += 1
-            red[b] = self.ready(cnt, n, b)
+            red[b] = self.ready(cnt, n)
         gathered: dict[tuple[int, int], str] = {}
         for b in owners:
             lo, hi = blocks[b]
@@ -619,7 +618,7 @@ class _Lowerer:
                 pair_out = Region(pb, 0, (_r(0, 1), _r(0, 2)))
             w = e.place(r, e.cost("argmax", [Region(logits, r, (_r(0, nv),))], [pair_out]))
             e.task(f"lm.argmax.r{r}", r, w, "argmax", [Region(logits, r, (_r(0, nv),))],
-                   [pair_out], {"offset": int(v0)}, ready=[self.ready(c, n, r)],
+                   [pair_out], {"offset": int(v0)}, ready=[self.ready(c, n)],
                    group="am" if R > 1 else None)
             am_worker[r] = w
             for p in range(R):
@@ -671,24 +670,37 @@ def lower(graph: ModelGraph, ranks: int, workers: int | None = None,
     return _Lowerer(graph, ranks, cfg, target).lower()
 
 
-def lowered_corpus_seeds(max_programs: int | None = None) -> list[ScheduleProgram]:
-    """Small real lowerings for the adversarial corpus: tiny recipes (1 layer, max_seq 8) at
-    R = 1..4 with a few configs. Builds graphs from configs only (no weights)."""
+CORPUS_CONFIGS = (dict(tile=32, workers=2),
+                  dict(tile=48, workers=3, policy="balanced"),
+                  dict(tile=64, workers=1, allreduce="twoshot"))
+
+
+def lowered_corpus_seeds(max_programs: int | None = None, full: bool = False) -> list[ScheduleProgram]:
+    """Real lowerings for the adversarial corpus (must-accept seeds): tiny recipes with one
+    layer and max_seq 8. Default: 6 programs covering R = 1..4, both all-reduce algorithms and
+    both policies; ``full=True``: every tiny recipe x R in 1..4 x ``CORPUS_CONFIGS`` (36).
+    Builds graphs from configs only (no weights are allocated)."""
     from models.graph import build_graph, spec_from_config
     from models.recipes import build_config
 
+    if full:
+        combos = [(n, r, k) for n in ("tiny-llama", "tiny-qwen2", "tiny-qwen3")
+                  for r in (1, 2, 3, 4) for k in CORPUS_CONFIGS]
+    else:
+        combos = [("tiny-llama", 2, dict(tile=32, workers=2)),
+                  ("tiny-qwen2", 2, dict(tile=48, workers=3, policy="balanced")),
+                  ("tiny-qwen3", 3, dict(tile=32, workers=2, allreduce="twoshot")),
+                  ("tiny-llama", 4, dict(tile=64, workers=2)),
+                  ("tiny-qwen2", 1, dict(tile=64, workers=2)),
+                  ("tiny-qwen3", 2, dict(tile=64, workers=1, allreduce="twoshot"))]
+    graphs = {}
     out = []
-    combos = [("tiny-llama", 2, dict(tile=32, workers=2)),
-              ("tiny-qwen2", 2, dict(tile=48, workers=3, policy="balanced")),
-              ("tiny-qwen3", 3, dict(tile=32, workers=2, allreduce="twoshot")),
-              ("tiny-llama", 4, dict(tile=64, workers=2)),
-              ("tiny-qwen2", 1, dict(tile=64, workers=2)),
-              ("tiny-qwen3", 2, dict(tile=64, workers=1, allreduce="twoshot"))]
     for name, ranks, knobs in combos:
-        cfgd = build_config(name)
-        cfgd.num_hidden_layers = 1
-        graph = build_graph(spec_from_config(cfgd), name=name)
-        out.append(lower(graph, ranks, config=LoweringConfig(max_seq=8, **knobs)))
+        if name not in graphs:
+            cfgd = build_config(name)
+            cfgd.num_hidden_layers = 1
+            graphs[name] = build_graph(spec_from_config(cfgd), name=name)
+        out.append(lower(graphs[name], ranks, config=LoweringConfig(max_seq=8, **knobs)))
         if max_programs and len(out) >= max_programs:
             break
     return out

@@ -31,7 +31,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -350,7 +349,10 @@ class WorkerClient:
             sel.close()
         if b"\n" not in self._buf:
             tail = self.tail()
-            code = self.proc.poll() if self.proc else None
+            try:  # its stdout closed: give it a moment to exit so the code is known
+                code = self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                code = None
             self.kill()
             raise WorkerCrashed(f"the evaluation worker died (exit code {code})", tail)
         msg, self._buf = self._buf.split(b"\n", 1)
@@ -409,6 +411,3 @@ def new_workdir(base: str | os.PathLike, trial: int) -> Path:
     d.mkdir(parents=True, exist_ok=True)
     return d
 
-
-def scratch_dir() -> Path:
-    return Path(tempfile.mkdtemp(prefix="amk-search-"))

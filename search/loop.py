@@ -23,7 +23,6 @@ killed at any point continues from its last finished trial; trial numbers contin
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -316,6 +315,12 @@ class Search:
                  started_s: float = 0.0):
         self.s = settings
         self.s.check()
+        if settings.backend == "triton" and not settings.hooks.get("timer"):
+            import torch
+
+            if not torch.cuda.is_available():
+                raise AmkError("--backend triton times the megakernel with CUDA events and "
+                               "needs a CUDA GPU; none is visible here (use --backend sim)")
         self.out = Path(settings.out)
         self.store = ResultsStore(self.out)
         self.console = console
@@ -325,9 +330,16 @@ class Search:
         self.space = self._build_space()
         self.records = self.store.load()
         self.state = replay_state(self.records, self.s)
+        created = not self.out.exists()
+        self.out.mkdir(parents=True, exist_ok=True)
+        try:
+            self.proposer = proposer or self._make_proposer(llm_client)
+        except BaseException:
+            if created and not any(self.out.iterdir()):
+                self.out.rmdir()  # leave no empty directory behind a refused start
+            raise
         self.evaluator = evaluator or Evaluator(self.out / "worker.log", settings.timeout_s,
                                                 settings.isolation)
-        self.proposer = proposer or self._make_proposer(llm_client)
         self._pred_cache: dict[str, float | None] = {}
         self._sum_cache: dict[str, dict[str, Any]] = {}
 
@@ -415,13 +427,20 @@ class Search:
         d = self.out / where
         d.mkdir(parents=True, exist_ok=True)
         prog = self._lower(rec.config)
+        from search.space import program_fingerprint
+
+        evaluated = (rec.extra.get("program") or {}).get("fingerprint")
+        same = evaluated is None or evaluated == program_fingerprint(prog)
+        if not same:  # the search process and the worker lowered different schedules
+            self._say(f"[red]trial {rec.trial}: the saved schedule differs from the one "
+                      "evaluated (lowering is not deterministic?)[/]")
         save_program(prog, d / "schedule.json")
         save_program(prog, d / "schedule.amk")
         atomic_write_json(d / "config.json", {
             "trial": rec.trial, "candidate_id": rec.candidate_id,
             "lowering_config": self.space.lowering_config(rec.config),
             "latency_ms": rec.latency_ms, "timing_source": rec.timing_source,
-            "status": rec.status})
+            "status": rec.status, "same_schedule_as_evaluated": same})
 
     def _log_proposer(self, event: dict[str, Any]) -> None:
         append_line(self.out / "proposer.log", redact(json.dumps(event, sort_keys=True)))
@@ -539,6 +558,7 @@ class Search:
                 self.checkpoint(time.monotonic() - t_start)
                 if on_trial:
                     on_trial(rec, self)
+            self.state.stop_reason = self.state.stop_reason or stop
             self.checkpoint(time.monotonic() - t_start, finished=True)
         finally:
             self.evaluator.close()
@@ -622,5 +642,4 @@ def open_search(settings: SearchSettings | None = None, *, resume: str | None = 
     if (d / "results.jsonl").exists() and (d / "results.jsonl").stat().st_size > 0:
         raise AmkError(f"--out {d} already holds a search; continue it with --resume {d} "
                        "or choose another directory")
-    d.mkdir(parents=True, exist_ok=True)
     return Search(settings, **kw)

@@ -436,8 +436,8 @@ class LLMProposer:
             lines += ["", "## Why recent candidates failed"]
             lines += [f"- trial {r.trial} {r.status} {json.dumps(r.config)}: {r.reason}"
                       for r in fails]
-        lines += ["", "## Already evaluated (do not propose these again)"]
-        lines += [json.dumps(ctx.space.canonical(r.config)) for r in ctx.records
+        lines += ["", "## Already evaluated (do not propose these again; newest 200)"]
+        lines += [json.dumps(ctx.space.canonical(r.config)) for r in ctx.records[-200:]
                   if not ctx.space.check(r.config)]
         lines += ["", "## IR documentation", self.docs]
         return redact("\n".join(lines))

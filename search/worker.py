@@ -95,14 +95,17 @@ def lower_config(graph: Any, ranks: int, config: dict[str, Any], target: Any) ->
 
 
 def program_summary(program: Any, seq_len: int) -> dict[str, Any]:
-    """Stats, per-op task counts, tasks per worker (max/min) and the cost-model estimate."""
+    """Stats, the schedule's fingerprint, per-op task counts, tasks per worker (max/min),
+    collective groups and the cost-model estimate."""
     from lowering.costmodel import estimate
 
     per_worker = _Counter((t.rank, t.worker) for t in program.tasks)
     loads = [per_worker.get((r, w), 0) for r in range(program.ranks)
              for w in range(program.workers)]
     est = estimate(program, seq_len=seq_len)
-    return {**program.stats(), "ops": dict(sorted(_Counter(t.op for t in program.tasks).items())),
+    from search.space import program_fingerprint
+
+    return {**program.stats(), "fingerprint": program_fingerprint(program), "ops": dict(sorted(_Counter(t.op for t in program.tasks).items())),
             "tasks_per_worker_max": max(loads, default=0),
             "tasks_per_worker_min": min(loads, default=0),
             "collective_groups": len({t.group for t in program.tasks if t.group}),
@@ -284,6 +287,14 @@ def time_triton(program: Any, inc_program: Any | None, ctx: ModelContext, req: d
         _, run_a = prepared(inc_program)
     else:
         run_a = run_b
+    prefixes = tp.get("audit_prefixes")
+    if prefixes:  # only our kernels may run inside the timed region
+        from search.evaluator import foreign_kernels, profile_kernel_names
+
+        foreign = foreign_kernels(profile_kernel_names(run_b), list(prefixes))
+        if foreign:
+            raise AmkError(f"kernels other than {list(prefixes)} run inside the timed step: "
+                           f"{foreign[:5]}")
     ab = ab_interleaved(run_a, run_b, timer, rounds=int(tp.get("rounds", 7)),
                         steps=int(tp.get("steps", 20)), warmup=int(tp.get("warmup", 3)),
                         min_gain=float(tp.get("min_gain", 0.01)))

@@ -678,6 +678,7 @@ def test_docs_example_is_the_allreduce():
     m = re.search(r"<!-- example: allreduce\(2, 8, reuse=\"slots\"\) -->\s*```text\n(.*?)```",
                   doc, re.S)
     assert m, "docs/ir.md lost its generated example block"
+    # if this fails after a change to ir.examples: python tests/test_ir_text.py --update-docs
     assert parse_program(m.group(1), "docs/ir.md") == allreduce(2, 8, reuse="slots")
     assert m.group(1) == format_program(allreduce(2, 8, reuse="slots"))
 
@@ -741,3 +742,41 @@ def test_parse_speed_150k_tasks():
     dt = time.perf_counter() - t0
     assert len(q.tasks) == 150_000 and q.tasks[-1] == p.tasks[-1]
     assert dt < 15.0, f"parsing 150k task lines took {dt:.2f}s"
+
+
+def test_numpy_integers_are_written_as_ints():
+    np = pytest.importorskip("numpy")
+    p = allreduce(2, 8)
+    p.config["n"] = np.int64(5)
+    p.tasks[0].params["k"] = np.int32(-3)
+    for q in (parse_program(format_program(p)), jsonio.loads(jsonio.dumps(p))):
+        assert q.config["n"] == 5 and type(q.config["n"]) is int
+        assert q.tasks[0].params == {"k": -3}
+    p.config["f"] = np.float32(0.5)  # would not round-trip as a float32: refuse
+    with pytest.raises(ValueError, match="float32"):
+        format_program(p)
+
+
+def update_docs_example() -> bool:
+    """Rewrite the generated example block of docs/ir.md; True if it changed.
+
+    Run ``PYTHONPATH=. python tests/test_ir_text.py --update-docs`` after changing
+    ``ir.examples.allreduce`` or the formatter (then re-read the walk-through below it).
+    """
+    path = ROOT / "docs" / "ir.md"
+    doc = path.read_text()
+    new = re.sub(r"(<!-- example: allreduce\(2, 8, reuse=\"slots\"\) -->\s*```text\n)(.*?)(```)",
+                 lambda m: m.group(1) + format_program(allreduce(2, 8, reuse="slots")) + m.group(3),
+                 doc, count=1, flags=re.S)
+    if new != doc:
+        path.write_text(new)
+    return new != doc
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] == ["--update-docs"]:
+        print("docs/ir.md updated" if update_docs_example() else "docs/ir.md already current")
+    else:
+        print("usage: python tests/test_ir_text.py --update-docs")

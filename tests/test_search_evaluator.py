@@ -3,7 +3,6 @@ the subprocess worker (timeout, crash, restart) and the verdicts of ``decide``."
 
 from __future__ import annotations
 
-import os
 import random
 import time
 
@@ -132,6 +131,7 @@ def _gone(pid: int, wait_s: float = 10.0) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_worker_timeout_kills_and_next_candidate_gets_a_fresh_worker(tmp_path):
     ev = Evaluator(tmp_path / "worker.log", timeout_s=120)
     try:
@@ -154,6 +154,7 @@ def test_worker_timeout_kills_and_next_candidate_gets_a_fresh_worker(tmp_path):
         ev.close()
 
 
+@pytest.mark.slow
 def test_fresh_isolation_uses_one_process_per_candidate(tmp_path):
     ev = Evaluator(tmp_path / "worker.log", timeout_s=120, isolation="fresh")
     try:

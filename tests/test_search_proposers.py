@@ -12,7 +12,7 @@ import pytest
 
 from amk.errors import AmkError
 from search.proposers import (
-    TOOL_NAME, LLMProposer, OptunaProposer, Proposal, ProposalContext, ProposalSkipped,
+    TOOL_NAME, LLMProposer, OptunaProposer, ProposalContext, ProposalSkipped,
     RandomProposer, ReplayProposer, mutations, redact,
 )
 from search.records import Record, ResultsStore

@@ -174,7 +174,8 @@ def test_random_policy_exposes_receive_buffer_reuse_without_credit():
 
 # -------------------------------------------------------------- planted ordering bugs
 def _handoff(mode: str, ranks: int = 2) -> ScheduleProgram:
-    """Rank 0 sends x to rank 1's symmetric ``buf``; rank 1 waits on ``c`` and copies to y.
+    """Rank 0 sends x to rank 1's symmetric ``buf``; rank 1 waits on ``c`` and copies to y,
+    then returns a credit (``cr`` on rank 0) that rank 0's next put waits for.
 
     mode: ``put_signal`` (correct), ``quiet`` (put; quiet; signal: correct), ``fence``
     (put; fence; signal to the same rank: correct), ``unordered`` (put; separate signal: BUG),
@@ -185,22 +186,24 @@ def _handoff(mode: str, ranks: int = 2) -> ScheduleProgram:
     b.buffer("buf", "activation", "f32", (4,), placement="symmetric")
     b.buffer("y", "io_output", "f32", (4,), rank=1)
     b.counter("c", rank=1)
+    b.counter("cr", rank=0)
+    put = dict(ins=["x[0:4]"], outs=["buf@1[0:4]"], waits=["cr>=1@prev"])
     if mode == "put_signal":
-        b.task("put", 0, 0, "put", ins=["x[0:4]"], outs=["buf@1[0:4]"], signals=["c+=1"])
+        b.task("put", 0, 0, "put", signals=["c+=1"], **put)
     elif mode in ("quiet", "fence", "unordered"):
-        b.task("put", 0, 0, "put", ins=["x[0:4]"], outs=["buf@1[0:4]"])
+        b.task("put", 0, 0, "put", **put)
         if mode != "unordered":
             b.task("sync", 0, 0, mode)
         b.task("sig", 0, 0, "nop", signals=["c+=1"])
     elif mode == "fence_other_rank":
         b.counter("c2", rank=2)
-        b.task("put", 0, 0, "put", ins=["x[0:4]"], outs=["buf@1[0:4]"])
+        b.task("put", 0, 0, "put", **put)
         b.task("sync", 0, 0, "fence")
         b.task("sig", 0, 0, "nop", signals=["c2+=1"])
         b.task("relay", 2, 0, "nop", waits=["c2>=1"], signals=["c+=1"])
     else:
         raise ValueError(mode)
-    b.task("get", 1, 0, "copy", ins=["buf[0:4]"], outs=["y[0:4]"], waits=["c>=1"])
+    b.task("get", 1, 0, "copy", ins=["buf[0:4]"], outs=["y[0:4]"], waits=["c>=1"], signals=["cr+=1"])
     return b.build()
 
 
@@ -218,9 +221,16 @@ def _run_handoff(prog, policy, seed=0, steps=3):
 @pytest.mark.parametrize("mode,ranks", [("put_signal", 2), ("quiet", 2), ("fence", 2)])
 @pytest.mark.parametrize("policy", POLICIES)
 def test_correct_handoffs_are_right_under_every_policy(mode, ranks, policy):
+    prog = _handoff(mode, ranks)
     for seed in range(5):
-        for x, y in _run_handoff(_handoff(mode, ranks), policy, seed):
+        for x, y in _run_handoff(prog, policy, seed):
             assert torch.equal(x, y)
+        # Drifting epochs: the credit keeps rank 0 from overwriting buf before it was read.
+        ex = SimExecutor(prog, seed=seed, policy=policy, check=False)
+        got = {}
+        ex.run_steps(4, on_start=lambda e, r: ex.write("x", 0, torch.full((4,), float(e))) if r == 0 else None,
+                     on_end=lambda e, r: got.__setitem__(e, ex.read("y", 1)) if r == 1 else None)
+        assert all(torch.equal(got[e], torch.full((4,), float(e))) for e in range(4))
 
 
 @pytest.mark.parametrize("mode,ranks", [("unordered", 2), ("fence_other_rank", 3)])
@@ -234,18 +244,24 @@ def test_adversarial_exposes_unordered_put(mode, ranks):
         assert torch.equal(outs[e][1], outs[e - 1][0])
 
 
-def test_put_with_signal_to_another_rank_does_not_order_the_data():
-    """A task's signal orders only its data bound for the counter's rank."""
+def _put_signal_other_rank() -> ScheduleProgram:
+    """Rank 0's put to rank 1 carries a signal to rank 2, which relays to rank 1: BUG."""
     b = ProgramBuilder("psig-other", ranks=3, workers=1)
     b.buffer("x", "io_input", "f32", (4,), rank=0)
     b.buffer("buf", "activation", "f32", (4,), placement="symmetric")
     b.buffer("y", "io_output", "f32", (4,), rank=1)
     b.counter("c", rank=1)
     b.counter("c2", rank=2)
-    b.task("put", 0, 0, "put", ins=["x[0:4]"], outs=["buf@1[0:4]"], signals=["c2+=1"])
+    b.counter("cr", rank=0)
+    b.task("put", 0, 0, "put", ins=["x[0:4]"], outs=["buf@1[0:4]"], waits=["cr>=1@prev"], signals=["c2+=1"])
     b.task("relay", 2, 0, "nop", waits=["c2>=1"], signals=["c+=1"])
-    b.task("get", 1, 0, "copy", ins=["buf[0:4]"], outs=["y[0:4]"], waits=["c>=1"])
-    outs = _run_handoff(b.build(), "adversarial", steps=1)
+    b.task("get", 1, 0, "copy", ins=["buf[0:4]"], outs=["y[0:4]"], waits=["c>=1"], signals=["cr+=1"])
+    return b.build()
+
+
+def test_put_with_signal_to_another_rank_does_not_order_the_data():
+    """A task's signal orders only its data bound for the counter's rank."""
+    outs = _run_handoff(_put_signal_other_rank(), "adversarial", steps=1)
     assert torch.isnan(outs[0][1]).all()
 
 
@@ -443,6 +459,7 @@ _MUST_REJECT = {
     "queue_inversion": lambda: _queue_inversion(),
     "put_then_unordered_signal": lambda: _handoff("unordered"),
     "fence_then_signal_other_rank": lambda: _handoff("fence_other_rank", 3),
+    "put_signal_to_other_rank": lambda: _put_signal_other_rank(),
     "credit_dropped": lambda: _drop_credits(allreduce(2, reuse="credit")),
     "shared_arrival_counter_3r": lambda: _oneshot_slots(3, per_source=False),
 }
@@ -450,6 +467,7 @@ _MUST_ACCEPT = {
     "allreduce_2r_slots": lambda: allreduce(2, reuse="slots"),
     "allreduce_3r_credit": lambda: allreduce(3, reuse="credit"),
     "per_source_counters_3r": lambda: _oneshot_slots(3, per_source=True),
+    "put_signal_handoff": lambda: _handoff("put_signal"),
     "quiet_handoff": lambda: _handoff("quiet"),
     "fence_handoff": lambda: _handoff("fence"),
     "mini_mlp": lambda: _mini_mlp(),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from validator import deadlock
+from validator import deadlock, hb, races
 from validator.structure import Index
 from validator.verdict import Finding
 from validator.window import build_window
@@ -46,12 +46,11 @@ def run_deep_checks(ix: Index, stage) -> DeepResult:
     if sim.stuck:
         res.stats["races"] = "not checked: the schedule deadlocks"
         return res
-    from validator import hb, races
-
     hbr = stage("happens_before", hb.compute, ix, win, sim)
     if hbr is None:
         return res
     res.stats.update(hbr.stats)
     res.findings += hbr.findings
+    res.findings += stage("collective_order", deadlock.collective_order, ix, hbr) or []
     res.findings += stage("races", races.check, ix, win, hbr) or []
     return res

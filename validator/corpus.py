@@ -12,9 +12,12 @@ Each item is labelled by the independent oracle (validator/oracle.py) and then v
 by ``validator.validate``. Outcomes:
 
 * false accept: the oracle observed a problem but the validator accepted (must be zero);
-* false reject: the oracle observed no problem but the validator rejected. Each one is
-  attributed to a named reason (``FR_REASONS``): a conservative rule of the validator or a
-  blind spot of the oracle. A reject no reason covers is counted as unexplained.
+* false reject: the oracle observed no problem but the validator rejected. Before an item
+  counts as one, the oracle re-checks it with 16x the interleavings and one more epoch per
+  rank (a problem found then is a real witness and the label becomes unsafe). Each
+  remaining one is attributed to a named reason (``FR_REASONS``): a conservative rule of
+  the validator or a blind spot of the oracle. A reject no reason covers is counted as
+  unexplained.
 
 Everything is deterministic in ``seed``: item ``i`` uses ``random.Random(f"{seed}:{i}")``,
 its class is ``CLASSES[i % len(CLASSES)]`` (balanced), and the oracle runs with seed ``i``.
@@ -129,6 +132,30 @@ def _set_axis(reg: Region, axis: int, rg: Range) -> Region:
     return dataclasses.replace(reg, ranges=tuple(ranges))
 
 
+def _first_waits(prog: ScheduleProgram) -> set[tuple[int, int]]:
+    """(task, wait index) of waits not already implied by queue order: no earlier task of
+    the same worker waits on the same counter with the same offset and a threshold at
+    least as high."""
+    out = set()
+    best: dict[tuple[int, int, str, int], int] = {}
+    for i, t in enumerate(prog.tasks):
+        seen = {}
+        for k, w in enumerate(t.waits):
+            key = (t.rank, t.worker, w.counter, w.offset)
+            if best.get(key, -(1 << 62)) < w.threshold:
+                out.add((i, k))
+            seen[key] = max(seen.get(key, -(1 << 62)), w.threshold)
+        for key, thr in seen.items():
+            best[key] = max(best.get(key, -(1 << 62)), thr)
+    return out
+
+
+def _prefer(rng: random.Random, cands: list, good: set, p: float = 1.0) -> list:
+    """``cands`` restricted to ``good`` with probability ``p`` (when any is good)."""
+    sub = [c for c in cands if c in good]
+    return sub if sub and rng.random() < p else cands
+
+
 def _signal_edges(prog: ScheduleProgram) -> list[tuple[int, int, str]]:
     """(signalling task index, waiting task index, counter) for full waits (t == N, offset
     0), i.e. a waiter that needs every signal of the counter."""
@@ -228,13 +255,14 @@ def m_unsatisfiable_threshold(prog: ScheduleProgram, rng: random.Random):
 
 def m_partial_wait_shared_counter(prog: ScheduleProgram, rng: random.Random):
     """Lower the threshold of a wait on a counter that several signals share, so that the
-    wait may pass on the "wrong" increments."""
+    wait may pass on the "wrong" increments (a wait that queue order does not imply)."""
     p = prog.copy()
     n = p.signals_per_epoch()
     cands = [(i, k) for i, t in enumerate(p.tasks) for k, w in enumerate(t.waits)
              if w.threshold >= 2 and n.get(w.counter, 0) >= 2]
     if not cands:
         return None
+    cands = _prefer(rng, cands, _first_waits(p))
     i, k = _pick(rng, cands)
     t = p.tasks[i]
     w = t.waits[k]
@@ -245,11 +273,12 @@ def m_partial_wait_shared_counter(prog: ScheduleProgram, rng: random.Random):
 
 
 def m_dropped_wait(prog: ScheduleProgram, rng: random.Random):
-    """Remove one wait of one task."""
+    """Remove one wait of one task (mostly one that queue order does not already imply)."""
     p = prog.copy()
     cands = [(i, k) for i, t in enumerate(p.tasks) for k in range(len(t.waits))]
     if not cands:
         return None
+    cands = _prefer(rng, cands, _first_waits(p), 0.8)
     i, k = _pick(rng, cands)
     t = p.tasks[i]
     p.tasks[i] = dataclasses.replace(t, waits=t.waits[:k] + t.waits[k + 1:])
@@ -533,6 +562,48 @@ def m_counter_reuse_without_epochs(prog: ScheduleProgram, rng: random.Random):
     return p
 
 
+def m_shared_counter_across_steps(prog: ScheduleProgram, rng: random.Random):
+    """Merge two counters of one rank that a task waits on together (e.g. per-source
+    arrival counters) into one, waited for in full (the sum of both thresholds). Counters
+    are never reset, so a producer one step ahead can then stand in for a slow one."""
+    p = prog.copy()
+    n = p.signals_per_epoch()
+    cands = []
+    for i, t in enumerate(p.tasks):
+        full = [w for w in t.waits if w.offset == 0 and 0 < w.threshold == n.get(w.counter, 0)]
+        for x in range(len(full)):
+            for y in range(x + 1, len(full)):
+                if full[x].counter != full[y].counter:
+                    cands.append((full[x].counter, full[y].counter))
+    if not cands:
+        return None
+    a, b = _pick(rng, sorted(set(cands)))
+    merged = n[a] + n[b]
+
+    def fix_waits(waits: tuple[Wait, ...]) -> tuple[Wait, ...]:
+        names = {w.counter for w in waits if w.offset == 0}
+        out = []
+        for w in waits:
+            if w.counter in (a, b) and w.offset == 0 and {a, b} <= names:
+                if w.counter == a:
+                    out.append(Wait(a, merged, 0))  # the pair becomes one full wait
+                continue
+            if w.counter == b:
+                # b alone: its share of the merged count (a partial wait; rare in seeds)
+                out.append(Wait(a, w.threshold, w.offset))
+                continue
+            out.append(w)
+        return tuple(out)
+
+    for i, t in enumerate(p.tasks):
+        if any(w.counter in (a, b) for w in t.waits) or any(s.counter == b for s in t.signals):
+            p.tasks[i] = dataclasses.replace(
+                t, waits=fix_waits(t.waits),
+                signals=tuple(Signal(a if s.counter == b else s.counter, s.amount) for s in t.signals))
+    p.counters = [c for c in p.counters if c.name != b]
+    return p
+
+
 def m_wait_previous_epoch(prog: ScheduleProgram, rng: random.Random):
     """Turn a wait on this step's count into a wait on the previous step's (``@prev``):
     the counter's history from the last step satisfies it."""
@@ -540,6 +611,7 @@ def m_wait_previous_epoch(prog: ScheduleProgram, rng: random.Random):
     cands = [(i, k) for i, t in enumerate(p.tasks) for k, w in enumerate(t.waits) if w.offset == 0]
     if not cands:
         return None
+    cands = _prefer(rng, cands, _first_waits(p), 0.8)
     i, k = _pick(rng, cands)
     t = p.tasks[i]
     waits = list(t.waits)
@@ -752,8 +824,10 @@ def _overlap(a: Region, b: Region, slots: int) -> bool:
 
 
 def s_reorder_independent(prog: ScheduleProgram, rng: random.Random):
-    """Swap two adjacent tasks of one worker that share no memory, where the first has no
-    waits and the second no signals (no happens-before path uses their order)."""
+    """Swap two adjacent tasks A, B of one worker that share no memory. B takes a copy of
+    A's waits (so it keeps every acquire it had behind A); excluded: B signals while A
+    writes (B's signal would no longer publish A's writes), B waits while A signals (B
+    might wait for A), remote writes, quiet and fence."""
     p = prog.copy()
     cands = []
     for r in range(p.ranks):
@@ -761,9 +835,9 @@ def s_reorder_independent(prog: ScheduleProgram, rng: random.Random):
             q = _queue(p, r, w)
             for a, b in zip(q, q[1:]):
                 ta, tb = p.tasks[a], p.tasks[b]
-                if ta.waits or tb.signals or {ta.op, tb.op} & {"quiet", "fence"}:
+                if {ta.op, tb.op} & {"quiet", "fence"}:
                     continue
-                if tb.waits and ta.signals:
+                if (tb.signals and ta.outs) or (tb.waits and ta.signals):
                     continue
                 if _is_remote_write(p, ta) or _is_remote_write(p, tb):
                     continue
@@ -774,7 +848,9 @@ def s_reorder_independent(prog: ScheduleProgram, rng: random.Random):
     if not cands:
         return None
     a, b = _pick(rng, cands)
-    p.tasks[a], p.tasks[b] = p.tasks[b], p.tasks[a]
+    ta, tb = p.tasks[a], p.tasks[b]
+    extra = tuple(w for w in ta.waits if w not in tb.waits)
+    p.tasks[a], p.tasks[b] = dataclasses.replace(tb, waits=extra + tb.waits), ta
     return p
 
 
@@ -833,6 +909,7 @@ CLASSES: list[MutationClass] = [
     MutationClass("param_out_of_range", "unsafe", "an op parameter out of range or missing", m_param_out_of_range),
     MutationClass("collective_order_mismatch", "unsafe", "one rank runs two collectives in the other order", m_collective_order_mismatch),
     MutationClass("counter_reuse_without_epochs", "unsafe", "one counter reused by two phases as if reset between them", m_counter_reuse_without_epochs),
+    MutationClass("shared_counter_across_steps", "unsafe", "two counters waited together merged into one full wait: a producer a step ahead can stand in for a slow one", m_shared_counter_across_steps),
     MutationClass("wait_previous_epoch", "unsafe", "a wait on this step's count turned into a wait on the previous step's", m_wait_previous_epoch),
     MutationClass("workers_beyond_coresidency", "unsafe", "more workers than the target keeps co-resident", m_workers_beyond_coresidency),
     MutationClass("counter_overflow", "unsafe", "a counter overflows its width within max_epochs", m_counter_overflow),
@@ -844,7 +921,7 @@ CLASSES: list[MutationClass] = [
     MutationClass("safe_split_task", "safe", "a compute task split in two (waits on the first, signals on the second)", s_split_task),
     MutationClass("safe_fence_same_destination", "safe", "put-with-signal -> put; fence; signal to the same rank", s_fence_same_destination),
     MutationClass("safe_quiet_then_signal", "safe", "put-with-signal -> put; quiet; signal", s_quiet_then_signal),
-    MutationClass("safe_reorder_independent", "safe", "two independent adjacent tasks swapped", s_reorder_independent),
+    MutationClass("safe_reorder_independent", "safe", "two independent adjacent tasks of a worker swapped (the second keeps the first's waits)", s_reorder_independent),
     MutationClass("safe_shuffle_listing", "safe", "task list interleaved differently, queue orders kept", s_shuffle_listing),
     MutationClass("safe_permute_workers", "safe", "workers of one rank relabelled", s_permute_workers),
 ]
@@ -903,19 +980,108 @@ def seed_programs(include_lowered: bool = True,
 # False-reject reasons
 # --------------------------------------------------------------------------------------
 
-# validator error class -> (reason key). Reasons are explained in FR_REASONS.
-FR_REASONS: dict[str, dict[str, str]] = {}
-_FR_BY_CLASS: dict[str, str] = {}
+# Why the validator may reject a schedule in which the oracle observes no problem. Each
+# reason names a conservative rule of the validator or a blind spot of the oracle; the
+# classifier below attributes a false reject to one of them from the validator's findings
+# and the program (and says "unexplained" otherwise, which is reported).
+FR_REASONS: dict[str, dict[str, str]] = {
+    "shared_counter_counting": {
+        "kind": "conservative rule (validator)",
+        "explanation": (
+            "Safety rests on counting the increments of a counter that several producers "
+            "share (across ranks, steps or phases): every other increment that could arrive "
+            "first is itself ordered after the needed one or after the wait (a later task of "
+            "the same worker, a credit that needs the wait, a relay). The validator proves a "
+            "signal is included in a wait only when the other signals that could precede the "
+            "wait total less than the threshold, without using those orders, and rejects. "
+            "The oracle's executions never pass the wait without the needed increment."),
+    },
+    "credit_threshold_rule": {
+        "kind": "conservative rule (validator)",
+        "explanation": (
+            "A credit wait (offset -1, @prev) with a threshold above N(c) is rejected as "
+            "unsatisfiable (UnsatisfiableWait), and the receive buffer it guards as reused "
+            "without credit. It is neither: in step e it waits for (e - 1) * N + t "
+            "increments, i.e. also for some of step e's own credits, which other ranks or "
+            "workers provide without the waiter, and a credit of step e is issued only after "
+            "its rank finished step e - 1 (kernel boundary), reads included. The oracle runs "
+            "every step to completion without a race."),
+    },
+    "collective_order_rule": {
+        "kind": "conservative rule (validator)",
+        "explanation": (
+            "Collectives must appear in the same order on every rank (CollectiveOrder / "
+            "CollectiveParticipation). When the swapped collectives use separate counters and "
+            "buffers and the workers allow both orders, no execution deadlocks or races."),
+    },
+    "put_signal_rank_rule": {
+        "kind": "conservative rule (validator)",
+        "explanation": (
+            "A put's own signals must go to counters of its destination rank "
+            "(PutSignalWrongRank). A signal to another rank carries no data guarantee, but "
+            "when nothing relies on it for that put's data the schedule is still safe."),
+    },
+}
+
+_HB_CLASSES = frozenset({"RemoteReadBeforeDelivery", "ReceiveBufferReuseWithoutCredit",
+                         "CrossEpochRace", "ReadWriteRace", "UnorderedWrites", "UncoveredRead",
+                         "PartialCoverageRead"})
+_RULE_REASONS = {"CollectiveOrder": "collective_order_rule",
+                 "CollectiveParticipation": "collective_order_rule",
+                 "PutSignalWrongRank": "put_signal_rank_rule"}
 
 
-def explain_false_reject(prog: ScheduleProgram, mutation: str, validator_classes: list[str]) -> str:
-    """The reason key (``FR_REASONS``) for a reject of a program the oracle found safe, or
-    ``"unexplained"``."""
-    for c in validator_classes:
-        key = _FR_BY_CLASS.get(c)
-        if key:
-            return key
-    return "unexplained"
+def _waits_on_shared_counter(prog: ScheduleProgram, task_ids: Iterable[str]) -> bool:
+    """True if a task of ``task_ids`` (or an earlier task of its worker) waits on a counter
+    signalled by two or more tasks."""
+    signallers: dict[str, set[str]] = {}
+    for t in prog.tasks:
+        for s in t.signals:
+            signallers.setdefault(s.counter, set()).add(t.id)
+    pos = {t.id: i for i, t in enumerate(prog.tasks)}
+    for tid in set(task_ids):
+        if tid not in pos:
+            continue
+        t = prog.tasks[pos[tid]]
+        for u in prog.tasks[:pos[tid] + 1]:
+            if u.rank == t.rank and u.worker == t.worker and any(
+                    len(signallers.get(w.counter, ())) >= 2 for w in u.waits):
+                return True
+    return False
+
+
+def explain_false_reject(prog: ScheduleProgram, mutation: str, verdict_json: dict) -> str:
+    """The ``FR_REASONS`` key of a reject of a program the oracle found safe, or
+    ``"unexplained"``. Every finding must be covered by the reason: rule findings by their
+    rule, happens-before findings (races, remote reads, receive-buffer reuse) by a shared
+    counter on which one of the finding's tasks (or an earlier task of its worker) waits."""
+    errors = verdict_json.get("errors", [])
+    if not errors:
+        return "unexplained"
+    reasons = set()
+    n = prog.signals_per_epoch()
+    by_id = {t.id: t for t in prog.tasks}
+
+    def over_credit(tid: str) -> bool:
+        t = by_id.get(tid)
+        return t is not None and any(w.offset == -1 and w.threshold > n.get(w.counter, 0)
+                                     for w in t.waits)
+
+    for e in errors:
+        cls = e.get("class")
+        tids = [t for t in e.get("tasks", ()) if t in by_id]
+        if cls == "UnsatisfiableWait" and tids and all(over_credit(t) for t in tids):
+            reasons.add("credit_threshold_rule")
+        elif cls == "ReceiveBufferReuseWithoutCredit" and any(over_credit(t) for t in tids):
+            reasons.add("credit_threshold_rule")
+        elif cls in _RULE_REASONS:
+            reasons.add(_RULE_REASONS[cls])
+        elif cls in _HB_CLASSES and _waits_on_shared_counter(prog, e.get("tasks", ())):
+            reasons.add("shared_counter_counting")
+        else:
+            return "unexplained"
+    # Report one reason per schedule: the rule that fired first in FR_REASONS order.
+    return next(k for k in FR_REASONS if k in reasons)
 
 
 # --------------------------------------------------------------------------------------
@@ -982,12 +1148,24 @@ def label_one(i: int, seed: int, seeds, runs: int, validate) -> dict[str, Any] |
         vjson = {"ok": False, "errors": [{"class": "ValidatorCrash", "message": repr(exc)}]}
     rec["validate_seconds"] = time.perf_counter() - t1
     rec["validator_ok"], rec["validator_classes"] = ok, vcls
+    if res.safe and not ok:
+        # A disputed "safe" label: look harder before calling it a false reject (16x the
+        # interleavings, one more epoch per rank). A problem found now is a real witness.
+        t2 = time.perf_counter()
+        deep = oracle.check(prog, runs=16 * runs, seed=7919 + i, exhaustive=False,
+                            epochs=oracle.default_epochs(prog) + 1)
+        rec["oracle_seconds"] += time.perf_counter() - t2
+        rec["escalated"] = True
+        if not deep.safe:
+            res = deep
+            rec["oracle_safe"], rec["oracle_classes"] = False, sorted(deep.classes)
+            rec["escalation_found"] = True
     if res.safe:
         rec["outcome"] = "true_accept" if ok else "false_reject"
     else:
         rec["outcome"] = "false_accept" if ok else "true_reject"
     if rec["outcome"] == "false_reject":
-        rec["fr_reason"] = explain_false_reject(prog, cls.name, vcls)
+        rec["fr_reason"] = explain_false_reject(prog, cls.name, vjson)
     if rec["outcome"] in ("false_accept", "false_reject") or "ValidatorCrash" in vcls:
         rec["detail"] = {"program": _program_json(prog), "oracle": res.to_json(), "validator": vjson}
     return rec
@@ -1006,13 +1184,14 @@ def _work(i: int):
     return label_one(i, _STATE["seed"], _STATE["seeds"], _STATE["runs"], _STATE["validate"])
 
 
-def run_corpus(count: int = 10_000, seed: int = 0, jobs: int = 1, runs: int = 16,
-               include_lowered: bool = True, progress: Callable[[int], None] | None = None
-               ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def run_corpus(count: int = 10_000, seed: int = 0, jobs: int = 1, runs: int = 24,
+               include_lowered: bool = True, progress: Callable[[int], None] | None = None,
+               stability_sample: int = 0) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Generate, label and validate ``count`` items; return (report, records).
 
     ``jobs`` > 1 uses that many processes (results are identical to ``jobs=1``).
-    ``progress(n)`` is called after each finished item."""
+    ``progress(n)`` is called after each finished item. ``stability_sample`` > 0 adds
+    ``report["oracle_stability"]`` (see ``stability``: 16x the runs, 2 more epochs)."""
     t0 = time.perf_counter()
     seeds, seed_info = seed_programs(include_lowered)
     validate, vstatus = _load_validator()
@@ -1037,6 +1216,10 @@ def run_corpus(count: int = 10_000, seed: int = 0, jobs: int = 1, runs: int = 16
     report = build_report(records, seed=seed, count=count, runs=runs, jobs=jobs,
                           seeds=seeds, seed_info=seed_info, validator=vstatus,
                           seconds=time.perf_counter() - t0)
+    if stability_sample > 0:
+        t1 = time.perf_counter()
+        report["oracle_stability"] = stability(records, seed, seeds, stability_sample, 16 * runs)
+        report["oracle_stability"]["seconds"] = time.perf_counter() - t1
     return report, records
 
 
@@ -1081,6 +1264,20 @@ def build_report(records: list[dict[str, Any]], *, seed: int, count: int, runs: 
                                                                       "explanation": "no named reason covers it"})}
                                  for k, n in frr.items()},
         "oracle_problem_classes": counts(c for r in records for c in r["oracle_classes"]),
+        "oracle_escalations": {
+            "rechecked": sum(bool(r.get("escalated")) for r in records),
+            "found_unsafe": sum(bool(r.get("escalation_found")) for r in records),
+            "found_unsafe_items": [
+                {"i": r["i"], "class": r["class"], "seed": r["seed"],
+                 "problems": r["oracle_classes"]}
+                for r in records if r.get("escalation_found")]},
+        "false_accept_items": [
+            {"i": r["i"], "class": r["class"], "seed": r["seed"], "problems": r["oracle_classes"]}
+            for r in records if r["outcome"] == "false_accept"],
+        "false_reject_items": [
+            {"i": r["i"], "class": r["class"], "seed": r["seed"], "reason": r["fr_reason"],
+             "validator_errors": r["validator_classes"]}
+            for r in records if r["outcome"] == "false_reject"],
         "validator_error_classes": counts(c for r in records for c in r["validator_classes"]),
         "seeds": {"programs": len(seeds), "providers": seed_info["providers"],
                   "used": counts(r["seed"] for r in records)},
@@ -1093,6 +1290,29 @@ def build_report(records: list[dict[str, Any]], *, seed: int, count: int, runs: 
                     "validator": sum(r.get("validate_seconds", 0.0) for r in records)},
     }
     return report
+
+
+def stability(records: list[dict[str, Any]], seed: int, seeds, sample: int, runs: int,
+              extra_epochs: int = 2) -> dict[str, Any]:
+    """Re-check the first ``sample`` items the oracle labelled safe with ``runs`` fresh
+    random interleavings (other seeds), and again with ``extra_epochs`` more epochs per
+    rank: how many labels flip to unsafe measures the oracle's blind spot (bounded
+    exploration, bounded unroll)."""
+    from validator import oracle
+
+    safe = [r for r in records if r["oracle_safe"]][:sample]
+    flips_runs, flips_epochs = [], []
+    for r in safe:
+        _, _, prog = make_item(r["i"], seed, seeds)
+        a = oracle.check(prog, runs=runs, seed=1_000_003 + r["i"], exhaustive=False)
+        if not a.safe:
+            flips_runs.append({"i": r["i"], "class": r["class"], "problems": sorted(a.classes)})
+        b = oracle.check(prog, runs=max(1, runs // 4), seed=2_000_003 + r["i"], exhaustive=False,
+                         epochs=oracle.default_epochs(prog) + extra_epochs)
+        if not b.safe:
+            flips_epochs.append({"i": r["i"], "class": r["class"], "problems": sorted(b.classes)})
+    return {"rechecked": len(safe), "runs": runs, "flips_with_more_runs": flips_runs,
+            "extra_epochs": extra_epochs, "flips_with_more_epochs": flips_epochs}
 
 
 def write_outputs(out_dir: str, report: dict[str, Any], records: list[dict[str, Any]],
@@ -1128,3 +1348,90 @@ def write_outputs(out_dir: str, report: dict[str, Any], records: list[dict[str, 
         with open(os.path.join(d, f"{r['i']:05d}-{r['class']}.json"), "w") as f:
             json.dump(body, f, indent=1)
             f.write("\n")
+
+
+# --------------------------------------------------------------------------------------
+# Markdown
+# --------------------------------------------------------------------------------------
+
+MD_BEGIN = "<!-- corpus-report:begin (generated by amk validate-corpus --markdown; do not edit) -->"
+MD_END = "<!-- corpus-report:end -->"
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    """The generated section of docs/validator-corpus.md: totals, the per-class table,
+    false-reject reasons and setup, all taken from ``report``."""
+    s = report["setup"]
+    lines = [
+        MD_BEGIN, "",
+        f"Corpus of **{report['total']}** schedules (`--count {s['count']} --seed {s['seed']}`), "
+        f"{s['mutation_classes']} mutation classes, {report['seeds']['programs']} seed programs; "
+        f"oracle: {s['oracle_runs']} random interleavings per schedule, {s['oracle_epochs']}, "
+        f"{s['oracle_exhaustive_items']} schedules explored exhaustively; validator: `{s['validator']}`.",
+        "",
+        "| total | unsafe (oracle) | safe (oracle) | false accepts | false rejects | unexplained false rejects |",
+        "|---:|---:|---:|---:|---:|---:|",
+        f"| {report['total']} | {report['unsafe']} | {report['safe']} | {report['false_accepts']} | "
+        f"{report['false_rejects']} | {report['unexplained_false_rejects']} |",
+        "",
+        "| class | intent | count | unsafe | false accepts | false rejects | false-reject reasons | mutation |",
+        "|---|---|---:|---:|---:|---:|---|---|",
+    ]
+    for name, d in report["classes"].items():
+        reasons = ", ".join(f"{k} ({v})" for k, v in d.get("false_reject_reasons", {}).items()) or "-"
+        lines.append(f"| {name} | {d['intent']} | {d['count']} | {d['unsafe']} | "
+                     f"{d['false_accepts']} | {d['false_rejects']} | {reasons} | "
+                     f"{d.get('description', '')} |")
+    lines += ["", "False rejects by reason:", ""]
+    if report["false_reject_reasons"]:
+        lines += ["| reason | kind | count | explanation |", "|---|---|---:|---|"]
+        for k, d in report["false_reject_reasons"].items():
+            lines.append(f"| {k} | {d.get('kind', '')} | {d['count']} | {d.get('explanation', '')} |")
+    else:
+        lines.append("none.")
+    lines += ["", "Problems the oracle observed (a schedule may show several):", "",
+              "| oracle class | schedules |", "|---|---:|"]
+    lines += [f"| {k} | {v} |" for k, v in report["oracle_problem_classes"].items()]
+    esc = report.get("oracle_escalations")
+    if esc:
+        lines += ["", f"Disputed labels: {esc['rechecked']} schedules the oracle found safe but the "
+                  "validator rejected were re-checked with 16x the interleavings and one more "
+                  f"epoch per rank; {esc['found_unsafe']} turned out unsafe (their labels and "
+                  "witnesses are the re-check's)."]
+    st = report.get("oracle_stability")
+    if st:
+        lines += ["", f"Oracle stability: of the first {st['rechecked']} schedules labelled safe, "
+                  f"{len(st['flips_with_more_runs'])} became unsafe with {st['runs']} further random "
+                  f"interleavings and {len(st['flips_with_more_epochs'])} with "
+                  f"{st['extra_epochs']} more epochs per rank."]
+    prov = "; ".join(f"{k}: {v}" for k, v in report["seeds"]["providers"].items())
+    secs = report["seconds"]
+    lines += ["", f"Seed providers: {prov}.", "",
+              f"Time: {secs['total']:.0f} s wall ({s['jobs']} processes); oracle "
+              f"{secs['oracle']:.0f} s, validator {secs['validator']:.0f} s (CPU seconds summed "
+              "over processes).", "", MD_END]
+    return "\n".join(lines) + "\n"
+
+
+def update_markdown(path: str, report: dict[str, Any]) -> None:
+    """Replace the generated section of ``path`` (between ``MD_BEGIN``/``MD_END``) with
+    ``render_markdown(report)``; append it if the file has no such section."""
+    section = render_markdown(report)
+    text = ""
+    if os.path.exists(path):
+        with open(path) as f:
+            text = f.read()
+    if MD_BEGIN in text and MD_END in text:
+        a = text.index(MD_BEGIN)
+        b = text.index(MD_END) + len(MD_END)
+        rest = text[b:]
+        if rest.startswith("\n"):
+            rest = rest[1:]
+        text = text[:a] + section + rest
+    else:
+        text = (text.rstrip("\n") + "\n\n" if text else "") + section
+    d = os.path.dirname(path)
+    if d:
+        os.makedirs(d, exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)

@@ -253,3 +253,138 @@ def collective_participation(ix: Index) -> list[Finding]:
                 tasks=[first[grp]],
                 witness={"group": grp, "ranks_present": sorted(rs), "ranks_missing": missing}))
     return out
+
+
+def collective_order(ix: Index, hb) -> list[Finding]:
+    """Collective instances must be ordered the same way on every rank.
+
+    Rule (docs/validator.md): on rank r, group A precedes group B (A <_r B) iff some task of
+    A on r happens-before some task of B on r (epoch-0 happens-before of validator/hb.py).
+    An error is a pair of groups with A <_r1 B and not B <_r1 A on one rank, and
+    B <_r2 A and not A <_r2 B on another. Groups that are concurrent or interleaved on a
+    rank impose no order there.
+    """
+    tasks = np.asarray([i for i, grp in enumerate(ix.t_group) if grp is not None],
+                       dtype=np.int64)
+    if len(tasks) == 0:
+        return []
+    names = sorted({ix.t_group[i] for i in tasks})
+    if len(names) < 2:
+        return []
+    gid = {n: k for k, n in enumerate(names)}
+    G = len(names)
+    tg = np.asarray([gid[ix.t_group[i]] for i in tasks], dtype=np.int64)
+    W = ix.workers
+    rows = hb.vc_rows(tasks, 0)
+    big = np.iinfo(np.int64).max
+    prec = []
+    for r in range(ix.ranks):
+        sel = ix.t_rank[tasks] == r
+        if not sel.any():
+            prec.append(np.zeros((G, G), dtype=bool))
+            continue
+        t, g = tasks[sel], tg[sel]
+        cols = slice(r * W, (r + 1) * W)
+        J = np.full((G, W), -1, dtype=np.int64)
+        np.maximum.at(J, g, rows[sel][:, cols])
+        M = np.full((G, W), big, dtype=np.int64)
+        np.minimum.at(M, (g, ix.t_worker[t]), ix.t_qpos[t])
+        P = np.zeros((G, G), dtype=bool)
+        for a0 in range(0, G, 64):  # A chunks keep the G x G x W tensor small
+            P[a0:a0 + 64] = (J[None, :, :] >= M[a0:a0 + 64, None, :]).any(axis=2)
+        np.fill_diagonal(P, False)
+        prec.append(P)
+    strict = [p & ~p.T for p in prec]
+    out = []
+    for r1 in range(ix.ranks):
+        for r2 in range(r1 + 1, ix.ranks):
+            bad = strict[r1] & strict[r2].T
+            for a, b in np.argwhere(bad)[:5]:
+                A, B = names[a], names[b]
+                out.append(Finding(
+                    "CollectiveOrder",
+                    f"collectives {A} and {B} run in opposite orders: {A} before {B} on rank "
+                    f"{r1}, {B} before {A} on rank {r2}",
+                    tasks=[ix.task_ids[int(i)] for i in tasks[(tg == a) | (tg == b)][:8]],
+                    witness={"groups": [A, B], "order_on_rank": {str(r1): [A, B],
+                                                                 str(r2): [B, A]},
+                             "rule": "A before B on a rank iff a task of A happens-before a "
+                                     "task of B there"}))
+    return out
+
+
+def cut_run(ix: Index, win: Window, stop_pos: np.ndarray, drop_si: np.ndarray
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """Greedy maximal run of the window in a *cut world* (used by validator/hb.py).
+
+    Chain c completes only its tasks at unrolled positions < ``stop_pos[c]`` (tasks before
+    the stop in the stop's segment still run once the segment's waits hold), and the signal
+    instances with ``drop_si`` set are never applied. By confluence the run reaches the
+    largest set of events that can happen in that world, so the returned counter values
+    are the most any execution of the cut world can reach. Returns (counter values,
+    per rank: whether every queue of the rank ran through the whole window).
+    """
+    C = win.n_chains
+    R, W = ix.ranks, ix.workers
+    lo, hi = win.chain_seg_lo, win.chain_seg_hi
+    cm = win.cm_order
+    per_epoch = (hi - lo) // win.E
+    big = np.iinfo(np.int64).max // 4
+    V = np.zeros(len(ix.ctr_names), dtype=np.int64)
+    cptr = lo.copy()
+    dead = np.zeros(C, dtype=bool)
+    seg_rank = win.chain_rank[win.seg_chain]
+    amt = np.where(drop_si, 0, win.si_amt)
+
+    def rank_finished() -> np.ndarray:
+        fin = np.full(C, big, dtype=np.int64)
+        nz = per_epoch > 0
+        fin[nz] = (cptr[nz] - lo[nz]) // per_epoch[nz]
+        return fin.reshape(R, W).min(axis=1)
+
+    while True:
+        V0 = V.copy()
+        rfin = rank_finished()
+        active = np.nonzero((cptr < hi) & ~dead)[0]
+        ran, partial = [], []
+        while len(active):
+            cand = cm[cptr[active]]
+            ok = win.seg_start[cand] < stop_pos[active]
+            kern = win.seg_kernel[cand] == 1
+            if kern.any():
+                ok &= ~kern | (rfin[seg_rank[cand]] >= win.seg_epoch[cand])
+            wl, wh = win.seg_wi_lo[cand], win.seg_wi_hi[cand]
+            if (wh > wl).any():
+                idx, own = _ranges(wl, wh)
+                unsat = V0[win.wi_ctr[idx]] < win.wi_abs[idx]
+                ok &= ~(np.bincount(own[unsat], minlength=len(cand)) > 0)
+            # a runnable segment that contains the stop runs only up to it
+            cut = ok & (win.seg_end[cand] > stop_pos[active])
+            if cut.any():
+                partial.append(cand[cut])
+                dead[active[cut]] = True
+            full = ok & ~cut
+            if not full.any():
+                break
+            adv = active[full]
+            ran.append(cand[full])
+            cptr[adv] += 1
+            active = adv[(cptr[adv] < hi[adv]) & ~dead[adv]]
+        if not ran and not partial:
+            break
+        if ran:
+            done = np.concatenate(ran)
+            idx, _ = _ranges(win.seg_si_lo[done], win.seg_si_hi[done])
+            if len(idx):
+                V += np.bincount(win.si_ctr[idx], weights=amt[idx],
+                                 minlength=len(V)).astype(np.int64)
+        if partial:
+            ps = np.concatenate(partial)
+            idx, own = _ranges(win.seg_si_lo[ps], win.seg_si_hi[ps])
+            if len(idx):
+                keep = win.si_pos[idx] < stop_pos[win.seg_chain[ps[own]]]
+                idx = idx[keep]
+                V += np.bincount(win.si_ctr[idx], weights=amt[idx],
+                                 minlength=len(V)).astype(np.int64)
+    done_all = (cptr >= hi).reshape(R, W).all(axis=1)
+    return V, done_all

@@ -49,6 +49,61 @@ BIGPOS = 1 << 40  # "never" as a frontier position
 
 
 @dataclass
+class GSet:
+    """Guaranteed counter edges. Static wait ``w`` is guaranteed ALL signals to its counter
+    when ``full[w]``; otherwise exactly the signals ``pk[i]`` of the explicit pairs
+    ``(pw[i], pk[i])`` with ``g[i]``. (Barrier-like waits stay ``full``: no pair list.)"""
+
+    full: np.ndarray
+    pw: np.ndarray
+    pk: np.ndarray
+    g: np.ndarray
+
+    def size(self, ctx: "_Ctx") -> int:
+        """Number of guaranteed static (signal, wait) pairs."""
+        nf = ctx.sc_hi[ctx.ix.w_ctr] - ctx.sc_lo[ctx.ix.w_ctr]
+        return int(nf[self.full].sum()) + int(self.g.sum())
+
+
+@dataclass
+class Frontier:
+    """Where an asynchronous event (a signal's application, a put's delivery) becomes known.
+
+    Row i: the event HB task instance X iff X is in (or knows) rank ``k_rank[i]``'s epoch
+    ``k_epoch[i] + 1`` or later (kernel boundary; ``k_rank = -1``: none), or X knows
+    position ``e_pos`` of chain ``e_chain`` for one of the row's entries
+    ``lo[i]:hi[i]`` (a wait guaranteed to include the event, a quiet, the task itself).
+    """
+
+    k_rank: np.ndarray
+    k_epoch: np.ndarray
+    e_chain: np.ndarray
+    e_pos: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+
+    @staticmethod
+    def build(n: int, k_rank, k_epoch, rows, chains, poss) -> "Frontier":
+        rows = np.asarray(rows, dtype=np.int64)
+        o = np.lexsort((poss, chains, rows))
+        rows, chains, poss = rows[o], np.asarray(chains)[o], np.asarray(poss)[o]
+        keep = np.ones(len(rows), dtype=bool)  # one entry per (row, chain): the smallest pos
+        if len(rows) > 1:
+            keep[1:] = (rows[1:] != rows[:-1]) | (chains[1:] != chains[:-1])
+        rows, chains, poss = rows[keep], chains[keep], poss[keep]
+        lo = np.searchsorted(rows, np.arange(n), side="left")
+        hi = np.searchsorted(rows, np.arange(n), side="right")
+        return Frontier(np.asarray(k_rank, dtype=np.int64), np.asarray(k_epoch, dtype=np.int64),
+                        chains.astype(np.int64), poss.astype(np.int64), lo, hi)
+
+    def rows_json(self, i: int) -> dict:
+        return {"kernel_rank": int(self.k_rank[i]), "kernel_epoch": int(self.k_epoch[i]),
+                "entries": [[int(c), int(p)] for c, p in
+                            zip(self.e_chain[self.lo[i]:self.hi[i]],
+                                self.e_pos[self.lo[i]:self.hi[i]])]}
+
+
+@dataclass
 class HBResult:
     """Happens-before of the window, with query helpers (all vectorised)."""
 
@@ -56,13 +111,14 @@ class HBResult:
     win: Window
     vcs: np.ndarray  # [n_seg, C]
     kvc: np.ndarray  # [R, E, C]: VC of the end of each rank's epoch (kernel boundary)
-    pair_w: np.ndarray  # static candidate pairs (wait, signal)
-    pair_k: np.ndarray
-    g: np.ndarray  # bool: pair in the final guaranteed set
-    sig_async: np.ndarray  # static signal applied asynchronously (remote / put-with-signal)
-    t_pending: np.ndarray  # static task writes remotely (put op or remote region)
+    G: GSet
+    ctx: "_Ctx"
     findings: list[Finding] = field(default_factory=list)
     stats: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def _ctx(self) -> "_Ctx":
+        return self.ctx
 
     # ---- basic queries ----
     def pos(self, task: np.ndarray, epoch) -> np.ndarray:
@@ -88,21 +144,80 @@ class HBResult:
         known = np.where(same, pb, known)
         return known >= self.pos(a, ea)
 
-    def frontier_before(self, front: np.ndarray, b: np.ndarray, eb) -> np.ndarray:
-        """Events with frontier rows ``front`` [n, C] HB task instances ``b`` (epoch eb)."""
-        rows = self.vc_rows(b, eb)
-        return (rows >= front).any(axis=1)
+    def known(self, seg: np.ndarray, chain: np.ndarray, own_chain: np.ndarray,
+              own_pos: np.ndarray) -> np.ndarray:
+        """Latest position of ``chain`` known at segment ``seg`` (own chain: own_pos)."""
+        k = self.vcs[seg, chain].astype(np.int64)
+        return np.where(chain == own_chain, own_pos, k)
 
-    # ---- frontiers of asynchronous events ----
-    def delivery_frontier(self, task: np.ndarray, epoch: int, dest: np.ndarray) -> np.ndarray:
-        """Frontier rows of the delivery of remote writes by ``task`` in ``epoch`` to ``dest``.
+    def hits(self, F: Frontier, fi: np.ndarray, xt: np.ndarray, xe) -> np.ndarray:
+        """Event row ``fi[q]`` of F happens-before task instance (xt[q], xe[q])."""
+        ix, win = self.ix, self.win
+        n = len(fi)
+        out = np.zeros(n, dtype=bool)
+        if not n:
+            return out
+        xe = np.broadcast_to(np.asarray(xe, dtype=np.int64), (n,))
+        seg = win.task_seg(xt, xe)
+        xch = ix.t_chain[xt]
+        xpos = win.task_pos(ix, xt, xe)
+        kr = F.k_rank[fi]
+        ke = F.k_epoch[fi]
+        # X on the event's rank in a later epoch: after the kernel boundary, no lookup
+        xr = ix.t_rank[xt]
+        out |= (kr >= 0) & (xr == kr) & (xe > ke)
+        q = np.nonzero((kr >= 0) & ~out)[0]
+        if len(q):
+            W = ix.workers
+            # one lookup per distinct (segment, rank, epoch)
+            key = (seg[q] * self.ix.ranks + kr[q]) * (win.E + 1) + ke[q] + 1
+            uk, first, inv = np.unique(key, return_index=True, return_inverse=True)
+            qf = q[first]
+            cols = kr[qf][:, None] * W + np.arange(W)[None, :]
+            kn = self.vcs[seg[qf][:, None], cols].astype(np.int64)
+            kn = np.where(cols == xch[qf][:, None], xpos[qf][:, None], kn)
+            L = win.chain_len[cols]
+            need = (ke[qf] + 1)[:, None] * L
+            out[q] = ((kn >= need) & (L > 0)).any(axis=1)[inv]
+        idx, own = _ranges(F.lo[fi], F.hi[fi])
+        if len(idx):
+            ch = F.e_chain[idx]
+            kn = self.known(seg[own], ch, xch[own], xpos[own])
+            hit = kn >= F.e_pos[idx]
+            out |= np.bincount(own[hit], minlength=n) > 0
+        return out
 
-        A task instance Y sees the data iff ``(vc_own(Y) >= row).any()``. Entries: the waits
+    def reach(self, F: Frontier) -> np.ndarray:
+        """[n, R]: the event HB the end of rank a's last window epoch (so every later
+        epoch of rank a is after it)."""
+        ix, win, E, R, W = self.ix, self.win, self.win.E, self.ix.ranks, self.ix.workers
+        n = len(F.k_rank)
+        out = np.zeros((n, R), dtype=bool)
+        kend = self.kvc[:, E - 1, :].astype(np.int64)  # [R, C]
+        has = np.nonzero(F.k_rank >= 0)[0]
+        if len(has):
+            out[has, F.k_rank[has]] = F.k_epoch[has] < E
+            cols = F.k_rank[has][:, None] * W + np.arange(W)[None, :]
+            L = win.chain_len[cols]
+            need = (F.k_epoch[has] + 1)[:, None] * L
+            for a in range(R):
+                out[has, a] |= ((kend[a][cols] >= need) & (L > 0)).any(axis=1)
+        owner = np.repeat(np.arange(n), F.hi - F.lo)
+        if len(F.e_chain):
+            hit = kend[:, F.e_chain] >= F.e_pos[None, :]  # [R, n_entries]
+            for a in range(R):
+                out[:, a] |= np.bincount(owner[hit[a]], minlength=n) > 0
+        return out
+
+    def delivery_frontier(self, task: np.ndarray, epoch: int, dest: np.ndarray) -> Frontier:
+        """Frontier of the delivery of remote writes by ``task`` in ``epoch`` to ``dest``.
+
+        A task instance Y sees the data iff ``hits``. Entries: the waits
         guaranteed to include the writer's own signal to a counter of ``dest``
         (put-with-signal), the first later quiet of the worker, the waits guaranteed to
-        include a signal to ``dest`` issued at or after a later fence of the worker (remote
-        signals only: a fence orders deliveries per destination rank), and the next epoch of
-        the writer's rank (kernel end).
+        include a remote signal to ``dest`` issued at or after a later fence of the worker
+        (a fence orders deliveries per destination rank), and the next epoch of the
+        writer's rank (kernel end).
         """
         return _delivery_frontier(self, np.asarray(task, dtype=np.int64), epoch,
                                   np.asarray(dest, dtype=np.int64))
@@ -116,6 +231,13 @@ def _pending_tasks(ix: Index) -> np.ndarray:
     return pend
 
 
+def _csr(keys: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    order = np.argsort(keys, kind="stable")
+    cnt = np.bincount(keys, minlength=n) if len(keys) else np.zeros(n, dtype=np.int64)
+    lo = np.concatenate(([0], np.cumsum(cnt)[:-1])).astype(np.int64)
+    return order, lo, lo + cnt
+
+
 class _Ctx:
     """Static tables shared by the fixpoint iterations."""
 
@@ -124,33 +246,31 @@ class _Ctx:
         self.E, self.C, self.R = win.E, win.n_chains, ix.ranks
         self.L = win.chain_len
         nctr = len(ix.ctr_names)
-        # static signals grouped by counter
-        self.sc_order = np.argsort(ix.s_ctr, kind="stable")
-        cnt = np.bincount(ix.s_ctr, minlength=nctr)
-        self.sc_lo = np.concatenate(([0], np.cumsum(cnt)[:-1])).astype(np.int64)
-        self.sc_hi = self.sc_lo + cnt
+        self.sc_order, self.sc_lo, self.sc_hi = _csr(ix.s_ctr, nctr)
+        self.wc_order, self.wc_lo, self.wc_hi = _csr(ix.w_ctr, nctr)
         self.t_pending = _pending_tasks(ix)
         self.sig_async = (ix.ctr_rank[ix.s_ctr] != ix.t_rank[ix.s_task]) | \
             self.t_pending[ix.s_task]
-        # quiet / fence positions per chain (epoch-relative qpos), for frontier rules
+        # counters signalled only from their owner rank: later epochs' signals come after
+        # any wait of the owner (kernel boundary)
+        remote_sig = ix.ctr_rank[ix.s_ctr] != ix.t_rank[ix.s_task]
+        self.local_ctr = np.bincount(ix.s_ctr[remote_sig], minlength=nctr) == 0
+        self.min_amt = np.full(nctr, np.iinfo(np.int64).max // 4, dtype=np.int64)
+        if len(ix.s_ctr):
+            np.minimum.at(self.min_amt, ix.s_ctr, ix.s_amt)
         self.quiet_tasks = np.nonzero(ix.t_op == OP_QUIET)[0]
         self.fence_tasks = np.nonzero(ix.t_op == OP_FENCE)[0]
         big = int(self.L.max()) + 1 if len(self.L) else 1
         self.big = big
         self.q_key = np.sort(ix.t_chain[self.quiet_tasks] * big + ix.t_qpos[self.quiet_tasks])
         self.f_key = np.sort(ix.t_chain[self.fence_tasks] * big + ix.t_qpos[self.fence_tasks])
-        # candidate pairs: every (wait, signal to the same counter)
-        nw = len(ix.w_task)
-        per_w = cnt[ix.w_ctr] if nw else np.zeros(0, dtype=np.int64)
-        self.pair_w = np.repeat(np.arange(nw), per_w)
-        idx, _ = _ranges(self.sc_lo[ix.w_ctr], self.sc_hi[ix.w_ctr]) if nw else \
-            (np.zeros(0, dtype=np.int64), None)
-        self.pair_k = self.sc_order[idx] if len(idx) else np.zeros(0, dtype=np.int64)
-        self.w_pair_lo = np.concatenate(([0], np.cumsum(per_w)[:-1])).astype(np.int64) \
-            if nw else np.zeros(0, dtype=np.int64)
-        self.w_pair_hi = self.w_pair_lo + per_w
-        # reference epoch of a wait: 0, or 1 for @prev (its S lives in epoch 0)
-        self.w_ref = np.where(ix.w_off < 0, 1, 0) if nw else np.zeros(0, dtype=np.int64)
+        self.w_ref = np.where(ix.w_off < 0, 1, 0)
+        self.s_task_order, self.s_task_lo, self.s_task_hi = _csr(ix.s_task, len(ix.task_ids))
+        # signals sorted by (chain, qpos) for the fence rule
+        skey = ix.t_chain[ix.s_task] * big + ix.t_qpos[ix.s_task]
+        self.s_pos_order = np.argsort(skey, kind="stable")
+        self.s_pos_key = skey[self.s_pos_order]
+        self.cut_cache: dict[tuple[int, int], bool] = {}
 
     def next_after(self, keys: np.ndarray, chain: np.ndarray, qpos: np.ndarray) -> np.ndarray:
         """qpos of the first key (quiet/fence) strictly after qpos on chain, else BIGPOS."""
@@ -163,75 +283,90 @@ class _Ctx:
         ok &= (nxt // self.big) == chain
         return np.where(ok, nxt % self.big, BIGPOS)
 
+    def pairs_of(self, waits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """All (wait, signal) pairs of the given static waits (signals to their counter)."""
+        c = self.ix.w_ctr[waits]
+        idx, own = _ranges(self.sc_lo[c], self.sc_hi[c])
+        return waits[own], self.sc_order[idx]
+
 
 def compute(ix: Index, win: Window, sim: SimResult) -> HBResult:
-    """Compute the guaranteed counter edges (fixpoint) and the vector clocks of the window."""
+    """Compute the guaranteed counter edges (greatest fixpoint) and the window's vector
+    clocks; see the module doc for the rules and the soundness argument."""
     ctx = _Ctx(ix, win, sim)
-    g = _initial_pairs(ctx)
+    G = _initial(ctx)
     iters = 0
     while True:
         iters += 1
-        vcs, kvc = _vector_clocks(ctx, g)
-        hb = HBResult(ix, win, vcs, kvc, ctx.pair_w, ctx.pair_k, g.copy(), ctx.sig_async,
-                      ctx.t_pending)
-        keep = _check_pairs(ctx, hb, g)
-        if keep.sum() == g.sum():
+        vcs, kvc = _vector_clocks(ctx, G)
+        hb = HBResult(ix, win, vcs, kvc, G, ctx)
+        G2 = _check(ctx, hb, G)
+        if G2.size(ctx) == G.size(ctx):
             break
-        g = keep
-    hb.stats = {"hb_iterations": iters, "counter_pairs": int(len(g)),
-                "guaranteed_pairs": int(g.sum())}
+        G = G2
+    hb.stats = {"hb_iterations": iters, "guaranteed_pairs": G.size(ctx),
+                "full_waits": int(G.full.sum()), "explicit_pairs": int(len(G.g))}
     return hb
 
 
-def _initial_pairs(ctx: _Ctx) -> np.ndarray:
-    """Candidate pairs whose every window instance ran in order in the greedy simulation."""
+def _real(ctx: _Ctx, w: np.ndarray, e) -> np.ndarray:
+    """Wait instance (w, epoch e) is a real wait (absolute threshold > 0, S epoch >= 0)."""
+    ix = ctx.ix
+    es = e + ix.w_off[w]
+    return (es >= 0) & (es * ix.ctr_n[ix.w_ctr[w]] + ix.w_thr[w] > 0)
+
+
+def _initial(ctx: _Ctx) -> GSet:
+    """Candidates that ran in order in the greedy simulation, for every window instance."""
     ix, win, E = ctx.ix, ctx.win, ctx.E
-    pw, pk = ctx.pair_w, ctx.pair_k
-    ok = np.ones(len(pw), dtype=bool)
-    real_any = np.zeros(len(pw), dtype=bool)
+    nw, nctr = len(ix.w_task), len(ix.ctr_names)
     rnd = ctx.sim.seg_round
-    wt, st = ix.w_task[pw], ix.s_task[pk]
-    off = ix.w_off[pw]
+    # latest round of any signal instance of (counter, epoch)
+    maxr = np.full(nctr * E, -1, dtype=np.int64)
+    if len(win.si_ctr):
+        np.maximum.at(maxr, win.si_ctr * E + win.si_epoch, rnd[win.si_seg])
+    waits = np.arange(nw)
+    active = np.zeros(nw, dtype=bool)
+    full = np.ones(nw, dtype=bool)
     for e in range(E):
-        es = e + off
-        absthr = (e + off) * ix.ctr_n[ix.w_ctr[pw]] + ix.w_thr[pw]
-        real = (absthr > 0) & (es >= 0)
-        rw = rnd[win.task_seg(wt, e)]
-        rs = rnd[win.task_seg(st, np.maximum(es, 0))]
-        ok &= ~real | (rs < rw)
-        real_any |= real
-    return ok & real_any
+        real = _real(ctx, waits, e)
+        es = np.maximum(e + ix.w_off, 0)
+        rw = rnd[win.task_seg(ix.w_task, e)]
+        full &= ~real | (maxr[ix.w_ctr * E + es] < rw)
+        active |= real
+    full &= active
+    pw, pk = ctx.pairs_of(np.nonzero(active & ~full)[0])
+    g = np.ones(len(pw), dtype=bool)
+    for e in range(E):
+        real = _real(ctx, pw, e)
+        es = np.maximum(e + ix.w_off[pw], 0)
+        rw = rnd[win.task_seg(ix.w_task[pw], e)]
+        rs = rnd[win.task_seg(ix.s_task[pk], es)]
+        g &= ~real | (rs < rw)
+    return GSet(full, pw, pk, g)
 
 
-def _vector_clocks(ctx: _Ctx, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _vector_clocks(ctx: _Ctx, G: GSet) -> tuple[np.ndarray, np.ndarray]:
     ix, win, E, C, R = ctx.ix, ctx.win, ctx.E, ctx.C, ctx.R
     n_seg = win.n_seg
     maxpos = int((win.chain_len.max() if C else 0) * E) + 2
     dt = np.int16 if maxpos < 30000 else (np.int32 if maxpos < (1 << 30) else np.int64)
+    wt = dt if dt != np.int64 else np.int64  # working rows use the storage width
     vcs = np.full((n_seg, C), -1, dtype=dt)
-    cur = np.full((C, C), -1, dtype=np.int64)
-    kvc = np.full((R, E, C), -1, dtype=np.int64)
+    cur = np.full((C, C), -1, dtype=wt)
+    kvc = np.full((R, E, C), -1, dtype=wt)
     nctr = len(ix.ctr_names)
     nw = len(ix.w_task)
-
-    # per static wait: all its pairs guaranteed? -> join the counter's hub of that epoch
-    full = np.ones(nw, dtype=bool)
-    if len(g):
-        bad = np.bincount(ctx.pair_w[~g], minlength=nw) > 0
-        full &= ~bad
-    any_g = np.bincount(ctx.pair_w[g], minlength=nw) > 0 if len(g) else np.zeros(nw, bool)
-    # hubs only for counters that some full wait joins
+    full = G.full
     hub_ctr = np.zeros(nctr, dtype=bool)
     if nw:
-        hub_ctr[ix.w_ctr[full & any_g]] = True
+        hub_ctr[ix.w_ctr[full]] = True
     hub_id = np.full(nctr, -1, dtype=np.int64)
     hub_id[hub_ctr] = np.arange(int(hub_ctr.sum()))
-    hubs = np.full((max(1, int(hub_ctr.sum())) * E, C), -1, dtype=np.int64)
-
-    # guaranteed pairs of non-full waits, grouped by wait
-    part_pairs = np.nonzero(g & ~full[ctx.pair_w])[0] if len(g) else np.zeros(0, np.int64)
-    pp_w = ctx.pair_w[part_pairs]
-    pp_k = ctx.pair_k[part_pairs]
+    n_hub_rows = max(1, int(hub_ctr.sum())) * E
+    hubs = np.full((n_hub_rows, C), -1, dtype=wt)
+    # explicit guaranteed pairs grouped by wait
+    pp_w, pp_k = G.pw[G.g], G.pk[G.g]
     o = np.argsort(pp_w, kind="stable")
     pp_w, pp_k = pp_w[o], pp_k[o]
     pp_lo = np.searchsorted(pp_w, np.arange(nw), side="left")
@@ -244,33 +379,29 @@ def _vector_clocks(ctx: _Ctx, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     seg_rank = win.chain_rank[win.seg_chain]
     seg_L = win.chain_len[win.seg_chain]
     epoch_end = (win.seg_end == (win.seg_epoch + 1) * seg_L)
-    ar_C = np.arange(C)
+    kflat = kvc.reshape(R * E, C)
 
     for r in range(len(bounds) - 1):
         segs = order[bounds[r]:bounds[r + 1]]
-        if not len(segs):
-            continue
         n = len(segs)
+        if not n:
+            continue
         ch = win.seg_chain[segs]
-        M = cur[ch].copy()
-        # kernel boundary joins
+        M = cur[ch]  # fancy indexing: a copy
         kern = np.nonzero(win.seg_kernel[segs] == 1)[0]
         if len(kern):
             ks = segs[kern]
-            M[kern] = np.maximum(M[kern], kvc[seg_rank[ks], win.seg_epoch[ks] - 1])
-        # counter joins
+            M[kern] = np.maximum(M[kern], kflat[seg_rank[ks] * E + win.seg_epoch[ks] - 1])
         wl, wh = win.seg_wi_lo[segs], win.seg_wi_hi[segs]
         if (wh > wl).any():
             wi, own = _ranges(wl, wh)
             w = win.wi_wait[wi]
             ep = win.seg_epoch[segs[own]]
-            # full waits: the hub of (counter, epoch + offset)
-            f = full[w] & any_g[w]
+            f = full[w]
             if f.any():
                 hrow = hub_id[ix.w_ctr[w[f]]] * E + ep[f] + ix.w_off[w[f]]
                 _max_into(M, own[f], hubs[hrow])
-            # partial waits: individual guaranteed signal instances
-            pf = ~full[w]
+            pf = ~f
             if pf.any():
                 idx, o2 = _ranges(pp_lo[w[pf]], pp_hi[w[pf]])
                 if len(idx):
@@ -279,42 +410,51 @@ def _vector_clocks(ctx: _Ctx, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
                     es = ep[pf][o2] + ix.w_off[w[pf]][o2]
                     st = ix.s_task[k]
                     sseg = win.task_seg(st, es)
-                    rows = vcs[sseg].astype(np.int64)
+                    rows = vcs[sseg].astype(wt)
                     rows[np.arange(len(k)), ix.t_chain[st]] = win.task_pos(ix, st, es)
                     _max_into(M, tgt, rows)
-        # several segments of one chain in this round: prefix max along the chain
         if n > 1 and (ch[1:] == ch[:-1]).any():
+            # several segments of one chain in this round: prefix max along the chain
             grp = np.concatenate(([0], np.cumsum(ch[1:] != ch[:-1])))
-            big = int(maxpos) + 4
-            A = M + 1 + grp[:, None] * big
+            big = maxpos + 4
+            A = M.astype(np.int64) + (1 + grp * big)[:, None]
             np.maximum.accumulate(A, axis=0, out=A)
-            M = A - 1 - grp[:, None] * big
-        M[np.arange(n), ch] = win.seg_start[segs]
+            M = (A - (1 + grp * big)[:, None]).astype(wt)
+        ar = np.arange(n)
+        M[ar, ch] = win.seg_start[segs]
         vcs[segs] = M
-        # chain state: the last segment of each chain in this round, own = its last task
         last = np.ones(n, dtype=bool)
         last[:-1] = ch[1:] != ch[:-1]
-        Ml = M[last].copy()
+        Ml = M[last]
         Ml[np.arange(len(Ml)), ch[last]] = win.seg_end[segs[last]] - 1
         cur[ch[last]] = Ml
-        # kernel rows: segments that end their chain's epoch
         ee = epoch_end[segs]
         if ee.any():
             es_ = segs[ee]
-            rows = M[ee].copy()
+            rows = M[ee]
             rows[np.arange(len(es_)), win.seg_chain[es_]] = win.seg_end[es_] - 1
-            _max_into(kvc.reshape(R * E, C), seg_rank[es_] * E + win.seg_epoch[es_], rows)
-        # hubs: signals of this round's segments to hub counters
+            _max_into(kflat, seg_rank[es_] * E + win.seg_epoch[es_], rows)
         sl, sh = win.seg_si_lo[segs], win.seg_si_hi[segs]
         if (sh > sl).any():
             si, own = _ranges(sl, sh)
             hsel = hub_ctr[win.si_ctr[si]]
             if hsel.any():
                 si, own = si[hsel], own[hsel]
-                rows = M[own].copy()
-                rows[np.arange(len(si)), ch[own]] = win.si_pos[si]
-                _max_into(hubs, hub_id[win.si_ctr[si]] * E + win.si_epoch[si], rows)
-    del ar_C
+                hrow = hub_id[win.si_ctr[si]] * E + win.si_epoch[si]
+                # one row per (segment, hub): its last signal (largest position) dominates
+                key = own * n_hub_rows + hrow
+                last = np.ones(len(key), dtype=bool)
+                if len(key) > 1:
+                    o = np.argsort(key, kind="stable")
+                    ks = key[o]
+                    lastm = np.ones(len(ks), dtype=bool)
+                    lastm[:-1] = ks[1:] != ks[:-1]
+                    sel = o[lastm]
+                else:
+                    sel = np.arange(len(key))
+                rows = M[own[sel]]
+                rows[np.arange(len(sel)), ch[own[sel]]] = win.si_pos[si[sel]]
+                _max_into(hubs, hrow[sel], rows)
     return vcs, kvc
 
 
@@ -325,6 +465,13 @@ def _max_into(M: np.ndarray, tgt: np.ndarray, rows: np.ndarray) -> None:
     if len(tgt) == 1:
         M[tgt[0]] = np.maximum(M[tgt[0]], rows[0])
         return
+    if int(tgt.max()) < 8 * len(tgt) + 4096:
+        dup = np.bincount(tgt).max() > 1
+    else:
+        dup = len(np.unique(tgt)) != len(tgt)
+    if not dup:
+        M[tgt] = np.maximum(M[tgt], rows)
+        return
     o = np.argsort(tgt, kind="stable")
     t = tgt[o]
     starts = np.concatenate(([0], np.nonzero(t[1:] != t[:-1])[0] + 1))
@@ -333,105 +480,175 @@ def _max_into(M: np.ndarray, tgt: np.ndarray, rows: np.ndarray) -> None:
     M[u] = np.maximum(M[u], red)
 
 
-def _signal_frontiers(ctx: _Ctx, hb: HBResult, g: np.ndarray, k: np.ndarray,
-                      es: np.ndarray) -> np.ndarray:
-    """Frontier rows of the *application* of static signals ``k`` in epochs ``es``.
+def _waiter_entries(ctx: _Ctx, G: GSet, k: np.ndarray, es: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(i, chain, pos) for every real wait instance guaranteed to include signal instance
+    (k[i], es[i]): the full waits on its counter and the explicit pairs of signal k[i]."""
+    ix, win, E = ctx.ix, ctx.win, ctx.E
+    out_i, out_w = [], []
+    if len(k):
+        c = ix.s_ctr[k]
+        idx, own = _ranges(ctx.wc_lo[c], ctx.wc_hi[c])
+        w = ctx.wc_order[idx]
+        f = G.full[w]
+        out_i.append(own[f])
+        out_w.append(w[f])
+        if G.g.any():
+            gk, gw = G.pk[G.g], G.pw[G.g]
+            o = np.argsort(gk, kind="stable")
+            gk, gw = gk[o], gw[o]
+            lo = np.searchsorted(gk, k, side="left")
+            hi = np.searchsorted(gk, k, side="right")
+            idx, own = _ranges(lo, hi)
+            out_i.append(own)
+            out_w.append(gw[idx])
+    if not out_i:
+        z = np.zeros(0, dtype=np.int64)
+        return z, z, z
+    i = np.concatenate(out_i)
+    w = np.concatenate(out_w)
+    ew = es[i] - ix.w_off[w]
+    ok = (ew < E) & _real(ctx, w, ew)
+    i, w, ew = i[ok], w[ok], ew[ok]
+    wt = ix.w_task[w]
+    return i, ix.t_chain[wt], win.task_pos(ix, wt, ew)
 
-    Synchronous (local) signal: its task. Asynchronous: the guaranteed waits (pairs in g),
-    the first later quiet of the worker, and the next epoch of the signaller's rank.
-    (A fence orders the application only before later signals of the SAME worker to the
-    same rank; that case is handled where the worker is known, in ``_after_app``.)
+
+def _signal_frontiers(ctx: _Ctx, G: GSet, k: np.ndarray, es: np.ndarray) -> Frontier:
+    """Frontier of the *application* of static signals ``k`` in epochs ``es``.
+
+    Synchronous (local) signal: its task. Asynchronous: the guaranteed waits, the first
+    later quiet of the worker, and the next epoch of the signaller's rank. (A fence orders
+    the application only before later signals of the SAME worker to the same rank; that
+    case is handled where the worker is known, in ``_refined``.)
     """
-    ix, win, C, E = ctx.ix, ctx.win, ctx.C, ctx.E
+    ix, win = ctx.ix, ctx.win
     n = len(k)
-    F = np.full((n, C), BIGPOS, dtype=np.int64)
     st = ix.s_task[k]
     ch = ix.t_chain[st]
-    ar = np.arange(n)
     sync = ~ctx.sig_async[k]
     pos = win.task_pos(ix, st, es)
-    F[ar[sync], ch[sync]] = pos[sync]
+    rows, chains, poss = [np.nonzero(sync)[0]], [ch[sync]], [pos[sync]]
     asy = np.nonzero(~sync)[0]
+    k_rank = np.where(sync, -1, ix.t_rank[st])
     if len(asy):
-        # quiet
         qn = ctx.next_after(ctx.q_key, ch[asy], ix.t_qpos[st[asy]])
         has = qn < BIGPOS
-        F[asy[has], ch[asy[has]]] = es[asy[has]] * ctx.L[ch[asy[has]]] + qn[has]
-        # kernel: the first task of epoch es+1 on every chain of the signaller's rank
-        rk = ix.t_rank[st[asy]]
-        W = ix.workers
-        for w in range(W):
-            cc = rk * W + w
-            okk = (ctx.L[cc] > 0) & (es[asy] + 1 < E)
-            F[asy[okk], cc[okk]] = np.minimum(F[asy[okk], cc[okk]],
-                                              (es[asy[okk]] + 1) * ctx.L[cc[okk]])
-        # guaranteed waits
-        _add_waiter_entries(ctx, g, k[asy], es[asy], F, asy)
-    return F
+        rows.append(asy[has])
+        chains.append(ch[asy[has]])
+        poss.append(es[asy[has]] * ctx.L[ch[asy[has]]] + qn[has])
+        i, wc, wp = _waiter_entries(ctx, G, k[asy], es[asy])
+        rows.append(asy[i])
+        chains.append(wc)
+        poss.append(wp)
+    return Frontier.build(n, k_rank, es, np.concatenate(rows), np.concatenate(chains),
+                          np.concatenate(poss))
 
 
-def _add_waiter_entries(ctx: _Ctx, g: np.ndarray, k: np.ndarray, es: np.ndarray,
-                        F: np.ndarray, rows: np.ndarray) -> None:
-    """F[rows[i], chain(W)] = min(., pos(W)) for every wait W guaranteed to include signal
-    instance (k[i], es[i]) (pairs in g; W's epoch is es + 0, or es + 1 for @prev)."""
-    ix, win, E = ctx.ix, ctx.win, ctx.E
-    if not len(k) or not g.any():
-        return
-    gk = ctx.pair_k[g]
-    gw = ctx.pair_w[g]
-    o = np.argsort(gk, kind="stable")
-    gk, gw = gk[o], gw[o]
-    lo = np.searchsorted(gk, k, side="left")
-    hi = np.searchsorted(gk, k, side="right")
-    idx, own = _ranges(lo, hi)
-    if not len(idx):
-        return
-    w = gw[idx]
-    ew = es[own] - ix.w_off[w]
-    ok = ew < E
-    w, ew, own = w[ok], ew[ok], own[ok]
-    wt = ix.w_task[w]
-    wc = ix.t_chain[wt]
-    wp = win.task_pos(ix, wt, ew)
-    np.minimum.at(F, (rows[own], wc), wp)
-
-
-def _after_app(ctx: _Ctx, hb: HBResult, F: np.ndarray, k: np.ndarray, es: np.ndarray,
-               xt: np.ndarray, xe: np.ndarray, x_rows: np.ndarray) -> np.ndarray:
-    """Matrix [len(k), len(xt)]: application of signal instance i HB task instance j.
-
-    ``x_rows`` are the own vector clock rows of the task instances (xt, xe).
-    Includes the fence rule: same worker, a fence after the signal and at or before X
-    (callers pass X that signal the same counter, i.e. the same destination rank).
-    """
-    ix = ctx.ix
-    after = (x_rows[None, :, :] >= F[:, None, :]).any(axis=2)
-    asy = ctx.sig_async[k]
-    if asy.any() and len(ctx.fence_tasks):
-        st = ix.s_task[k]
-        fn = ctx.next_after(ctx.f_key, ix.t_chain[st], ix.t_qpos[st])
-        fpos = np.where(fn < BIGPOS, es * ctx.L[ix.t_chain[st]] + fn, BIGPOS)
-        xpos = hb.pos(xt, xe)
-        same = ix.t_chain[st][:, None] == ix.t_chain[xt][None, :]
-        after |= asy[:, None] & same & (xpos[None, :] >= fpos[:, None])
-    return after
-
-
-def _check_pairs(ctx: _Ctx, hb: HBResult, g: np.ndarray) -> np.ndarray:
-    """One refinement step of the greatest fixpoint: keep the pairs that pass the count."""
+def _check(ctx: _Ctx, hb: HBResult, G: GSet) -> GSet:
+    """One refinement step of the greatest fixpoint (see the module doc)."""
     ix, win, E, R = ctx.ix, ctx.win, ctx.E, ctx.R
-    keep = g.copy()
-    if not g.any():
-        return keep
-    waits = np.unique(ctx.pair_w[g])
-    # ---- per wait W (reference instance): possible amount P(W) and unreached ranks ----
+    nw = len(ix.w_task)
+    full = G.full.copy()
+    c_w = ix.w_ctr
+    # fast bound: offset-0 wait on a counter signalled only from its own rank -> later
+    # epochs' signals come after it, so at most N(c) can be applied before it passes
+    bound_ok = (ix.w_off == 0) & ctx.local_ctr[c_w]
+    need_exact = np.zeros(nw, dtype=bool)
+    need_exact[full & ~(bound_ok & (ix.ctr_n[c_w] - ctx.min_amt[c_w] < ix.w_thr))] = True
+    need_exact[G.pw[G.g]] = True
+    ex = np.nonzero(need_exact)[0]
+    P = np.zeros(nw, dtype=np.float64)
+    inf_w = np.zeros(nw, dtype=bool)
+    xinfo = None
+    if len(ex):
+        xinfo = _possible(ctx, hb, ex)
+        P[ex] = xinfo["P"]
+        inf_w[ex] = xinfo["inf"]
+    # full waits that fail the worst-case test become explicit pairs
+    fail_full = full & need_exact & (inf_w | (P - ctx.min_amt[c_w] >= ix.w_thr))
+    full &= ~fail_full
+    cw_, ck_ = ctx.pairs_of(np.nonzero(fail_full)[0])
+    pw = np.concatenate((G.pw, cw_))
+    pk = np.concatenate((G.pk, ck_))
+    g = np.concatenate((G.g, np.ones(len(cw_), dtype=bool)))
+    gi = np.nonzero(g)[0]
+    fast = ~inf_w[pw[gi]] & (P[pw[gi]] - ix.s_amt[pk[gi]] < ix.w_thr[pw[gi]])
+    slow = gi[~fast]
+    if len(slow):
+        ok = _refined(ctx, hb, G, pw[slow], pk[slow], xinfo, ex)
+        # what counting cannot prove, the exact cut-world run may
+        for i in np.nonzero(~ok)[0]:
+            ok[i] = _cut_proof(ctx, int(pw[slow[i]]), int(pk[slow[i]]))
+        g[slow[~ok]] = False
+    return GSet(full, pw, pk, g)
+
+
+def _cut_proof(ctx: _Ctx, w: int, k: int) -> bool:
+    """Prove signal k (step 0) guaranteed before wait w (reference step) by running the
+    window in the world where S is never applied and W never passes.
+
+    In that world: W's queue stops at W; a synchronous S's queue stops at S's task; an
+    asynchronous S is never applied, so its rank never ends step 0 (a kernel end would
+    complete it), the first later quiet of its worker never completes, and signals its
+    worker issues after a later fence to the same rank are never applied. The greedy run
+    of this monotone system reaches the most events any execution of that world can
+    (confluence); if W's counter stays below W's threshold and no rank that signals the
+    counter runs past the window (it could then add unboundedly many), W cannot pass
+    without S. Results are cached per static pair (the decision is periodic).
+    """
+    key = (w, k)
+    if key in ctx.cut_cache:
+        return ctx.cut_cache[key]
+    from validator.deadlock import cut_run
+
+    ix, win, E = ctx.ix, ctx.win, ctx.E
+    C = ctx.C
+    stop = (E * ctx.L).astype(np.int64)
+    wt, st = int(ix.w_task[w]), int(ix.s_task[k])
+    e_ref = int(ctx.w_ref[w])
+    wch, sch = int(ix.t_chain[wt]), int(ix.t_chain[st])
+    stop[wch] = min(stop[wch], e_ref * int(ctx.L[wch]) + int(ix.t_qpos[wt]))
+    drop = np.zeros(len(win.si_sig), dtype=bool)
+    spos = int(ix.t_qpos[st])  # S is in step 0
+    if ctx.sig_async[k]:
+        drop |= (win.si_sig == k) & (win.si_epoch == 0)
+        r = int(ix.t_rank[st])
+        W = ix.workers
+        for c in range(r * W, (r + 1) * W):
+            stop[c] = min(stop[c], int(ctx.L[c]))  # the rank never ends step 0
+        q = ctx.next_after(ctx.q_key, np.array([sch]), np.array([spos]))[0]
+        if q < BIGPOS:
+            stop[sch] = min(stop[sch], int(q))
+        f = ctx.next_after(ctx.f_key, np.array([sch]), np.array([spos]))[0]
+        if f < BIGPOS:
+            owner = ix.ctr_rank[ix.s_ctr[k]]
+            s_t = ix.s_task[win.si_sig]
+            drop |= ((ix.t_chain[s_t] == sch) & (win.si_epoch == 0)
+                     & (ix.t_qpos[s_t] >= f) & (ix.ctr_rank[win.si_ctr] == owner))
+    else:
+        stop[sch] = min(stop[sch], spos)
+    V, done_all = cut_run(ix, win, stop, drop)
+    c = int(ix.w_ctr[w])
+    need = (e_ref + int(ix.w_off[w])) * int(ix.ctr_n[c]) + int(ix.w_thr[w])
+    sig_ranks = np.unique(ix.t_rank[ix.s_task[ix.s_ctr == c]])
+    unbounded = bool(done_all[sig_ranks].any())
+    proven = (int(V[c]) < need) and not unbounded
+    ctx.cut_cache[key] = proven
+    del C
+    return proven
+
+
+def _possible(ctx: _Ctx, hb: HBResult, waits: np.ndarray) -> dict[str, Any]:
+    """For waits (reference instance): the amount of signal instances to their counter
+    in window epochs >= the base epoch that are not HB-after W, and whether a signalling
+    rank is unreached by W in the window (then later epochs are unbounded)."""
+    ix, win, E, R = ctx.ix, ctx.win, ctx.E, ctx.R
     wt = ix.w_task[waits]
     wref = ctx.w_ref[waits]
     wch = ix.t_chain[wt]
     wpos = win.task_pos(ix, wt, wref)
     c = ix.w_ctr[waits]
-    ns = ctx.sc_hi[c] - ctx.sc_lo[c]
-    # X instances: every static signal to c in every window epoch
     idx, own = _ranges(np.repeat(ctx.sc_lo[c], E), np.repeat(ctx.sc_hi[c], E))
     own_w = own // E
     xe = own % E
@@ -444,111 +661,88 @@ def _check_pairs(ctx: _Ctx, hb: HBResult, g: np.ndarray) -> np.ndarray:
     after_w = known >= wpos[own_w]
     amt = ix.s_amt[xk]
     P = np.bincount(own_w, weights=np.where(after_w, 0, amt), minlength=len(waits))
-    # ranks that signal c and that W does not reach within the window -> unbounded
-    reach_w = hb.kvc[:, E - 1, :][:, wch] >= wpos[None, :]  # [R, n_waits]
+    reach_w = hb.kvc[:, E - 1, :][:, wch] >= wpos[None, :]  # [R, n]
     sig_rank = np.zeros((len(waits), R), dtype=bool)
     sig_rank[own_w, ix.t_rank[xt]] = True
-    unb_w = sig_rank & ~reach_w.T
-    inf_w = unb_w.any(axis=1)
-    # ---- fast pass: P(W) - a(S) < t for every S ----
-    gi = np.nonzero(g)[0]
-    pos_in = np.searchsorted(waits, ctx.pair_w[gi])
-    a_s = ix.s_amt[ctx.pair_k[gi]]
-    thr = ix.w_thr[ctx.pair_w[gi]]
-    fast = ~inf_w[pos_in] & (P[pos_in] - a_s < thr)
-    slow = gi[~fast]
-    if not len(slow):
-        return keep
-    # ---- refined: per wait with slow pairs, exclude instances after S's application ----
+    unb = sig_rank & ~reach_w.T
     x_lo = np.searchsorted(own_w, np.arange(len(waits)), side="left")
     x_hi = np.searchsorted(own_w, np.arange(len(waits)), side="right")
-    slow_w = ctx.pair_w[slow]
-    for wv in np.unique(slow_w):
-        wi = int(np.searchsorted(waits, wv))
-        sel = slow[slow_w == wv]
-        k = ctx.pair_k[sel]
-        es = np.zeros(len(k), dtype=np.int64)  # S instance: base epoch 0
-        F = _signal_frontiers(ctx, hb, g, k, es)
-        a, b = x_lo[wi], x_hi[wi]
-        X_t, X_e, X_k = xt[a:b], xe[a:b], xk[a:b]
-        x_rows = hb.vc_rows(X_t, X_e)
-        aft_s = _after_app(ctx, hb, F, k, es, X_t, X_e, x_rows)
-        is_s = (X_k[None, :] == k[:, None]) & (X_e[None, :] == 0)
-        poss = ~after_w[a:b][None, :] & ~aft_s & ~is_s
-        others = (poss * amt[a:b][None, :]).sum(axis=1)
-        # unbounded beyond the window unless W or S reaches the signalling rank
-        reach_s = (hb.kvc[:, E - 1, :][None, :, :] >= F[:, None, :]).any(axis=2)  # [n, R]
-        unb = (unb_w[wi][None, :] & ~reach_s).any(axis=1)
-        fail = unb | (others >= int(ix.w_thr[wv]))
-        keep[sel[fail]] = False
-    return keep
+    return {"P": P, "inf": unb.any(axis=1), "unb": unb, "xt": xt, "xe": xe, "xk": xk,
+            "after_w": after_w, "amt": amt, "x_lo": x_lo, "x_hi": x_hi}
+
+
+def _refined(ctx: _Ctx, hb: HBResult, G: GSet, w: np.ndarray, k: np.ndarray, xinfo,
+             ex: np.ndarray) -> np.ndarray:
+    """Pairs (k[i], w[i]): count only the signal instances that are neither HB-after W nor
+    HB-after S's application; also unbounded ranks must be reached by W or by S.
+
+    Vectorised over all pairs and their instances; uses the HB of the current G."""
+    ix = ctx.ix
+    n = len(w)
+    wi = np.searchsorted(ex, w)
+    es = np.zeros(n, dtype=np.int64)  # S instance: the base epoch 0
+    F = _signal_frontiers(ctx, G, k, es)
+    idx, own = _ranges(xinfo["x_lo"][wi], xinfo["x_hi"][wi])  # (pair, X instance)
+    xt, xe, xk = xinfo["xt"], xinfo["xe"], xinfo["xk"]
+    others = np.zeros(n, dtype=np.float64)
+    if len(idx):
+        aft = hb.hits(F, own, xt[idx], xe[idx])
+        # fence rule: same worker, a fence after S and at or before X (same counter, so the
+        # same destination rank)
+        kt = ix.s_task[k[own]]
+        asy = ctx.sig_async[k[own]]
+        if asy.any() and len(ctx.fence_tasks):
+            ch = ix.t_chain[kt]
+            fn = ctx.next_after(ctx.f_key, ch, ix.t_qpos[kt])  # S is in epoch 0
+            same = ch == ix.t_chain[xt[idx]]
+            aft |= asy & same & (hb.pos(xt[idx], xe[idx]) >= fn)
+        is_s = (xk[idx] == k[own]) & (xe[idx] == 0)
+        poss = ~xinfo["after_w"][idx] & ~aft & ~is_s
+        others = np.bincount(own, weights=np.where(poss, xinfo["amt"][idx], 0), minlength=n)
+    reach_s = hb.reach(F)
+    unb = (xinfo["unb"][wi] & ~reach_s).any(axis=1)
+    return ~unb & (others < ix.w_thr[w])
 
 
 def _delivery_frontier(hb: HBResult, task: np.ndarray, epoch: int,
-                       dest: np.ndarray) -> np.ndarray:
-    ix, win = hb.ix, hb.win
-    ctx = hb._ctx
-    E, C, W = ctx.E, ctx.C, ix.workers
+                       dest: np.ndarray) -> Frontier:
+    ix, ctx, G = hb.ix, hb.ctx, hb.G
     n = len(task)
-    F = np.full((n, C), BIGPOS, dtype=np.int64)
-    if not n:
-        return F
     ch = ix.t_chain[task]
     qp = ix.t_qpos[task]
     L = ctx.L
-    ar = np.arange(n)
     # (d) kernel end of the writer's rank
-    rk = ix.t_rank[task]
-    if epoch + 1 < E:
-        for w in range(W):
-            cc = rk * W + w
-            okk = L[cc] > 0
-            F[ar[okk], cc[okk]] = (epoch + 1) * L[cc[okk]]
+    k_rank, k_epoch = ix.t_rank[task], np.full(n, epoch, dtype=np.int64)
     # (b) the first later quiet on the worker
     qn = ctx.next_after(ctx.q_key, ch, qp)
-    has = qn < BIGPOS
-    F[ar[has], ch[has]] = np.minimum(F[ar[has], ch[has]], epoch * L[ch[has]] + qn[has])
+    has = np.nonzero(qn < BIGPOS)[0]
+    rows, chains, poss = [has], [ch[has]], [epoch * L[ch[has]] + qn[has]]
     # (a) the writer's own signals to counters of the destination rank
-    g = hb.g
-    s_lo = np.searchsorted(ix.s_task, task, side="left") if _sorted(ix.s_task) else None
-    if s_lo is None:
-        order = np.argsort(ix.s_task, kind="stable")
-        st_sorted = ix.s_task[order]
-        lo = np.searchsorted(st_sorted, task, side="left")
-        hi = np.searchsorted(st_sorted, task, side="right")
-        idx, own = _ranges(lo, hi)
-        ks = order[idx]
-    else:
-        hi = np.searchsorted(ix.s_task, task, side="right")
-        idx, own = _ranges(s_lo, hi)
-        ks = idx
-    if len(ks):
-        okd = ix.ctr_rank[ix.s_ctr[ks]] == dest[own]
-        _add_waiter_entries(ctx, g, ks[okd], np.full(int(okd.sum()), epoch, np.int64), F,
-                            own[okd])
-    # (c) fence later on the worker, then remote signals to the destination rank
+    idx, own = _ranges(ctx.s_task_lo[task], ctx.s_task_hi[task])
+    ks = ctx.s_task_order[idx]
+    okd = ix.ctr_rank[ix.s_ctr[ks]] == dest[own]
+    ks, own = ks[okd], own[okd]
+    i, wc, wp = _waiter_entries(ctx, G, ks, np.full(len(ks), epoch, dtype=np.int64))
+    rows.append(own[i])
+    chains.append(wc)
+    poss.append(wp)
+    # (c) a later fence on the worker, then remote signals to the destination rank
     if len(ctx.fence_tasks):
         fn = ctx.next_after(ctx.f_key, ch, qp)
         hasf = np.nonzero(fn < BIGPOS)[0]
         if len(hasf):
-            # signals of tasks on the same chain at qpos >= fence, to counters on dest
-            s_ch = ix.t_chain[ix.s_task]
-            s_q = ix.t_qpos[ix.s_task]
-            key = s_ch * ctx.big + s_q
-            order = np.argsort(key, kind="stable")
-            ks_sorted = key[order]
-            lo = np.searchsorted(ks_sorted, ch[hasf] * ctx.big + fn[hasf], side="left")
-            hi = np.searchsorted(ks_sorted, ch[hasf] * ctx.big + ctx.big - 1, side="right")
+            lo = np.searchsorted(ctx.s_pos_key, ch[hasf] * ctx.big + fn[hasf], side="left")
+            hi = np.searchsorted(ctx.s_pos_key, ch[hasf] * ctx.big + ctx.big - 1, side="right")
             idx, own = _ranges(lo, hi)
             if len(idx):
-                k2 = order[idx]
-                rows = hasf[own]
-                okd = (ix.ctr_rank[ix.s_ctr[k2]] == dest[rows]) & \
-                    (ix.ctr_rank[ix.s_ctr[k2]] != ix.t_rank[task[rows]])
-                _add_waiter_entries(ctx, g, k2[okd], np.full(int(okd.sum()), epoch, np.int64),
-                                    F, rows[okd])
-    return F
-
-
-def _sorted(a: np.ndarray) -> bool:
-    return bool(len(a) < 2 or (a[1:] >= a[:-1]).all())
+                k2 = ctx.s_pos_order[idx]
+                r2 = hasf[own]
+                okd = (ix.ctr_rank[ix.s_ctr[k2]] == dest[r2]) & \
+                    (ix.ctr_rank[ix.s_ctr[k2]] != ix.t_rank[task[r2]])
+                k2, r2 = k2[okd], r2[okd]
+                i, wc, wp = _waiter_entries(ctx, G, k2, np.full(len(k2), epoch, np.int64))
+                rows.append(r2[i])
+                chains.append(wc)
+                poss.append(wp)
+    return Frontier.build(n, k_rank, k_epoch, np.concatenate(rows), np.concatenate(chains),
+                          np.concatenate(poss))

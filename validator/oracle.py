@@ -50,9 +50,12 @@ Model (one *run* = one interleaving of a bounded unroll)
 
 Exploration: ``runs`` random interleavings with adversarial biases, after the structural
 checks. Per run: random worker priorities with random re-prioritisation points (PCT-style,
-Burckhardt et al., ASPLOS 2010), a rank that runs ahead, waiters run as soon as their
-threshold is met (so they acquire as few increments as possible: "wrong" increments satisfy
-a partial wait), and deliveries of data as late as allowed while signals overtake. Small
+Burckhardt et al., ASPLOS 2010), a rank that runs ahead, a slow worker that the others may
+overtake by a whole step, one task's puts held back while everything else proceeds
+(slow worker and held-back puts cycle through all candidates), waiters run as soon as their threshold is met (so they acquire as
+few increments as possible: "wrong" increments satisfy a partial wait), and per issuing
+rank deliveries of data and of signals that are late, prompt or random (late data with
+prompt signals: signals overtake puts). Small
 programs are additionally explored exhaustively (DFS over states with state hashing, up to
 ``max_states`` states). The witness of each problem is the first run (its seed and policy)
 that showed it, with the tail of its trace.
@@ -565,6 +568,7 @@ class _Run:
         return (tuple(self.epoch), tuple(map(tuple, self.pos)), tuple(map(tuple, self.wclk)),
                 tuple(self.cval), tuple(self.cclk),
                 tuple(sorted((k, v[3]) for k, v in self.pending.items())),
+                tuple(map(tuple, self.dacc)), tuple(sorted(self.dm.items())),
                 tuple(self.lw), tuple(self.lw_ep), tuple(tuple(x) for x in self.rd))
 
     # -- enabledness --
@@ -796,32 +800,64 @@ class _Run:
 # Exploration
 # --------------------------------------------------------------------------------------
 
-_DELIVERY_MODES = ("late", "signals_first", "random")
+_DELIVERY_MODES = ("late", "prompt", "random")
 
 
-def _random_run(m: _Model, rng: random.Random) -> tuple[_Run, dict[str, Any], int]:
-    """One adversarially biased random interleaving; returns (final state, policy, steps)."""
+def _random_run(m: _Model, rng: random.Random, slow: tuple[int, int] | None | str = "draw",
+                late_task: int | None = None) -> tuple[_Run, dict[str, Any], int]:
+    """One adversarially biased random interleaving; returns (final state, policy, steps).
+
+    Policy (drawn per run): random worker priorities, re-drawn at random points (PCT); a
+    rank that runs ahead; a *slow* worker that runs only when nothing else can (so the
+    others may overtake it by a whole step); waiters that run as soon as their threshold
+    is met; and, per issuing rank and per kind (put data / remote signal), deliveries that
+    are late (only when nothing else can happen), prompt, or at random times — late data
+    with prompt signals lets signals overtake puts, prompt deliveries let a rank finish
+    its step and run ahead. ``late_task``: a task whose remote data is delivered only when
+    nothing else at all can happen (one put held back while everything else proceeds)."""
     st = _Run(m)
     R, W = m.R, m.W
     wprio = [[rng.random() for _ in range(W)] for _ in range(R)]
     ahead = rng.randrange(R) if rng.random() < 0.5 else -1
+    if slow == "draw":
+        busy = [(r, w) for r in range(R) for w in range(W) if m.queues[r][w]]
+        slow = busy[rng.randrange(len(busy))] if busy and rng.random() < 0.5 else None
     eager = rng.random() < 0.7
-    dmode = _DELIVERY_MODES[rng.randrange(3)]
+    if rng.random() < 0.5:  # one mode for all: data (late/random) and signals (any)
+        data = ("late", "random")[rng.randrange(2)]
+        sig = _DELIVERY_MODES[rng.randrange(3)] if data == "late" else "random"
+        modes = [[data, sig] for _ in range(R)]
+    else:  # per issuing rank and kind
+        modes = [[_DELIVERY_MODES[rng.randrange(3)] for _ in range(2)] for _ in range(R)]
     change = rng.choice((0.0, 0.02, 0.1))
-    policy = {"rank_ahead": ahead, "eager_waiters": eager, "deliveries": dmode,
-              "reprioritise": change}
+    late_ops = set()
+    if late_task is not None:
+        base = m.op_base[late_task]
+        late_ops = {m.E * m.T + e * m.NOPS + base + j for e in range(m.E)
+                    for j, op in enumerate(m.ops[late_task]) if op[0]}
+    policy = {"rank_ahead": ahead, "slow_worker": list(slow) if slow else None,
+              "late_put": m.tids[late_task] if late_task is not None else None,
+              "eager_waiters": eager, "reprioritise": change,
+              "deliveries": {f"r{r}": {"data": modes[r][0], "signals": modes[r][1]}
+                             for r in range(R)}}
     steps = 0
     while True:
         best, bestp = None, -1e9
         for (r, w), (t, real) in st.ready.items():
-            p = wprio[r][w] + (1.0 if r == ahead else 0.0) + (2.0 if eager and real else 0.0)
+            if (r, w) == slow:
+                p = -8.0 + wprio[r][w] * 0.1  # after even late deliveries
+            else:
+                p = wprio[r][w] + (1.0 if r == ahead else 0.0) + (2.0 if eager and real else 0.0)
             if p > bestp:
                 best, bestp = (r, w, t), p
         for k in sorted(st.deliv):
-            is_data = st.pending[k][1]
-            if dmode == "late" or (dmode == "signals_first" and is_data):
+            op = st.pending[k]
+            mode = modes[op[5][0]][0 if op[1] else 1]
+            if k in late_ops:
+                p = -9.0 + rng.random() * 0.1
+            elif mode == "late":
                 p = -5.0 + rng.random()
-            elif dmode == "signals_first":
+            elif mode == "prompt":
                 p = 2.5 + rng.random()
             else:
                 p = rng.random() * 1.5
@@ -883,18 +919,19 @@ def default_epochs(prog: ScheduleProgram) -> int:
     return max(1, min(e, int(prog.max_epochs)))
 
 
-def check(prog: ScheduleProgram, *, runs: int = 16, seed: int = 0, epochs: int | None = None,
+def check(prog: ScheduleProgram, *, runs: int = 24, seed: int = 0, epochs: int | None = None,
           max_states: int = 1500, exhaustive: bool = True, dfs_actions: int = 40,
           all_runs: bool = False) -> OracleResult:
     """Label ``prog``: run the structural checks, then explore interleavings.
 
     ``runs``: random adversarial interleavings (deterministic in ``seed``). ``epochs``:
-    steps unrolled per rank (default ``default_epochs``). ``exhaustive``: also run a DFS
+    steps unrolled per rank (default ``default_epochs``). ``exhaustive``: first run a DFS
     over all interleavings when the unroll has at most ``dfs_actions`` actions (task
-    instances + remote operations), abandoned after ``max_states`` distinct states
-    (``stats`` says whether it completed; a completed DFS makes the random runs moot). Unless ``all_runs``, exploration stops after the first
-    run that shows a problem. Never raises on a malformed program (it is labelled unsafe).
-    Returns an ``OracleResult``; ``stats`` holds runs, steps, states, epochs, seconds.
+    instances + remote operations), abandoned after ``max_states`` distinct states;
+    ``stats["dfs"]`` says how it ended, and a complete DFS makes the random runs moot.
+    Unless ``all_runs``, exploration stops at the first run (or DFS) that shows a problem.
+    Never raises on a malformed program (it is labelled unsafe). Returns an
+    ``OracleResult``; ``stats`` holds runs, steps, states, dfs, epochs and seconds.
     """
     t0 = time.perf_counter()
     stats: dict[str, Any] = {"runs": 0, "steps": 0, "states": 0, "exhaustive": False,
@@ -922,13 +959,30 @@ def check(prog: ScheduleProgram, *, runs: int = 16, seed: int = 0, epochs: int |
     if exhaustive and max_states > 0 and E * (m.T + m.NOPS) <= dfs_actions:
         found, states, ended = _exhaustive(m, max_states, stop_at_problem=not all_runs)
         stats["states"] = states
-        stats["dfs"] = "abandoned" if not ended else "stopped at a problem" if found and not all_runs else "complete"
+        if not ended:
+            stats["dfs"] = "abandoned"
+        else:
+            stats["dfs"] = "stopped at a problem" if found and not all_runs else "complete"
         stats["exhaustive"] = stats["dfs"] == "complete"
         merge(found, {"exploration": "exhaustive DFS"})
     if not ((stats["exhaustive"] or dyn) and not all_runs):
+        # Runs i = 0, 1, 2, 3 (mod 4): starve one worker; hold back one task's puts; both;
+        # neither. Starved workers and held-back puts cycle through every candidate (in
+        # an order drawn from the seed).
+        order = random.Random(seed)
+        busy = [(r, w) for r in range(m.R) for w in range(m.W) if m.queues[r][w]]
+        order.shuffle(busy)
+        putters = [t for t in range(m.T) if any(op[0] for op in m.ops[t])]
+        order.shuffle(putters)
         for i in range(runs):
             run_seed = (seed * 1_000_003 + i) & 0xFFFFFFFF
-            st, policy, steps = _random_run(m, random.Random(run_seed))
+            slow = late = None
+            q, kind = divmod(i, 4)
+            if busy and kind in (0, 2):
+                slow = busy[(q + (len(busy) // 2 if kind == 2 else 0)) % len(busy)]
+            if putters and kind in (1, 2):
+                late = putters[(q + (len(putters) // 2 if kind == 2 else 0)) % len(putters)]
+            st, policy, steps = _random_run(m, random.Random(run_seed), slow, late)
             stats["runs"] += 1
             stats["steps"] += steps
             merge(st.problems, {"exploration": "random", "run": i, "run_seed": run_seed,

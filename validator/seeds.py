@@ -6,9 +6,10 @@ oracle and, once it exists, by the static validator). They exercise the patterns
 mutations of the corpus break:
 
 * ``allreduce_per_source``: one-shot all-reduce, double-buffered receive slots, one arrival
-  counter per (destination, source) pair. (With a single arrival counter per rank and
-  three or more ranks, a peer one step ahead can satisfy a slow rank's wait with its
-  next-step signal while another peer's put is still in flight: see docs/validator-corpus.md.)
+  counter per (destination, source) pair, reduce split in column tiles over workers. (With
+  a single arrival counter per rank and three or more ranks, a peer one step ahead can
+  satisfy a slow rank's wait with its next-step signal while another peer's put is still
+  in flight: ``shared_arrival_allreduce`` builds that unsafe variant for tests.)
 * ``mini_block``: rmsnorm -> gemv tiles over several workers -> one-shot all-reduce ->
   reduce tiles with the residual, twice (two collectives per step), with either slots and
   per-source counters or one slot and credits.
@@ -81,6 +82,32 @@ def allreduce_per_source(ranks: int = 3, n: int = 4, workers: int = 1) -> Schedu
             waits = [f"c.rx.r{r}.f{p}>=1" for p in peers] + [f"c.self.r{r}>=1"]
             b.task(f"sum.r{r}.{j}", r, j % workers, "reduce", ins=[f"rx[s:s+1, 0:{ranks}, {a}:{e}]"],
                    outs=[f"y.r{r}[{a}:{e}]"], waits=waits, group="ar")
+    return b.build()
+
+
+def shared_arrival_allreduce(ranks: int = 3, n: int = 4) -> ScheduleProgram:
+    """UNSAFE for ``ranks >= 3`` (a reference for tests, not a seed): the one-shot
+    all-reduce with double-buffered slots but ONE arrival counter per rank, waited for in
+    full (``ranks - 1``). Counters are never reset and ranks drift: a peer that already
+    finished step e can put step e+1's data (into the other slot) and signal, which
+    satisfies a slow rank's step-e wait while a third rank's step-e put is still pending."""
+    b = ProgramBuilder(f"ar-shared-{ranks}r", ranks, 1, target=_TARGET, slots=2,
+                       config={"allreduce": "oneshot", "reuse": "slots", "counters": "shared"})
+    b.buffer("rx", "activation", "f32", (2, ranks, n), placement="symmetric")
+    for r in range(ranks):
+        b.buffer(f"x.r{r}", "io_input", "f32", (n,), rank=r)
+        b.buffer(f"y.r{r}", "io_output", "f32", (n,), rank=r)
+        b.counter(f"c.rx.r{r}", r)
+    for r in range(ranks):
+        for p in range(ranks):
+            if p != r:
+                b.task(f"put.r{r}.to{p}", r, 0, "put", ins=[f"x.r{r}[0:{n}]"],
+                       outs=[f"rx@{p}[s:s+1, {r}:{r + 1}, 0:{n}]"], signals=[f"c.rx.r{p}+=1"],
+                       group="ar")
+        b.task(f"self.r{r}", r, 0, "copy", ins=[f"x.r{r}[0:{n}]"],
+               outs=[f"rx[s:s+1, {r}:{r + 1}, 0:{n}]"], group="ar")
+        b.task(f"sum.r{r}", r, 0, "reduce", ins=[f"rx[s:s+1, 0:{ranks}, 0:{n}]"],
+               outs=[f"y.r{r}[0:{n}]"], waits=[f"c.rx.r{r}>={ranks - 1}"], group="ar")
     return b.build()
 
 
@@ -428,9 +455,7 @@ def hand_seeds() -> list[ScheduleProgram]:
     for w in (1, 2, 3):
         for r in (2, 3, 4):
             out.append(allreduce(r, 4, w, "credit"))
-        # ir.examples.allreduce(reuse="slots") shares one arrival counter per rank; it is
-        # safe for two ranks only (see the module docstring), so larger ones are not seeds.
-        out.append(allreduce(2, 4, w, "slots"))
+            out.append(allreduce(r, 4, w, "slots"))
     for r, w in ((2, 1), (3, 2), (4, 3)):
         out.append(allreduce_per_source(r, 4, w))
     for r, w in ((2, 2), (3, 2), (2, 3), (4, 2)):

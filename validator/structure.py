@@ -34,6 +34,7 @@ OP_NAMES = list(OPS)
 OP_ID = {n: i for i, n in enumerate(OP_NAMES)}
 OP_PUT, OP_QUIET, OP_FENCE = OP_ID["put"], OP_ID["quiet"], OP_ID["fence"]
 MAX_FINDINGS_PER_CLASS = 200  # report all classes; cap repeats of one class (count in stats)
+USE_FAST_PATH = True  # tests switch it off to compare the two structure passes
 
 
 def _is_int(x: Any) -> bool:
@@ -273,6 +274,16 @@ def check_structure(prog: Any, backend: str | None = None) -> StructureResult:
 
     # ---- tasks ----
     nb_axes = max((len(s) for s in buf_shape), default=1)
+    if not out.fatal and USE_FAST_PATH:
+        from validator.structure_fast import fast_tasks
+
+        ok_be = np.asarray([be not in BACKENDS or be in OPS[n].backends for n in OP_NAMES])
+        arrs = fast_tasks(prog, R, W, S, be, buf_id, buf_shape, buf_dtype, buf_sym,
+                          buf_owner, ctr_id, ctr_rank, nb_axes, _check_params, ok_be)
+        if arrs is not None:
+            return _finish(prog, out, R, W, S, max_epochs, arrs, buf_names, buf_id, buf_kind,
+                           buf_dtype, buf_shape, buf_sym, ctr_names, ctr_id, ctr_rank,
+                           ctr_width)
     seen_ids: set[str] = set()
     task_ids: list[str] = []
     t_rank, t_worker, t_op, t_group = [], [], [], []
@@ -414,6 +425,10 @@ def check_structure(prog: Any, backend: str | None = None) -> StructureResult:
                     shapes_ok = False
                     continue
                 sym = buf_sym[bi]
+                if is_out and op == "put" and not sym:
+                    out.add("BadRegion", f"task {tid}: put destination {bname} is not a "
+                            f"symmetric buffer (NVSHMEM puts address the symmetric heap)",
+                            tasks=[tid], buffers=[bname])
                 if is_out:
                     if rrank != trank and not sym:
                         out.add("RemoteWriteToLocal", f"task {tid}: {role} writes local buffer "
@@ -543,13 +558,38 @@ def check_structure(prog: Any, backend: str | None = None) -> StructureResult:
             s_ctr.append(ci)
             s_amt.append(amt)
 
-    # ---- counter totals and overflow ----
+    nreg = len(r_task)
+
+    def arr2(x):
+        return np.asarray(x, dtype=np.int64).reshape(nreg, nb_axes)
+
+    arrs = dict(task_ids=task_ids, t_rank=np.asarray(t_rank, dtype=np.int64),
+                t_worker=np.asarray(t_worker, dtype=np.int64),
+                t_op=np.asarray(t_op, dtype=np.int64), t_group=t_group,
+                r_task=np.asarray(r_task, dtype=np.int64), r_out=np.asarray(r_out, dtype=bool),
+                r_buf=np.asarray(r_buf, dtype=np.int64), r_rank=np.asarray(r_rank, dtype=np.int64),
+                r_operand=np.asarray(r_operand, dtype=np.int64),
+                lo_c=arr2(lo_c), lo_k=arr2(lo_k), hi_c=arr2(hi_c), hi_k=arr2(hi_k),
+                w_task=np.asarray(w_task, dtype=np.int64), w_ctr=np.asarray(w_ctr, dtype=np.int64),
+                w_thr=np.asarray(w_thr, dtype=np.int64), w_off=np.asarray(w_off, dtype=np.int64),
+                s_task=np.asarray(s_task, dtype=np.int64), s_ctr=np.asarray(s_ctr, dtype=np.int64),
+                s_amt=np.asarray(s_amt, dtype=np.int64))
+    return _finish(prog, out, R, W, S, max_epochs, arrs, buf_names, buf_id, buf_kind,
+                   buf_dtype, buf_shape, buf_sym, ctr_names, ctr_id, ctr_rank, ctr_width)
+
+
+def _finish(prog, out, R, W, S, max_epochs, a, buf_names, buf_id, buf_kind, buf_dtype,
+            buf_shape, buf_sym, ctr_names, ctr_id, ctr_rank, ctr_width) -> StructureResult:
+    """Counter totals and overflow, queue positions, and the Index (if nothing is fatal)."""
+    s_ctr, s_amt = a["s_ctr"], a["s_amt"]
     ctr_n = np.zeros(len(ctr_names), dtype=np.int64)
-    if s_ctr:
-        ctr_n = np.bincount(np.asarray(s_ctr), weights=np.asarray(s_amt, dtype=np.float64),
-                            minlength=len(ctr_names))
-        ctr_n = np.rint(ctr_n).astype(np.int64) if max(s_amt) < (1 << 50) else \
-            _exact_totals(s_ctr, s_amt, len(ctr_names))
+    if len(s_ctr):
+        if int(s_amt.max()) < (1 << 40) and len(s_amt) < (1 << 20):
+            ctr_n = np.bincount(s_ctr, weights=s_amt.astype(np.float64),
+                                minlength=len(ctr_names))
+            ctr_n = np.rint(ctr_n).astype(np.int64)
+        else:
+            ctr_n = _exact_totals(s_ctr.tolist(), s_amt.tolist(), len(ctr_names))
     for ci, name in enumerate(ctr_names):
         n = int(ctr_n[ci])
         if n and n * (max_epochs + 1) > (1 << (ctr_width[ci] - 1)) - 1:
@@ -557,13 +597,12 @@ def check_structure(prog: Any, backend: str | None = None) -> StructureResult:
                     f"{max_epochs} + 1) = {n * (max_epochs + 1)} exceeds the signed "
                     f"{ctr_width[ci]}-bit range", witness={"counter": name, "per_epoch": n,
                                                            "max_epochs": max_epochs,
-                                                           "width": ctr_width[ci]})
-
+                                                           "width": ctr_width[ci]},
+                    fatal=n >= (1 << 62))  # beyond int64 arithmetic: no deeper analysis
     if out.fatal:
         return StructureResult(out.findings, True, None, out.suppressed())
-
-    t_rank_a = np.asarray(t_rank, dtype=np.int64)
-    t_worker_a = np.asarray(t_worker, dtype=np.int64)
+    task_ids = a["task_ids"]
+    t_rank_a, t_worker_a = a["t_rank"], a["t_worker"]
     t_chain = t_rank_a * W + t_worker_a
     n_chains = R * W
     order = np.argsort(t_chain, kind="stable")
@@ -572,28 +611,19 @@ def check_structure(prog: Any, backend: str | None = None) -> StructureResult:
     t_qpos = np.empty(len(task_ids), dtype=np.int64)
     t_qpos[order] = np.arange(len(task_ids)) - np.repeat(starts[:-1], chain_len)
     chain_tasks = [order[starts[c]:starts[c + 1]] for c in range(n_chains)]
-    nreg = len(r_task)
-
-    def arr2(x):
-        return np.asarray(x, dtype=np.int64).reshape(nreg, nb_axes)
-
     idx = Index(
         prog=prog, ranks=R, workers=W, slots=S, task_ids=task_ids, t_rank=t_rank_a,
-        t_worker=t_worker_a, t_chain=t_chain, t_qpos=t_qpos,
-        t_op=np.asarray(t_op, dtype=np.int64), t_group=t_group, chain_len=chain_len,
-        chain_tasks=chain_tasks, buf_names=buf_names, buf_id=buf_id, buf_kind=buf_kind,
-        buf_dtype=buf_dtype, buf_shape=buf_shape, buf_sym=np.asarray(buf_sym, dtype=bool),
+        t_worker=t_worker_a, t_chain=t_chain, t_qpos=t_qpos, t_op=a["t_op"],
+        t_group=a["t_group"], chain_len=chain_len, chain_tasks=chain_tasks,
+        buf_names=buf_names, buf_id=buf_id, buf_kind=buf_kind, buf_dtype=buf_dtype,
+        buf_shape=buf_shape, buf_sym=np.asarray(buf_sym, dtype=bool),
         buf_persistent=np.asarray([k in PERSISTENT_KINDS for k in buf_kind], dtype=bool),
         ctr_names=ctr_names, ctr_id=ctr_id, ctr_rank=np.asarray(ctr_rank, dtype=np.int64),
-        ctr_width=np.asarray(ctr_width, dtype=np.int64), ctr_n=ctr_n,
-        r_task=np.asarray(r_task, dtype=np.int64), r_out=np.asarray(r_out, dtype=bool),
-        r_buf=np.asarray(r_buf, dtype=np.int64), r_rank=np.asarray(r_rank, dtype=np.int64),
-        r_operand=np.asarray(r_operand, dtype=np.int64),
-        lo_c=arr2(lo_c), lo_k=arr2(lo_k), hi_c=arr2(hi_c), hi_k=arr2(hi_k),
-        w_task=np.asarray(w_task, dtype=np.int64), w_ctr=np.asarray(w_ctr, dtype=np.int64),
-        w_thr=np.asarray(w_thr, dtype=np.int64), w_off=np.asarray(w_off, dtype=np.int64),
-        s_task=np.asarray(s_task, dtype=np.int64), s_ctr=np.asarray(s_ctr, dtype=np.int64),
-        s_amt=np.asarray(s_amt, dtype=np.int64),
+        ctr_width=np.asarray(ctr_width, dtype=np.int64), ctr_n=np.asarray(ctr_n, dtype=np.int64),
+        r_task=a["r_task"], r_out=a["r_out"], r_buf=a["r_buf"], r_rank=a["r_rank"],
+        r_operand=a["r_operand"], lo_c=a["lo_c"], lo_k=a["lo_k"], hi_c=a["hi_c"],
+        hi_k=a["hi_k"], w_task=a["w_task"], w_ctr=a["w_ctr"], w_thr=a["w_thr"],
+        w_off=a["w_off"], s_task=a["s_task"], s_ctr=a["s_ctr"], s_amt=a["s_amt"],
     )
     return StructureResult(out.findings, False, idx, out.suppressed())
 

@@ -4,6 +4,7 @@ Stages (each shown with rich progress): resolve the MODEL argument, import the d
 graph, lower it for ``--tp`` ranks x ``--workers`` workers, validate it, write
 ``DIR/schedule.amk`` (text IR), ``DIR/schedule.json`` and ``DIR/report.json``, then run the
 schedule on the backend and compare its logits with HF eager at positions 0, 7 and 31.
+With ``--backend triton`` the kernel source is also written to ``DIR/kernel.py``.
 
 report.json: model, source, family, ranks, workers, config (the lowering knobs), counts
 (tasks, buffers, counters, tasks per rank), validation (ok, seconds, errors), correctness
@@ -55,6 +56,14 @@ def config_from_args(args: argparse.Namespace):
     if args.tp < 1:
         raise AmkError(f"--tp must be >= 1, got {args.tp}")
     return cfg
+
+
+def target_for(backend: str):
+    """The Target a schedule for ``backend`` is built and validated for (the validator checks
+    that every op is implemented by that backend)."""
+    from ir.program import Target
+
+    return Target(backend=backend)
 
 
 def config_sets(args: argparse.Namespace, field: str) -> bool:
@@ -123,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
             return res
 
         session = stage(f"resolve + import {args.model}", pipeline.Session.build,
-                        args.model, args.tp, cfg, None, False)
+                        args.model, args.tp, cfg, target_for(args.backend), False)
         g, spec = session.graph, session.graph.spec
         out_dir = Path(args.out) if args.out else Path("build") / f"{_safe(g.name)}-tp{args.tp}"
         try:
@@ -162,6 +171,8 @@ def run(args: argparse.Namespace) -> int:
             corr, dec = stage(f"correctness vs HF eager ({args.backend}, positions 0/7/31)",
                               correctness)
             report["correctness"] = corr.to_json()
+            if hasattr(dec.ex, "emit_source"):  # triton: the kernel source next to the schedule
+                report["kernel_source"] = str(dec.ex.emit_source(out_dir / "kernel.py"))
             report["correctness"]["backend_steps_per_s"] = \
                 round(dec.steps / dec.seconds, 3) if dec.seconds else None
             if not corr.ok:

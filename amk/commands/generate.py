@@ -18,7 +18,7 @@ import argparse
 import json
 import time
 
-from amk.commands.compile import add_common_args, config_from_args, config_sets
+from amk.commands.compile import add_common_args, config_from_args, config_sets, target_for
 from amk.errors import AmkError
 
 
@@ -61,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
                            f"{args.max_new_tokens} exceed max_seq {cfg.max_seq} of {args.config}")
         cfg = cfg.replace(max_seq=need)
     with err.status(f"lowering for {args.tp} ranks and validating"):
-        session = pipeline.Session.build(args.model, args.tp, cfg, resolved=resolved)
+        session = pipeline.Session.build(args.model, args.tp, cfg, target_for(args.backend),
+                                          resolved=resolved)
     if not session.verdict.ok:
         f = session.verdict.errors[0]
         err.print(f"[bold red]error:[/] the validator rejected the schedule: {f.cls}: {f.message}")

@@ -84,6 +84,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="one worker process for all candidates (default) or one per candidate")
     p.add_argument("--ab-rounds", type=int, default=None, help="triton: A/B rounds (7)")
     p.add_argument("--ab-steps", type=int, default=None, help="triton: steps per side per round (20)")
+    p.add_argument("--audit-kernels", default=None, metavar="PREFIX[,PREFIX]",
+                   help="triton: profile one timed step and FAIL candidates that launch any "
+                        "kernel whose name does not start with one of these prefixes")
     p.add_argument("--quiet", action="store_true", help="no live view; print the summary only")
     p.set_defaults(func=run)
 
@@ -114,6 +117,8 @@ def _settings_from_args(args: argparse.Namespace) -> Any:
         s.timing["rounds"] = args.ab_rounds
     if args.ab_steps is not None:
         s.timing["steps"] = args.ab_steps
+    if args.audit_kernels:
+        s.timing["audit_prefixes"] = [x for x in args.audit_kernels.split(",") if x]
     if args.replay and not args.proposer:
         s.proposer = "replay"
     s.check()

@@ -8,8 +8,9 @@ task table (table.py), in order:
    ``counter - need >= 0`` in wrapping int32, ``need = (epoch + offset) * N + t``. On the GPU
    every thread polls with ``ld.acquire.gpu.global.b32`` (inline PTX): a plain load with
    acquire semantics, no read-modify-write, so pollers do not serialise on the line and each
-   thread's later loads are ordered after its own acquire. Under the interpreter the poll is
-   a volatile load (programs run one after another there).
+   thread's later loads are ordered after its own acquire. The outcome (satisfied, timed
+   out, aborted) is reduced over the CTA (``cta_max``) so all threads branch alike. Under
+   the interpreter the poll is a volatile load (programs run one after another there).
 2. **Op.** A flat if/elif chain on the row's runtime opcode calls the row decoder of that
    *variant* (op + operand dtypes + layout flags, all compile-time), which reads the
    operand descriptors and params from the row and calls the op's device function in
@@ -58,7 +59,7 @@ import triton.language as tl
 
 from lowering.triton import ops as K
 from lowering.triton import table as T
-from lowering.triton.ops import INTERPRET
+from lowering.triton.ops import INTERPRET, device
 
 # Table layout as compile-time constants for the device code.
 _F_OP = tl.constexpr(T.F_OP)
@@ -85,7 +86,7 @@ _KIND_ABORTED = tl.constexpr(KIND_ABORTED)
 
 
 # ---------------------------------------------------------------- sync primitives
-@triton.jit
+@device
 def acquire_load(p):
     """int32 at ``p`` with acquire semantics at GPU scope (``ld.acquire.gpu``), executed by
     every thread. Interpreter: a volatile load."""
@@ -97,14 +98,27 @@ def acquire_load(p):
     return v
 
 
-@triton.jit
+@device
 def global_timer():
     """%globaltimer in ns (GPU only)."""
     return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
                                      is_pure=False, pack=1)
 
 
-@triton.jit
+@device
+def cta_max(x):
+    """The maximum over all threads of the CTA of a per-thread int32 scalar.
+
+    Triton treats scalars as uniform, but a value from a per-thread poll is not: threads
+    leave a spin loop at different polls, and one may time out or see the abort word while
+    another saw the counter satisfied. Splatting the scalar into a [1024] tensor (every
+    thread owns elements for up to 32 warps) and reducing it is a real cross-thread
+    reduction (redux.sync + shared memory in the PTX), so every thread takes the same branch
+    afterwards and the bar.sync inside later tasks is never divergent."""
+    return tl.max(tl.full([1024], 0, dtype=tl.int32) + x, axis=0)
+
+
+@device
 def wait_counter(ctr, need, abort_ptr, abort_tag, timeout):
     """Spin until ``*ctr - need >= 0`` (wrapping int32). Returns (value seen, kind):
     kind 0 = satisfied, 1 = timed out, 4 = another worker aborted this epoch.
@@ -125,10 +139,11 @@ def wait_counter(ctr, need, abort_ptr, abort_tag, timeout):
             now = global_timer()
             ab = tl.load(abort_ptr, volatile=True)
         kind = tl.where((v - need) < 0, tl.where(ab == abort_tag, _KIND_ABORTED, _KIND_TIMEOUT), 0)
+        kind = cta_max(kind)  # one decision for the whole CTA (see cta_max)
     return v, kind
 
 
-@triton.jit
+@device
 def signal_counter(ctr, amount, scope):
     """``*ctr += amount`` with release semantics: GPU scope for the own rank, system scope
     for a peer's counter (a single thread performs a scalar atomic)."""
@@ -139,7 +154,7 @@ def signal_counter(ctr, amount, scope):
 
 
 # ---------------------------------------------------------------- row decoding
-@triton.jit
+@device
 def _ptr(A_BF16, A_F16, A_F32, A_I32, DT: tl.constexpr):
     """The arena viewed as DT."""
     if DT == tl.bfloat16:
@@ -153,7 +168,7 @@ def _ptr(A_BF16, A_F16, A_F32, A_I32, DT: tl.constexpr):
     return p
 
 
-@triton.jit
+@device
 def _opnd(row, KK: tl.constexpr, slot):
     """Operand KK of a row: (element offset at this slot, n0, n1, n2, s0, s1, s2)."""
     b = row + (_F_OPND + KK * _OPND_W)
@@ -162,29 +177,29 @@ def _opnd(row, KK: tl.constexpr, slot):
             tl.load(b + 5).to(tl.int32), tl.load(b + 6).to(tl.int32), tl.load(b + 7).to(tl.int32))
 
 
-@triton.jit
+@device
 def _param_i(row, J: tl.constexpr):
     return tl.load(row + (_F_P0 + J)).to(tl.int32)
 
 
-@triton.jit
+@device
 def _param_f(row, J: tl.constexpr):
     return tl.load(row + (_F_P0 + J)).to(tl.int32).to(tl.float32, bitcast=True)
 
 
-@triton.jit
+@device
 def _ok():
     return tl.full([], 0, dtype=tl.int32)
 
 
-@triton.jit
+@device
 def _fail(err, kind, a, b):
     tl.store(err + 2, a.to(tl.int64))
     tl.store(err + 3, b.to(tl.int64))
     return tl.full([], 0, dtype=tl.int32) + kind
 
 
-@triton.jit
+@device
 def t_embed(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DTAB: tl.constexpr, DTOK: tl.constexpr,
             DY: tl.constexpr, BLOCK: tl.constexpr):
     to, tn0, tn1, tn2, ts0, ts1, ts2 = _opnd(row, 0, slot)
@@ -200,7 +215,7 @@ def t_embed(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DTAB: tl.constexpr, DTO
     return st
 
 
-@triton.jit
+@device
 def t_rmsnorm(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DW: tl.constexpr,
               DY: tl.constexpr, BLOCK: tl.constexpr):
     xo, xn0, xn1, xn2, xs0, xs1, xs2 = _opnd(row, 0, slot)
@@ -213,7 +228,7 @@ def t_rmsnorm(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DW:
     return _ok()
 
 
-@triton.jit
+@device
 def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DW: tl.constexpr,
            DB: tl.constexpr, DY: tl.constexpr, HAS_BIAS: tl.constexpr, X_CONTIG: tl.constexpr,
            W_CONTIG: tl.constexpr, W_ALIGN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -236,7 +251,7 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DW: tl
     return _ok()
 
 
-@triton.jit
+@device
 def t_rope(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DF: tl.constexpr,
            DP: tl.constexpr, DY: tl.constexpr, BLOCK: tl.constexpr):
     xo, xn0, xn1, xn2, xs0, xs1, xs2 = _opnd(row, 0, slot)
@@ -255,7 +270,7 @@ def t_rope(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DF: tl
     return st
 
 
-@triton.jit
+@device
 def t_kv_append(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DK: tl.constexpr, DV: tl.constexpr,
                 DP: tl.constexpr, DKC: tl.constexpr, DVC: tl.constexpr, BLOCK: tl.constexpr):
     ko, kn0, kn1, kn2, ks0, ks1, ks2 = _opnd(row, 0, slot)
@@ -275,7 +290,7 @@ def t_kv_append(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DK: tl.constexpr, D
     return st
 
 
-@triton.jit
+@device
 def t_attention(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DQ: tl.constexpr, DKC: tl.constexpr,
                 DVC: tl.constexpr, DP: tl.constexpr, DO: tl.constexpr, BLOCK_T: tl.constexpr,
                 BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr):
@@ -298,7 +313,7 @@ def t_attention(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DQ: tl.constexpr, D
     return st
 
 
-@triton.jit
+@device
 def t_silu_mul(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DG: tl.constexpr, DU: tl.constexpr,
                DY: tl.constexpr, BLOCK: tl.constexpr):
     go, gn0, gn1, gn2, gs0, gs1, gs2 = _opnd(row, 0, slot)
@@ -311,7 +326,7 @@ def t_silu_mul(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DG: tl.constexpr, DU
     return _ok()
 
 
-@triton.jit
+@device
 def t_add(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DA: tl.constexpr, DB: tl.constexpr,
           DY: tl.constexpr, BLOCK: tl.constexpr):
     ao, an0, an1, an2, as0, as1, as2 = _opnd(row, 0, slot)
@@ -324,7 +339,7 @@ def t_add(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DA: tl.constexpr, DB: tl.
     return _ok()
 
 
-@triton.jit
+@device
 def t_reduce(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DP: tl.constexpr, DR: tl.constexpr,
              DY: tl.constexpr, HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
     po, pn0, pn1, pn2, ps0, ps1, ps2 = _opnd(row, 0, slot)
@@ -342,7 +357,7 @@ def t_reduce(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DP: tl.constexpr, DR: 
     return _ok()
 
 
-@triton.jit
+@device
 def t_argmax(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DY: tl.constexpr,
              BLOCK: tl.constexpr):
     xo, xn0, xn1, xn2, xs0, xs1, xs2 = _opnd(row, 0, slot)
@@ -352,7 +367,7 @@ def t_argmax(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DY: 
     return _ok()
 
 
-@triton.jit
+@device
 def t_argmax_combine(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DP: tl.constexpr, DT: tl.constexpr,
                      BLOCK: tl.constexpr):
     po, pn0, pn1, pn2, ps0, ps1, ps2 = _opnd(row, 0, slot)
@@ -362,7 +377,7 @@ def t_argmax_combine(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DP: tl.constex
     return _ok()
 
 
-@triton.jit
+@device
 def t_copy(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DY: tl.constexpr,
            BLOCK: tl.constexpr):
     """copy and put (a put's destination offset already includes the peer's arena delta)."""
@@ -373,7 +388,7 @@ def t_copy(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DY: tl
     return _ok()
 
 
-@triton.jit
+@device
 def t_fence():
     """quiet and fence: a system-scope fence in every thread (peer stores are plain stores,
     so ordering them is all nvshmem_quiet / nvshmem_fence mean here)."""
@@ -381,17 +396,18 @@ def t_fence():
     return _ok()
 
 
-@triton.jit
+@device
 def t_nop():
     return _ok()
 
 
-@triton.jit
+@device
 def worker_loop_prologue(ERR, EPOCH, QSTART, slots):
     """(worker id, first row, end row, err row pointer, epoch, slot, abort word pointer)."""
     w = tl.program_id(0)
     err = ERR + w * _ERR_W
     tl.store(err + tl.arange(0, _ERR_W), tl.zeros([_ERR_W], dtype=tl.int64))
+    tl.debug_barrier()  # the zeroing (spread over threads) lands before any record field
     epoch = tl.load(EPOCH)
     slot = epoch % slots
     i = tl.load(QSTART + w)
@@ -400,7 +416,7 @@ def worker_loop_prologue(ERR, EPOCH, QSTART, slots):
     return w, i, end, err, epoch, slot, abort_ptr
 
 
-@triton.jit
+@device
 def run_waits(row, WAITS, A_I32, err, i, epoch, abort_ptr, timeout):
     """Run every wait of a row; returns 1 if they all held, 0 after recording a failure."""
     ok = tl.full([], 1, dtype=tl.int32)
@@ -425,7 +441,7 @@ def run_waits(row, WAITS, A_I32, err, i, epoch, abort_ptr, timeout):
     return ok
 
 
-@triton.jit
+@device
 def finish_task(row, SIGS, A_I32, err, i, epoch, abort_ptr, st):
     """After the op: barrier, then either record the op's failure or release the signals.
     Returns 1 to go on, 0 to stop."""
@@ -565,3 +581,85 @@ def load_kernel(source: str):
         sys.modules[mod_name] = mod
         spec.loader.exec_module(mod)
     return mod.amk_megakernel
+
+
+# ---------------------------------------------------------------- offline compile (no GPU)
+#: Kernel argument types for an offline compile (pointer args are 16-byte aligned views).
+_ARG_TYPES = {"A_BF16": "*bf16", "A_F16": "*fp16", "A_F32": "*fp32", "A_I32": "*i32", "TASKS": "*i64",
+              "WAITS": "*i64", "SIGS": "*i64", "QSTART": "*i32", "ERR": "*i64", "EPOCH": "*i64",
+              "slots": "i32", "timeout": "i64"}
+
+
+def compile_offline(source: str, constexprs: dict[str, int], arch: int = 90, num_warps: int = 4) -> dict:
+    """Compile a generated megakernel for ``sm_<arch>`` without a GPU (Triton's own LLVM and
+    ptxas) and report what the GPU run depends on: shared memory, registers and spills per
+    thread (from cuobjdump when Triton ships it) and whether the PTX holds the acquire
+    polls, the global timer, the release signals and barriers.
+
+    Must run in a process with ``TRITON_INTERPRET=0`` (the jit functions must be compiled
+    ones); ``python -m lowering.triton.megakernel FILE`` does that. Raises RuntimeError
+    otherwise.
+    """
+    if INTERPRET:
+        raise RuntimeError("compile_offline needs TRITON_INTERPRET=0 in this process")
+    import re
+    import shutil
+    import subprocess
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = load_kernel(source)
+    sig = {n: ("constexpr" if n in constexprs else _ARG_TYPES[n]) for n in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if _ARG_TYPES.get(n, "")[:1] == "*"}
+    k = triton.compile(ASTSource(fn, sig, constexprs=dict(constexprs), attrs=attrs),
+                       target=GPUTarget("cuda", arch, 32), options=dict(num_warps=num_warps))
+    ptx = k.asm["ptx"]
+    out = dict(arch=arch, num_warps=num_warps, shared=int(k.metadata.shared),
+               acquire_polls="ld.acquire.gpu.global.b32" in ptx, global_timer="%globaltimer" in ptx,
+               release_gpu="gpu.release.add" in ptx, release_sys="sys.release.add" in ptx,
+               barrier="bar.sync" in ptx, vector_loads=bool(re.search(r"ld\.global(\.\w+)*\.v4", ptx)),
+               regs=None, local_bytes=None)
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    tool = str(tool) if tool.exists() else shutil.which("cuobjdump")
+    if tool and "cubin" in k.asm:
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(k.asm["cubin"])
+            f.flush()
+            res = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True)
+        m = re.search(r"REG:(\d+).*?LOCAL:(\d+)", res.stdout)
+        if m:
+            out["regs"], out["local_bytes"] = int(m.group(1)), int(m.group(2))
+    return out
+
+
+def _main(argv: list[str] | None = None) -> int:
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(prog="python -m lowering.triton.megakernel",
+                                 description="Compile a generated megakernel source offline (no GPU needed).")
+    ap.add_argument("source", help="a kernel source written by TritonExecutor.emit_source")
+    ap.add_argument("--arch", type=int, default=90)
+    ap.add_argument("--num-warps", type=int, default=None, help="default: the emitted launch's, else 4")
+    ap.add_argument("--constexprs", default="{}", help="JSON: block sizes overriding the emitted launch's")
+    a = ap.parse_args(argv)
+    from lowering.triton.runtime import Blocks
+
+    text = Path(a.source).read_text()
+    b = Blocks()
+    cx = dict(BLOCK=b.elementwise, GEMV_N=b.gemv_n, GEMV_K=b.gemv_k, ROPE_BLOCK=b.rope, ATT_T=b.attention_t,
+              ATT_D=b.attention_d, ATT_Q=b.attention_q, PAIR_BLOCK=b.pairs)
+    warps = 4
+    for line in text.splitlines():
+        if line.startswith("# amk-launch: "):
+            meta = json.loads(line[len("# amk-launch: "):])
+            cx.update(meta.get("constexprs", {}))
+            warps = meta.get("num_warps", warps)
+    cx.update(json.loads(a.constexprs))
+    print(json.dumps(compile_offline(text, cx, a.arch, a.num_warps or warps)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

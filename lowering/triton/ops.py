@@ -54,8 +54,17 @@ def interpreting() -> bool:
 INTERPRET = tl.constexpr(interpreting())
 
 
+def device(fn):
+    """Decorator of the device functions (everything a kernel calls): ``triton.jit``, or
+    under the interpreter the plain Python function. The interpreter re-patches
+    ``triton.language`` on every call of a jit function (about 1 ms), which made an
+    interpreted megakernel step several times slower; the calling kernel's patch already
+    covers the helpers, so the semantics are the same."""
+    return fn if interpreting() else triton.jit(fn)
+
+
 # ---------------------------------------------------------------- addressing
-@triton.jit
+@device
 def flat_off(i, n1, n2, s0, s1, s2):
     """Element offset of flat index ``i`` (any int tensor) in a region of up to 3 strided
     axes with extents (n0, n1, n2) and strides (s0, s1, s2); n0 is implied."""
@@ -63,7 +72,7 @@ def flat_off(i, n1, n2, s0, s1, s2):
     return (q // n1) * s0 + (q % n1) * s1 + (i % n2) * s2
 
 
-@triton.jit
+@device
 def bf16_rtne(v):
     """fp32 -> bf16 with round-to-nearest-even done on the bits (NaN stays a quiet NaN).
     Only used under the interpreter, whose own f32 -> bf16 cast truncates."""
@@ -73,7 +82,7 @@ def bf16_rtne(v):
     return r.to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
 
-@triton.jit
+@device
 def store(ptr, val, mask):
     """``tl.store(ptr, val converted to ptr's dtype, mask)`` with round-to-nearest-even, the
     rounding of torch's ``copy_`` (reference.py) on the GPU and under the interpreter."""
@@ -85,7 +94,7 @@ def store(ptr, val, mask):
 
 
 # ---------------------------------------------------------------- compute ops
-@triton.jit
+@device
 def embed(tab, t_rs, t_cs, row, y, y_n1, y_n2, y_s0, y_s1, y_s2, H, BLOCK: tl.constexpr):
     """y[:] = tab[row, :] (H elements). ``row`` is the token id, already range-checked by
     the caller (an out-of-range token is an error, never a read)."""
@@ -97,7 +106,7 @@ def embed(tab, t_rs, t_cs, row, y, y_n1, y_n2, y_s0, y_s1, y_s2, H, BLOCK: tl.co
         store(y + flat_off(h, y_n1, y_n2, y_s0, y_s1, y_s2), v, m)
 
 
-@triton.jit
+@device
 def rmsnorm(x, x_n1, x_n2, x_s0, x_s1, x_s2, w, w_n1, w_n2, w_s0, w_s1, w_s2,
             y, y_n1, y_n2, y_s0, y_s1, y_s2, n, dim, eps, BLOCK: tl.constexpr):
     """Per group of ``dim`` consecutive elements of x (n of them in all):
@@ -120,7 +129,7 @@ def rmsnorm(x, x_n1, x_n2, x_s0, x_s1, x_s2, w, w_n1, w_n2, w_s0, w_s1, w_s2,
             store(y + flat_off(base + d, y_n1, y_n2, y_s0, y_s1, y_s2), wv * (xv * r), m)
 
 
-@triton.jit
+@device
 def gemv(x, x_n1, x_n2, x_s0, x_s1, x_s2, w, w_rs, w_cs, b, b_n1, b_n2, b_s0, b_s1, b_s2,
          y, y_n1, y_n2, y_s0, y_s1, y_s2, N, K,
          HAS_BIAS: tl.constexpr, X_CONTIG: tl.constexpr, W_CONTIG: tl.constexpr,
@@ -159,7 +168,7 @@ def gemv(x, x_n1, x_n2, x_s0, x_s1, x_s2, w, w_rs, w_cs, b, b_n1, b_n2, b_s0, b_
         store(y + flat_off(rows, y_n1, y_n2, y_s0, y_s1, y_s2), out, rm)
 
 
-@triton.jit
+@device
 def _cos_sin(a):
     if INTERPRET:
         c = tl.cos(a)
@@ -170,7 +179,7 @@ def _cos_sin(a):
     return c, s
 
 
-@triton.jit
+@device
 def rope(x, x_n1, x_n2, x_s0, x_s1, x_s2, f, f_n1, f_n2, f_s0, f_s1, f_s2, pos,
          y, y_n1, y_n2, y_s0, y_s1, y_s2, n, head_dim, BLOCK: tl.constexpr):
     """Rotate-half RoPE of each ``head_dim`` slice of x (n elements) at position ``pos``:
@@ -196,7 +205,7 @@ def rope(x, x_n1, x_n2, x_s0, x_s1, x_s2, f, f_n1, f_n2, f_s0, f_s1, f_s2, pos,
             store(y + flat_off(i2, y_n1, y_n2, y_s0, y_s1, y_s2), y2, m)
 
 
-@triton.jit
+@device
 def kv_append(k, k_n1, k_n2, k_s0, k_s1, k_s2, v, v_n1, v_n2, v_s0, v_s1, v_s2, pos,
               kc, kc_g, kc_t, kc_d, vc, vc_g, vc_t, vc_d, G, D, BLOCK: tl.constexpr):
     """kc[g, pos, :] = k[g*D:(g+1)*D], vc[g, pos, :] = v[g*D:(g+1)*D] for g < G.
@@ -213,7 +222,7 @@ def kv_append(k, k_n1, k_n2, k_s0, k_s1, k_s2, v, v_n1, v_n2, v_s0, v_s1, v_s2, 
             store(vc + p * vc_t + (g * vc_g + d * vc_d), vv, m)
 
 
-@triton.jit
+@device
 def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, vc_t, vc_d, pos,
               o, o_n1, o_n2, o_s0, o_s1, o_s2, HQ, G, D, scale,
               BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr):
@@ -257,7 +266,7 @@ def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, v
         store(o + flat_off(qi, o_n1, o_n2, o_s0, o_s1, o_s2), out, qmask)
 
 
-@triton.jit
+@device
 def silu_mul(g, g_n1, g_n2, g_s0, g_s1, g_s2, u, u_n1, u_n2, u_s0, u_s1, u_s2,
              y, y_n1, y_n2, y_s0, y_s1, y_s2, n, BLOCK: tl.constexpr):
     """y = silu(g) * u = g * sigmoid(g) * u (fp32)."""
@@ -270,7 +279,7 @@ def silu_mul(g, g_n1, g_n2, g_s0, g_s1, g_s2, u, u_n1, u_n2, u_s0, u_s1, u_s2,
         store(y + flat_off(i, y_n1, y_n2, y_s0, y_s1, y_s2), r, m)
 
 
-@triton.jit
+@device
 def add(a, a_n1, a_n2, a_s0, a_s1, a_s2, b, b_n1, b_n2, b_s0, b_s1, b_s2,
         y, y_n1, y_n2, y_s0, y_s1, y_s2, n, BLOCK: tl.constexpr):
     """y = a + b (fp32)."""
@@ -282,7 +291,7 @@ def add(a, a_n1, a_n2, a_s0, a_s1, a_s2, b, b_n1, b_n2, b_s0, b_s1, b_s2,
         store(y + flat_off(i, y_n1, y_n2, y_s0, y_s1, y_s2), av + bv, m)
 
 
-@triton.jit
+@device
 def reduce(p, p_rs, p_cs, KP, r, r_n1, r_n2, r_s0, r_s1, r_s2, y, y_n1, y_n2, y_s0, y_s1, y_s2, n,
            HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
     """y = ((P[0] + P[1]) + ...) + P[KP-1] (+ residual), partials P[KP, n], summed in index
@@ -298,14 +307,14 @@ def reduce(p, p_rs, p_cs, KP, r, r_n1, r_n2, r_s0, r_s1, r_s2, y, y_n1, y_n2, y_
         store(y + flat_off(i, y_n1, y_n2, y_s0, y_s1, y_s2), acc, m)
 
 
-@triton.jit
+@device
 def argmax(x, x_n1, x_n2, x_s0, x_s1, x_s2, n, offset, y, y_n1, y_n2, y_s0, y_s1, y_s2,
            BLOCK: tl.constexpr):
     """y = (max(x), offset + i) as two fp32, i the first index of the maximum; a NaN counts
     as the maximum (torch.argmax; reference.py)."""
     best_v = tl.full([], float("-inf"), dtype=tl.float32)
-    best_i = n  # "none yet"
-    nan_i = n
+    best_i = tl.full([], 0, dtype=tl.int32) + n  # n = "none yet" (a tensor even if n is a
+    nan_i = tl.full([], 0, dtype=tl.int32) + n   # compile-time 1: it is loop-carried)
     for i0 in range(0, n, BLOCK):
         i = i0 + tl.arange(0, BLOCK)
         m = i < n
@@ -324,7 +333,7 @@ def argmax(x, x_n1, x_n2, x_s0, x_s1, x_s2, n, offset, y, y_n1, y_n2, y_s0, y_s1
     store(y + flat_off(1, y_n1, y_n2, y_s0, y_s1, y_s2), (offset + idx).to(tl.float32), None)
 
 
-@triton.jit
+@device
 def argmax_combine(p, p_rs, p_cs, KP, tok, BLOCK: tl.constexpr):
     """tok = the smallest index among the (value, index) pairs P[KP, 2] with the largest
     value (a NaN value counts as the largest); INT_POISON if a chosen index is NaN or not an
@@ -350,11 +359,11 @@ def argmax_combine(p, p_rs, p_cs, KP, tok, BLOCK: tl.constexpr):
         badc = cand & ((idx != idx) | (idx != tl.floor(idx)))
         bad = tl.maximum(bad, tl.max(badc.to(tl.int32), axis=0))
         best = tl.minimum(best, tl.min(tl.where(cand & (badc == 0), idx, float("inf")), axis=0))
-    res = tl.where(bad != 0, INT_POISON, best.to(tl.int32))
+    res = tl.where(bad != 0, INT_POISON, tl.where(bad != 0, 0.0, best).to(tl.int32))
     store(tok, res, None)
 
 
-@triton.jit
+@device
 def copy(x, x_n1, x_n2, x_s0, x_s1, x_s2, y, y_n1, y_n2, y_s0, y_s1, y_s2, n, BLOCK: tl.constexpr):
     """y = x converted to y's dtype (round to nearest even). Also the body of ``put``: the
     destination pointer may address a peer's memory."""
@@ -365,7 +374,7 @@ def copy(x, x_n1, x_n2, x_s0, x_s1, x_s2, y, y_n1, y_n2, y_s0, y_s1, y_s2, n, BL
         store(y + flat_off(i, y_n1, y_n2, y_s0, y_s1, y_s2), v, m)
 
 
-@triton.jit
+@device
 def system_fence():
     """``fence.acq_rel.sys``: orders this thread's earlier memory operations (including stores
     to peer GPUs) before its later ones at system scope. Used for ``quiet`` and ``fence``

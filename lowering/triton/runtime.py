@@ -24,6 +24,7 @@ after another, so several spinning workers could never make progress there.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -127,16 +128,20 @@ class TritonExecutor:
     deadlocks end in TritonWatchdogError. Structural problems that could make the kernel
     touch memory outside the arena are refused always (table.TableError).
 
-    ``linear``: run one worker over ``linearize(program)`` (default under the interpreter;
-    required there) instead of the program's W queues (default on a GPU). ``timeout_s``:
+    ``linear``: run one worker over ``linearize(program)`` (default under the interpreter)
+    instead of the program's W queues (default on a GPU; under the interpreter, which runs
+    workers one after another, only programs whose waits depend on lower-numbered workers
+    complete). ``timeout_s``:
     GPU watchdog bound per wait; ``interpret_polls``: its interpreter counterpart.
-    ``blocks``: kernel block sizes; ``num_warps``: warps per worker CTA.
+    ``blocks``: kernel block sizes; ``num_warps``: warps per worker CTA. ``cooperative``:
+    launch with cuLaunchCooperativeKernel where Triton supports it (the driver then refuses a
+    grid that cannot be co-resident instead of letting it deadlock until the watchdog fires).
     """
 
     def __init__(self, program: ScheduleProgram, init_fn: InitFn | None = None, *, check: bool = True,
                  device: str | torch.device | None = None, linear: bool | None = None,
                  timeout_s: float = 2.0, interpret_polls: int = 2, blocks: Blocks | None = None,
-                 num_warps: int = 4):
+                 num_warps: int = 4, cooperative: bool = True):
         if check:
             self._check(program)
         if program.ranks != 1:
@@ -153,16 +158,16 @@ class TritonExecutor:
         if not self.interpret and self.device.type != "cuda":
             raise TritonError(f"compiled Triton kernels need a CUDA device, got {self.device}; "
                               "set TRITON_INTERPRET=1 to run on the CPU", exit_code=2)
+        # Under the interpreter the grid's programs run one after another in worker order, so
+        # linear=False there only completes programs whose waits depend on lower workers.
         self.linear = self.interpret if linear is None else bool(linear)
-        if self.interpret and not self.linear and program.workers > 1:
-            raise TritonError("the Triton interpreter runs programs one at a time, so W > 1 spinning "
-                              "workers cannot make progress; use linear=True", exit_code=2)
         if program.workers > program.target.max_workers:
             raise TritonError(f"program has {program.workers} workers per rank, target "
                               f"{program.target.name} allows {program.target.max_workers}", exit_code=2)
         self.rank = 0
         self.slots = max(1, program.slots)
         self.num_warps = int(num_warps)
+        self.cooperative = bool(cooperative)
         self.timeout = int(interpret_polls) if self.interpret else int(timeout_s * 1e9)
         if self.timeout < 1:
             raise ValueError("the watchdog bound must be positive")
@@ -178,6 +183,9 @@ class TritonExecutor:
         b = blocks or Blocks()
         b.attention_d = max(b.attention_d, _pow2(self.table.dims["head_dim"]))
         b.attention_q = max(b.attention_q, _pow2(self.table.dims["group"]))
+        # Keep attention's [Q, T, D] fp32 product within ~64 registers per thread (4 warps).
+        while b.attention_t > 1 and b.attention_q * b.attention_t * b.attention_d > 8192:
+            b.attention_t //= 2
         self.blocks = b
         self.source = MK.generate_source(self.table, program.name)
         self._kernel = MK.load_kernel(self.source)
@@ -205,7 +213,11 @@ class TritonExecutor:
         except ImportError as e:
             raise TritonError(f"check=True needs validator.validate, which cannot be imported ({e}); "
                               "pass check=False to run an unvalidated program", exit_code=2) from e
-        verdict = validate(program)
+        try:
+            verdict = validate(program)
+        except ImportError as e:  # e.g. z3 missing on a GPU image
+            raise TritonError(f"check=True: the validator needs a module that is not installed ({e}); "
+                              "install it or pass check=False", exit_code=2) from e
         if not verdict.ok:
             raise TritonRefused(verdict)
 
@@ -242,7 +254,7 @@ class TritonExecutor:
         )
         if not self.interpret:
             kw["num_warps"] = self.num_warps
-            if _supports_cooperative_launch():
+            if self.cooperative and _supports_cooperative_launch():
                 kw["launch_cooperative_grid"] = True
         return kw
 
@@ -314,6 +326,8 @@ class TritonExecutor:
         are epoch-relative). Raises TritonWatchdogError / TritonTaskError when the kernel
         reports a failure (the executor is unusable afterwards), ValueError for an
         out-of-order epoch."""
+        if self._broken:
+            raise TritonError(f"the executor is unusable after an earlier failure: {self._broken}")
         if epoch != self._next_epoch:
             raise ValueError(f"epochs run in order: expected epoch {self._next_epoch}, got {epoch}")
         return self.run_steps(1)
@@ -350,9 +364,13 @@ class TritonExecutor:
         return stats
 
     def emit_source(self, path: str | Path) -> Path:
-        """Write the generated kernel source (the module Triton compiles) to ``path``."""
+        """Write the generated kernel source (the module Triton compiles) to ``path``, with a
+        last comment line ``# amk-launch: {json}`` holding the launch's constexprs, num_warps
+        and grid (read by ``megakernel.compile_offline``'s command line)."""
         path = Path(path)
-        path.write_text(self.source)
+        launch = {k: v for k, v in self._launch_kw.items() if k.isupper()}
+        meta = dict(constexprs=launch, num_warps=self.num_warps, grid=self.workers)
+        path.write_text(self.source + f"# amk-launch: {json.dumps(meta, sort_keys=True)}\n")
         return path
 
     # ------------------------------------------------------------- internals
@@ -388,13 +406,16 @@ class TritonExecutor:
                 stuck.append(dict(worker=w, task=tid, op=op, queue_index=qi,
                                   counter=self.table.wait_counters[a], seen=b, needed=c,
                                   kind="timeout" if kind == MK.KIND_TIMEOUT else "aborted"))
-            elif kind == MK.KIND_POS:
-                task_err = task_err or (f"epoch {epoch}: task {tid} ({op}, worker {w}): position {a} "
-                                        f"outside the KV cache [0, {b})" if b else
-                                        f"epoch {epoch}: task {tid} ({op}, worker {w}): negative position {a}", tid)
-            elif kind == MK.KIND_TOKEN:
-                task_err = task_err or (f"epoch {epoch}: task {tid} ({op}, worker {w}): token {a} outside "
-                                        f"the embedding table [0, {b})", tid)
+            elif kind in (MK.KIND_POS, MK.KIND_TOKEN) and task_err is None:
+                where = f"epoch {epoch}: task {tid} ({op}, worker {w})"
+                if kind == MK.KIND_TOKEN:
+                    task_err = (f"{where}: token {a} outside the embedding table [0, {b})", tid)
+                elif b:
+                    task_err = (f"{where}: position {a} outside the KV cache [0, {b})", tid)
+                else:
+                    task_err = (f"{where}: negative position {a}", tid)
+            elif kind in (MK.KIND_POS, MK.KIND_TOKEN):
+                continue
             else:
                 raise TritonError(f"epoch {epoch}: worker {w} reported unknown error kind {kind}")
         if task_err is not None:

@@ -67,7 +67,8 @@ of three views (the IR's interpretation of operands, lowering/reference.py):
 Everything the kernel relies on for memory safety is checked here, always, also for
 programs run without validation (``--unsafe``): regions in bounds for every slot, operand
 counts and dtypes, shape rules of ir/ops.py, extents and offsets that fit int32 within a
-buffer. A bad schedule may deadlock (the watchdog reports it) or race, but never makes the
+buffer, and input/output aliasing the kernels cannot compute correctly (``IN_PLACE_OPS``).
+A bad schedule may deadlock (the watchdog reports it) or race, but never makes the
 kernel touch memory outside the arena.
 """
 
@@ -420,6 +421,34 @@ def _check_task(task: Task, program: ScheduleProgram, bufs: dict[str, Buffer], r
             raise TableError(f"{where}: {problems[0]}")
 
 
+#: Ops whose kernels are safe when an output region IS an input region (element i is read
+#: before it is written, by the same thread); any other overlap is refused.
+IN_PLACE_OPS = frozenset({"rmsnorm", "rope", "silu_mul", "add", "reduce", "copy", "put"})
+
+
+def _boxes_overlap(a: Region, b: Region, slot: int) -> bool:
+    if a.buffer != b.buffer or a.rank != b.rank:
+        return False
+    return all(max(x0, y0) < min(x1, y1) for (x0, x1), (y0, y1) in zip(a.concrete(slot), b.concrete(slot)))
+
+
+def _check_alias(task: Task, slots: int) -> None:
+    """Refuse input/output overlaps the kernels do not handle. reference.py computes a whole
+    result before writing, so any aliasing is legal in the IR; the GPU kernels write while
+    they still read (gemv row blocks, attention heads, shifted elementwise blocks)."""
+    for o in task.outs:
+        for i in task.ins:
+            for s in range(slots if (o.symbolic or i.symbolic) else 1):
+                if not _boxes_overlap(o, i, s):
+                    continue
+                if task.op in IN_PLACE_OPS and o.concrete(s) == i.concrete(s):
+                    continue
+                raise TableError(f"task {task.id}: output {o.buffer}{list(o.concrete(s))} overlaps input "
+                                 f"{i.buffer}{list(i.concrete(s))} (slot {s}); the triton {task.op} kernel "
+                                 "supports only " + ("identical in-place regions" if task.op in IN_PLACE_OPS
+                                                     else "disjoint inputs and outputs"))
+
+
 def _check_descs(task: Task, descs: list[Desc]) -> None:
     """Op-specific agreement between descriptors and the IR's interpretation
     (lowering/reference.py), beyond ir/ops.py's squeezed-shape checks."""
@@ -533,6 +562,7 @@ def build_table(program: ScheduleProgram, rank: int, order: Sequence[Sequence[Ta
                 f[0] += base // esize
                 row[F_OPND + k * OPND_W:F_OPND + (k + 1) * OPND_W] = f
             _check_descs(t, descs)
+            _check_alias(t, slots)
             for j, (name, kind) in enumerate(PARAM_SLOTS.get(t.op, ())):
                 v = t.params[name]
                 row[F_P0 + j] = int(v) if kind == "i" else f32_bits(v)

@@ -1,0 +1,187 @@
+"""`amk bench MODEL`: per-token decode latency of the megakernel on one GPU, against the
+roofline and against baselines measured in the same run on the same device.
+
+Every latency is printed with its correctness verdict: greedy tokens against HF
+``generate`` (a divergence is accepted only at a bf16 near-tie, see
+amk.baselines.judge_tokens) and, for the megakernel, logits against HF eager at several
+positions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+from amk.errors import AmkError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="time the megakernel's decode step against the roofline "
+                       "and HF baselines (needs a GPU)",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("model", metavar="MODEL")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (1 for now)")
+    p.add_argument("--tokens", type=int, default=128, help="decode steps timed (default 128)")
+    p.add_argument("--prompt-len", type=int, default=8, help="random prompt tokens (default 8)")
+    p.add_argument("--config", metavar="FILE", help="lowering config JSON (knobs)")
+    p.add_argument("--workers", type=int, help="workers per rank (default: one per SM)")
+    p.add_argument("--tile", type=int, help="GEMV tile rows")
+    p.add_argument("--no-baselines", action="store_true", help="skip the HF baselines")
+    p.add_argument("--json", metavar="FILE", help="write the result object to FILE")
+    p.set_defaults(func=run)
+
+
+def _config(args, sms: int):
+    from lowering.config import LoweringConfig
+
+    base = {}
+    if args.config:
+        try:
+            base = json.loads(Path(args.config).read_text())
+        except (OSError, ValueError) as e:
+            raise AmkError(f"{args.config}: cannot read the config: {e}") from None
+    base.setdefault("workers", sms)
+    base.setdefault("dtype", "bf16")
+    if args.workers:
+        base["workers"] = args.workers
+    if args.tile:
+        base["tile"] = args.tile
+    base.setdefault("max_seq", max(256, args.prompt_len + args.tokens + 8))
+    return LoweringConfig.from_json(base, source=args.config or "bench config")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from amk import pipeline
+    from amk.baselines import BaselineResult, hf_compiled_graph, hf_eager, judge, make_reference
+    from amk.timing import decode_weight_bytes, measure_hbm_bandwidth, roofline_ms
+    from ir.program import Target
+
+    con = Console(stderr=True)
+    if args.tp != 1:
+        raise AmkError("amk bench --tp > 1 needs the multi-GPU runtime (issue 6), not built yet")
+    if not torch.cuda.is_available():
+        raise AmkError("amk bench needs a CUDA GPU; none is visible here (see `amk doctor`)")
+    if args.tokens < 4:
+        raise AmkError("--tokens must be at least 4")
+    dev = torch.device("cuda")
+    props = torch.cuda.get_device_properties(dev)
+    cfg = _config(args, props.multi_processor_count)
+    target = Target(name=props.name, sms=props.multi_processor_count,
+                    max_workers=props.multi_processor_count, backend="triton")
+
+    with con.status("measuring HBM bandwidth"):
+        bw = measure_hbm_bandwidth(dev)
+    with con.status(f"resolving {args.model} (bf16)"):
+        resolved = pipeline.resolve(args.model) if cfg.dtype == "f32" else _resolve_bf16(args.model)
+    model = resolved.model
+    g = torch.Generator().manual_seed(1234)
+    prompt = torch.randint(0, model.config.vocab_size, (1, args.prompt_len), generator=g)
+    with con.status("HF greedy reference"):
+        model = model.to(dev)
+        ref = make_reference(model, prompt.to(dev), args.tokens)
+    with con.status("megakernel: lower, validate, build, check logits, decode in a CUDA graph"):
+        ours, session, ex = measure_megakernel(args.model, resolved, cfg, target, prompt, ref,
+                                               args.tokens)
+    timing = ours.timing
+    nbytes = decode_weight_bytes(model)
+    floor = roofline_ms(nbytes, bw)
+
+    baselines: list[BaselineResult] = []
+    if not args.no_baselines:
+        with con.status("baseline (a): HF eager"):
+            baselines.append(judge(hf_eager(model, prompt.to(dev), args.tokens), ref))
+        with con.status("baseline (b): torch.compile + CUDA graph, static cache"):
+            try:
+                baselines.append(judge(hf_compiled_graph(model, prompt.to(dev), args.tokens), ref))
+            except Exception as err:  # keep the row, with the reason, rather than lose the run
+                baselines.append(BaselineResult("hf_compiled_graph", [], None, False,
+                                                f"failed: {type(err).__name__}: {err}"))
+
+    def row(r: BaselineResult) -> dict:
+        d = r.to_json()
+        med = d["latency_ms_median"]
+        d["roofline_pct"] = 100 * floor / med if med else None
+        d["tokens_per_s"] = 1e3 / med if med else None
+        return d
+
+    result = {
+        "device": props.name, "model": args.model, "tp": 1, "backend": "triton",
+        "command": "amk " + " ".join(sys.argv[1:]) if sys.argv else "amk bench",
+        "python": platform.python_version(), "torch": torch.__version__,
+        "config": cfg.to_json() if hasattr(cfg, "to_json") else cfg.__dict__,
+        "tasks": len(session.program.tasks), "workers": ex.workers,
+        "occupancy": ex.occupancy, "build_s": ours.extra["build_s"],
+        "weight_bytes": nbytes, "hbm_bytes_per_s": bw, "roofline_ms": floor,
+        "latency_ms_median": timing.median_ms, "timing": timing.to_json(),
+        "roofline_pct": 100 * floor / timing.median_ms, "tokens_per_s": 1e3 / timing.median_ms,
+        "correct": ours.correct, "verdict": ours.note, "logit_check": ours.extra["logit_check"],
+        "first_divergence": ours.extra["first_divergence"], "reference": ref.to_json(),
+        "tokens": ours.tokens,
+        "baselines": [row(b) for b in baselines],
+    }
+    tab = Table(title=f"{args.model} on {props.name}: weights {nbytes / 1e6:.1f} MB, HBM "
+                      f"{bw / 1e12:.2f} TB/s, roofline {floor:.3f} ms/token")
+    for c in ("method", "ms/token (median)", "p10-p90", "% roofline", "tokens/s", "correct", "note"):
+        tab.add_column(c)
+    for r in [ours] + baselines:
+        d = row(r)
+        t = r.timing
+        tab.add_row(r.name, f"{t.median_ms:.4f}" if t else "-",
+                    f"{t.p10_ms:.3f}-{t.p90_ms:.3f}" if t else "-",
+                    f"{d['roofline_pct']:.1f}" if d["roofline_pct"] else "-",
+                    f"{d['tokens_per_s']:.0f}" if d["tokens_per_s"] else "-",
+                    str(r.correct), r.note)
+    Console().print(tab)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+    return 0 if ours.correct else 1
+
+
+def measure_megakernel(model_arg, resolved, cfg, target, prompt, ref, n_tokens: int):
+    """Lower, validate, build and time the megakernel for one config (R = 1).
+
+    ``resolved``: the resolved HF model (its weights feed the kernel; the HF model itself is
+    used on its current device for the logit check). ``prompt``: int64 [1, P] (CPU);
+    ``ref``: the TokenReference. Returns (BaselineResult named ``amk_megakernel`` with
+    timing, verdict and ``extra`` = logit_check, first_divergence, build_s), the Session and
+    the executor. Raises AmkError if the validator rejects the schedule.
+    """
+    from amk import pipeline
+    from amk.baselines import BaselineResult, judge_tokens
+    from lowering.triton.graph import DecodeGraph
+
+    session = pipeline.Session.build(model_arg, 1, cfg, target, resolved=resolved)
+    if not session.verdict.ok:
+        raise AmkError("the schedule was rejected by the validator: "
+                       + "; ".join(f.message for f in session.verdict.errors[:3]), exit_code=1)
+    t0 = time.perf_counter()
+    dec = session.decoder("triton")
+    build_s = time.perf_counter() - t0
+    report = session.check(dec)
+    ex = dec.ex
+    dec.step(int(prompt[0, 0]), 0)  # compiles; leaves the executor at a step boundary
+    graph = DecodeGraph(ex, max_tokens=cfg.max_seq)
+    toks, timing = graph.decode(prompt[0].tolist(), n_tokens)
+    ok_tokens, first, note = judge_tokens(toks, ref)
+    if not report.ok:
+        note = f"logit check failed: {'; '.join(report.failures())}; {note}"
+    res = BaselineResult("amk_megakernel", toks, timing, ok_tokens and report.ok, note,
+                         {"first_divergence": first, "logit_check": report.to_json(),
+                          "build_s": build_s, "tasks": len(session.program.tasks)})
+    return res, session, ex
+
+
+def _resolve_bf16(model_arg: str):
+    from models.sources import resolve_model
+
+    return resolve_model(model_arg, dtype="bf16")

@@ -1,0 +1,115 @@
+"""``amk validate FILE [--json]``: statically check a schedule program.
+
+FILE is the text form (``.amk``) or the JSON form (``.json``) of a ScheduleProgram
+(ir/io.py). The validator (validator/, docs/validator.md) checks structure, deadlock and
+races and prints each error with its witness.
+
+Exit codes: 0 accepted, 1 rejected, 2 unreadable or unparsable input (the message carries
+file:line:column). ``--json`` prints one JSON object: ``ok``, ``errors`` (each with
+``class``, ``message``, ``tasks``, ``buffers``, ``witness``), ``stats`` and ``file``; on
+unparsable input it prints ``{"ok": false, "input_error": ...}`` and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from amk.errors import AmkError
+
+LARGE = 10_000  # tasks: show stage progress for programs at least this big
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `validate` subcommand to the root parser."""
+    p = subparsers.add_parser(
+        "validate", help="statically check a schedule for deadlocks and races",
+        description="Check a schedule program (text .amk or .json): structure, deadlock "
+                    "(cycle witness, exact simulation), races (coverage, unordered writes, "
+                    "remote delivery, cross-step reuse). Exit 0 accepted, 1 rejected, "
+                    "2 unreadable input.")
+    p.add_argument("file", metavar="FILE", help="schedule program (.amk text or .json)")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object (ok, errors, stats) instead of text")
+    p.add_argument("--backend", choices=("sim", "triton"), default=None,
+                   help="check op support against this backend (default: the target's)")
+    p.add_argument("--quiet", action="store_true", help="print nothing on success")
+    p.set_defaults(func=run)
+
+
+def _jsonable(x: Any) -> Any:
+    """Witnesses are plain data; numpy scalars (if any) become Python numbers."""
+    if hasattr(x, "item") and callable(x.item):
+        return x.item()
+    return str(x)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.markup import escape
+
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    out = Console(highlight=False, soft_wrap=True)
+    t0 = time.perf_counter()
+    try:
+        from ir.io import load_program
+
+        status = None
+        if not args.json and err.is_terminal:
+            status = err.status(f"loading {escape(args.file)}")
+            status.start()
+        try:
+            prog = load_program(args.file)
+        finally:
+            if status is not None:
+                status.stop()
+    except AmkError as e:
+        if args.json:
+            print(json.dumps({"ok": False, "file": args.file, "input_error": str(e)}))
+        raise AmkError(str(e), exit_code=2) from None
+    load_s = time.perf_counter() - t0
+
+    from validator import validate
+
+    n_tasks = len(prog.tasks)
+    show_progress = not args.json and n_tasks >= LARGE
+    if show_progress:
+        err.print(f"validating {escape(args.file)}: {n_tasks} tasks, {prog.ranks} rank(s) x "
+                  f"{prog.workers} worker(s)")
+        t_stage = [time.perf_counter()]
+
+        def progress(stage: str) -> None:
+            now = time.perf_counter()
+            err.print(f"  [dim]{now - t0:7.2f}s[/] {escape(stage)}")
+            t_stage[0] = now
+    else:
+        progress = None
+    verdict = validate(prog, backend=args.backend, progress=progress)
+    verdict.stats["load_s"] = round(load_s, 4)
+    if args.json:
+        obj = verdict.to_json()
+        obj["file"] = args.file
+        print(json.dumps(obj, default=_jsonable))
+        return 0 if verdict.ok else 1
+    total = verdict.stats.get("total_s", 0.0)
+    if verdict.ok:
+        if not args.quiet:
+            out.print(f"[bold green]accepted[/] {escape(args.file)}: {n_tasks} tasks, "
+                      f"{prog.ranks} rank(s) x {prog.workers} worker(s), validated in "
+                      f"{total:.3f} s")
+        return 0
+    out.print(f"[bold red]rejected[/] {escape(args.file)}: {len(verdict.errors)} error(s)")
+    for f in verdict.errors:
+        out.print(f"[bold]{escape(f.cls)}[/]: {escape(f.message)}")
+        if f.witness:
+            text = json.dumps(f.witness, default=_jsonable, indent=1)
+            if len(text) > 4000:
+                text = text[:4000] + "\n ... (witness truncated; --json prints all of it)"
+            out.print("  witness: " + escape(text).replace("\n", "\n  "))
+    supp = verdict.stats.get("suppressed_findings")
+    if supp:
+        out.print(f"(more errors of these classes were not listed: {supp})")
+    return 1

@@ -1,0 +1,83 @@
+"""Time the megakernel for several lowering configs of one model in one GPU call.
+
+Usage: python bench/megakernel_sweep.py MODEL [--workers 32,66,132] [--tile 64,128]
+           [--policy balanced] [--tokens 64] [--json FILE]
+Each row: config, tasks, median ms/token, % of roofline, and the correctness verdict
+(greedy tokens vs HF generate with the bf16 near-tie rule, plus the logit check).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+
+import torch
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    ap.add_argument("--workers", default="32,66,132")
+    ap.add_argument("--tile", default="64,128")
+    ap.add_argument("--policy", default="balanced,round_robin")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--prompt-len", type=int, default=8)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+
+    from amk.baselines import make_reference
+    from amk.commands.bench import measure_megakernel
+    from amk.timing import decode_weight_bytes, measure_hbm_bandwidth, roofline_ms
+    from ir.program import Target
+    from lowering.config import LoweringConfig
+    from models.sources import resolve_model
+
+    dev = torch.device("cuda")
+    props = torch.cuda.get_device_properties(dev)
+    bw = measure_hbm_bandwidth(dev)
+    resolved = resolve_model(args.model, dtype="bf16")
+    model = resolved.model.to(dev)
+    g = torch.Generator().manual_seed(1234)
+    prompt = torch.randint(0, model.config.vocab_size, (1, args.prompt_len), generator=g)
+    ref = make_reference(model, prompt.to(dev), args.tokens)
+    floor = roofline_ms(decode_weight_bytes(model), bw)
+    target = Target(name=props.name, sms=props.multi_processor_count,
+                    max_workers=props.multi_processor_count, backend="triton")
+    rows = []
+    print(f"{args.model} on {props.name}: HBM {bw / 1e12:.2f} TB/s, roofline {floor:.4f} ms")
+    for w, t, pol in itertools.product([int(x) for x in args.workers.split(",")],
+                                       [int(x) for x in args.tile.split(",")],
+                                       args.policy.split(",")):
+        cfg = LoweringConfig(tile=t, workers=w, policy=pol, dtype="bf16",
+                             max_seq=max(256, args.prompt_len + args.tokens + 8)).validate()
+        try:
+            res, session, ex = measure_megakernel(args.model, resolved, cfg, target, prompt, ref,
+                                                  args.tokens)
+        except Exception as err:
+            print(f"  workers={w} tile={t} {pol}: FAILED {type(err).__name__}: {err}")
+            rows.append({"config": cfg.to_json(), "error": f"{type(err).__name__}: {err}"})
+            continue
+        med = res.timing.median_ms
+        row = {"config": cfg.to_json(), "tasks": res.extra["tasks"], "latency_ms_median": med,
+               "timing": res.timing.to_json(), "roofline_pct": 100 * floor / med,
+               "correct": res.correct, "note": res.note, "build_s": res.extra["build_s"],
+               "occupancy": ex.occupancy,
+               "max_abs_err": res.extra["logit_check"].get("max_abs_err")}
+        rows.append(row)
+        print(f"  workers={w:<4} tile={t:<4} {pol:<12} tasks={row['tasks']:<6} {med:8.4f} ms "
+              f"({row['roofline_pct']:5.1f}% roofline) correct={res.correct} {res.note}",
+              flush=True)
+        del ex, session
+        torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": props.name, "model": args.model, "hbm_bytes_per_s": bw,
+                       "roofline_ms": floor, "command": " ".join(sys.argv), "rows": rows}, f,
+                      indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

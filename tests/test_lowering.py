@@ -1,0 +1,279 @@
+"""lowering/: partition math, config knobs, lowered program structure, validity, weights, cost."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from amk.errors import AmkError
+from ir.program import Target
+from lowering.config import LoweringConfig
+from lowering.costmodel import estimate
+from lowering.lower import lower, lowered_corpus_seeds
+from lowering.partition import partition, split_aligned, split_even, tiles
+from lowering.weights import make_init_fn
+from models.graph import build_graph, import_model, spec_from_config
+from models.recipes import build_config, build_model
+
+TINY = ("tiny-llama", "tiny-qwen2", "tiny-qwen3")
+
+
+def graph_of(name: str, layers: int | None = None):
+    cfg = build_config(name)
+    if layers is not None:
+        cfg.num_hidden_layers = layers
+    return build_graph(spec_from_config(cfg), name=name)
+
+
+# -- partition ------------------------------------------------------------------------------
+def test_split_even_and_aligned():
+    assert split_even(9, 4) == [(0, 3), (3, 5), (5, 7), (7, 9)]
+    assert split_even(3, 4) == [(0, 1), (1, 2), (2, 3), (3, 3)]
+    assert split_aligned(1536, 2, 64) == [(0, 768), (768, 1536)]
+    assert split_aligned(1536, 4, 64) == [(0, 384), (384, 768), (768, 1152), (1152, 1536)]
+    assert split_aligned(224, 3, 64) == [(0, 128), (128, 192), (192, 224)]
+    assert split_aligned(96, 4, 64) == split_even(96, 4)  # fewer units than ranks
+    assert tiles(5, 12, 4) == [(5, 9), (9, 12)]
+
+
+def test_partition_smollm2_heads():
+    # 9 query heads, 3 KV heads (groups of 3)
+    p2 = partition(9, 3, 1536, 49152, 2, align=64)
+    assert [s.q_heads for s in p2.shards] == [(0, 5), (5, 9)]
+    assert [s.kv_heads for s in p2.shards] == [(0, 2), (1, 3)]
+    assert p2.replicated_kv_heads() == [1]
+    p4 = partition(9, 3, 1536, 49152, 4, align=64)
+    assert [s.q_heads for s in p4.shards] == [(0, 3), (3, 5), (5, 7), (7, 9)]
+    assert [s.kv_heads for s in p4.shards] == [(0, 1), (1, 2), (1, 3), (2, 3)]
+    assert p4.kv_group_heads(2, 1) == (5, 6) and p4.kv_group_heads(2, 2) == (6, 7)
+    for p in (p2, p4):
+        assert sum(s.n_cols for s in p.shards) == 1536
+        assert sum(s.n_vocab for s in p.shards) == 49152
+
+
+def test_partition_errors():
+    with pytest.raises(ValueError, match="KV-head groups"):
+        partition(9, 2, 64, 100, 2)
+    with pytest.raises(ValueError, match="vocabulary"):
+        partition(4, 2, 64, 3, 4)
+
+
+# -- config ----------------------------------------------------------------------------------
+def test_config_json_round_trip_and_errors(tmp_path):
+    c = LoweringConfig(tile=32, workers=3, policy="balanced", allreduce="twoshot", max_seq=64,
+                       dtype="bf16")
+    assert LoweringConfig.from_json(c.to_json()) == c
+    for obj, words in [({"tile": 0}, "'tile'"), ({"tile": "8"}, "'tile'"),
+                       ({"policy": "greedy"}, "'policy'"), ({"dtype": "fp8"}, "'dtype'"),
+                       ({"allreduce": "ring"}, "'allreduce'"), ({"tiles": 8}, "'tiles'"),
+                       ({"workers": True}, "'workers'")]:
+        with pytest.raises(AmkError, match=words):
+            LoweringConfig.from_json(obj)
+    bad = tmp_path / "c.json"
+    bad.write_text('{"tile": 8,\n "workers": }')
+    with pytest.raises(AmkError, match=r"c\.json:2:\d+: invalid JSON"):
+        LoweringConfig.from_file(bad)
+    with pytest.raises(AmkError, match="cannot read"):
+        LoweringConfig.from_file(tmp_path / "missing.json")
+    good = tmp_path / "g.json"
+    good.write_text(json.dumps({"tile": 16}))
+    assert LoweringConfig.from_file(good).tile == 16
+
+
+def _fingerprint(prog):
+    from ir.jsonio import program_to_json
+
+    d = program_to_json(prog)
+    d.pop("config", None)
+    d.pop("name", None)
+    return json.dumps(d, sort_keys=True)
+
+
+@pytest.mark.parametrize("knob,value", [("tile", 32), ("workers", 3), ("policy", "balanced"),
+                                        ("allreduce", "twoshot"), ("max_seq", 16),
+                                        ("dtype", "bf16")])
+def test_every_knob_changes_the_program(knob, value):
+    g = graph_of("tiny-qwen2", layers=1)
+    base = LoweringConfig(tile=64, workers=2, max_seq=32)
+    a = lower(g, 2, config=base)
+    b = lower(g, 2, config=base.replace(**{knob: value}))
+    assert _fingerprint(a) != _fingerprint(b)
+
+
+def test_lower_errors():
+    g = graph_of("tiny-llama", layers=1)
+    with pytest.raises(AmkError, match="co-residency"):
+        lower(g, 2, config=LoweringConfig(workers=8), target=Target(max_workers=4))
+    with pytest.raises(AmkError, match="max_position_embeddings"):
+        lower(g, 1, config=LoweringConfig(max_seq=100000))
+    with pytest.raises(AmkError, match="--tp"):
+        lower(g, 0)
+
+
+# -- structure of lowered programs ------------------------------------------------------------
+def _weight_rows(prog, key_suffix, axis):
+    """Union of source slices along ``axis`` over all ranks' buffers of a weight key."""
+    spans = []
+    for b in prog.buffers:
+        if b.kind == "weight" and b.source and b.source.key.endswith(key_suffix):
+            spans.append((b.rank, b.source.ranges[axis]))
+    return spans
+
+
+@pytest.mark.parametrize("R", [1, 2, 3, 4])
+def test_weights_are_sliced_as_designed(R):
+    g = graph_of("smollm2-135m", layers=1)
+    prog = lower(g, R, config=LoweringConfig(tile=64, max_seq=8))
+    part = partition(9, 3, 1536, 49152, R, align=64)
+    q = dict(_weight_rows(prog, "layers.0.self_attn.q_proj.weight", 0))
+    k = dict(_weight_rows(prog, "layers.0.self_attn.k_proj.weight", 0))
+    o = dict(_weight_rows(prog, "layers.0.self_attn.o_proj.weight", 1))
+    gate = dict(_weight_rows(prog, "layers.0.mlp.gate_proj.weight", 0))
+    down = dict(_weight_rows(prog, "layers.0.mlp.down_proj.weight", 1))
+    for r, s in enumerate(part.shards):
+        assert q[r] == (s.q_heads[0] * 64, s.q_heads[1] * 64)
+        assert o[r] == q[r]
+        assert k[r] == (s.kv_heads[0] * 64, s.kv_heads[1] * 64)
+        assert gate[r] == down[r] == s.cols
+    # the q slices tile the whole projection exactly once
+    assert sorted(q.values())[0][0] == 0 and sum(b - a for a, b in q.values()) == 576
+    # KV caches live on the rank that owns the heads: [G_r, max_seq, head_dim]
+    bm = prog.buffer_map()
+    for r, s in enumerate(part.shards):
+        assert bm[f"kc.l0.r{r}"].shape == (s.n_kv, 8, 64) and bm[f"kc.l0.r{r}"].rank == r
+    # tied lm_head: vocab tiles read rows of the embedding table, each row exactly once
+    rows = []
+    for t in prog.tasks:
+        if t.id.startswith("lm.t"):
+            (a, b), _ = t.ins[1].concrete()
+            rows.append((t.rank, a, b))
+    covered = sorted((a, b) for _, a, b in rows)
+    assert covered[0][0] == 0 and covered[-1][1] == 49152
+    assert all(x[1] == y[0] for x, y in zip(covered, covered[1:]))
+
+
+def test_tasks_are_tiled_and_spread_over_workers():
+    g = graph_of("smollm2-135m", layers=1)
+    prog = lower(g, 2, config=LoweringConfig(tile=64, workers=4, max_seq=8))
+    q0 = [t for t in prog.tasks if t.rank == 0 and t.id.startswith("l0.q.t")]
+    assert len(q0) == 5 and all(t.ins[1].shape() == (64, 576) for t in q0)
+    assert {t.worker for t in prog.tasks if t.rank == 0} == {0, 1, 2, 3}
+    bal = lower(g, 2, config=LoweringConfig(tile=64, workers=4, max_seq=8, policy="balanced"))
+    loads = {}
+    from lowering.costmodel import task_bytes
+    bm = bal.buffer_map()
+    for t in bal.tasks:
+        if t.rank == 0:
+            loads[t.worker] = loads.get(t.worker, 0) + task_bytes(t, bm, 4)
+    assert max(loads.values()) < 1.3 * min(loads.values())
+
+
+def test_counters_readable_and_per_source():
+    g = graph_of("tiny-llama", layers=1)
+    prog = lower(g, 3, config=LoweringConfig(tile=32, workers=2, max_seq=8))
+    names = {c.name for c in prog.counters}
+    assert "c.l0.attn.from0.r1" in names and "c.l0.mlp.from2.r0" in names
+    # every put is a put-with-signal to a counter owned by its destination rank
+    cmap = prog.counter_map()
+    puts = [t for t in prog.tasks if t.op == "put"]
+    assert puts and all(any(cmap[s.counter].rank == t.outs[0].rank for s in t.signals)
+                        for t in puts)
+    assert prog.slots == 2
+    assert all(t.group for t in puts)
+
+
+def _validate(prog):
+    from validator import validate
+
+    v = validate(prog)
+    assert v.ok, [(f.cls, f.message) for f in v.errors[:5]]
+
+
+CONFIGS = [dict(tile=32, workers=2), dict(tile=48, workers=3, policy="balanced"),
+           dict(tile=64, workers=1, allreduce="twoshot")]
+
+
+@pytest.mark.parametrize("name", TINY)
+@pytest.mark.parametrize("R", [1, 2, 3, 4])
+@pytest.mark.parametrize("knobs", CONFIGS, ids=["rr", "balanced", "twoshot"])
+def test_every_lowering_passes_the_validator(name, R, knobs):
+    _validate(lower(graph_of(name), R, config=LoweringConfig(max_seq=32, **knobs)))
+
+
+@pytest.mark.parametrize("R", [2, 4])
+def test_smollm2_lowering_passes_the_validator(R):
+    _validate(lower(graph_of("smollm2-135m"), R, config=LoweringConfig(max_seq=64)))
+
+
+def test_corpus_seeds_are_valid_multirank_lowerings():
+    seeds = lowered_corpus_seeds()
+    assert len(seeds) >= 6 and {p.ranks for p in seeds} >= {1, 2, 3, 4}
+    for p in seeds:
+        _validate(p)
+    full = lowered_corpus_seeds(full=True)
+    assert len(full) == 36 and len({p.name + json.dumps(p.config) for p in full}) == 36
+    for p in full:
+        _validate(p)
+
+
+@pytest.mark.parametrize("idx", range(6))
+def test_corpus_seeds_pass_the_independent_oracle(idx):
+    from validator.oracle import check
+
+    prog = lowered_corpus_seeds()[idx]
+    res = check(prog, runs=8, seed=idx)
+    assert not res.problems, [(p.cls, p.message) for p in res.problems[:3]]
+
+
+# -- weights and cost --------------------------------------------------------------------------
+def test_init_fn_slices_the_state_dict():
+    model = build_model("tiny-qwen2")
+    g = import_model(model)
+    prog = lower(g, 2, config=LoweringConfig(max_seq=8, tile=32))
+    init = make_init_fn(model.state_dict(), g.spec)
+    bm = prog.buffer_map()
+    sd = model.state_dict()
+    w = init(bm["w.l1.k.r1"], 1)
+    assert torch.equal(w, sd["model.layers.1.self_attn.k_proj.weight"][16:32])
+    b = init(bm["b.l0.q.r0"], 0)
+    assert torch.equal(b, sd["model.layers.0.self_attn.q_proj.bias"][0:48])
+    wo = init(bm["w.l0.attn.r1"], 1)
+    assert torch.equal(wo, sd["model.layers.0.self_attn.o_proj.weight"][:, 48:96])
+    assert torch.equal(init(bm["kc.l0.r0"], 0), torch.zeros(1, 8, 16))
+    assert init(bm["x.l0.r0"], 0) is None
+    inv = init(bm["rope.inv_freq.r0"], 0)
+    assert inv.dtype == torch.float32 and inv.shape == (8,)
+    bf = lower(g, 1, config=LoweringConfig(max_seq=8, dtype="bf16"))
+    assert init(bf.buffer_map()["w.l0.q.r0"], 0).dtype == torch.bfloat16
+
+
+def test_init_fn_rejects_a_bad_slice():
+    from dataclasses import replace
+
+    from ir.program import WeightSource
+
+    model = build_model("tiny-llama")
+    g = import_model(model)
+    prog = lower(g, 1, config=LoweringConfig(max_seq=8))
+    buf = prog.buffer_map()["w.l0.q.r0"]
+    bad = replace(buf, source=WeightSource(buf.source.key, ((0, 50), (0, 96))))
+    with pytest.raises(AmkError, match="shape"):
+        make_init_fn(model.state_dict(), g.spec)(bad, 0)
+
+
+def test_cost_model_is_a_labelled_roofline():
+    g = graph_of("smollm2-135m")
+    p1 = lower(g, 1, config=LoweringConfig(max_seq=64))
+    p2 = lower(g, 2, config=LoweringConfig(max_seq=64))
+    e1, e2 = estimate(p1, 1), estimate(p2, 1)
+    j = e1.to_json()
+    assert "predicted" in j["label"]
+    assert e1.roofline_s <= e1.predicted_latency_s
+    # each of 2 ranks streams about half the weights (embedding lookups are one row)
+    b1 = e1.per_rank[0]["bytes"]
+    assert 0.45 * b1 < e2.per_rank[0]["bytes"] < 0.6 * b1
+    # the weights of smollm2 (fp32, tied) are about 135M * 4 bytes
+    assert 4.5e8 < b1 < 6.5e8
+    assert estimate(p1, 64).roofline_s > e1.roofline_s

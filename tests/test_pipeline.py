@@ -1,0 +1,242 @@
+"""End to end on the sim backend: import -> lower -> validate -> run -> compare with HF eager.
+
+Logits are compared at positions 0, 7 and 31 (a check at position 0 alone cannot see
+attention or KV-cache bugs); the prompt is fed one token per decode step.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from amk import pipeline
+from amk.cli import main
+from lowering.config import LoweringConfig
+from lowering.lower import lower
+from models.graph import import_model
+
+POSITIONS = (0, 7, 31)
+
+
+def _session(name: str, R: int, **knobs) -> pipeline.Session:
+    cfg = LoweringConfig(max_seq=32, **knobs)
+    return pipeline.Session.build(f"config:{name}", R, cfg)
+
+
+@pytest.mark.parametrize("name,R,knobs,policy,seed", [
+    ("tiny-llama", 1, dict(workers=2), "random", 0),
+    ("tiny-llama", 2, dict(workers=3, tile=32), "adversarial", 1),
+    ("tiny-llama", 3, dict(workers=2, allreduce="twoshot"), "random", 2),
+    ("tiny-llama", 4, dict(workers=2, tile=48, policy="balanced"), "adversarial", 3),
+    ("tiny-qwen2", 1, dict(workers=1), "in_order", 0),
+    ("tiny-qwen2", 2, dict(workers=2, allreduce="twoshot"), "adversarial", 4),
+    ("tiny-qwen2", 3, dict(workers=3, tile=32), "random", 5),
+    ("tiny-qwen2", 4, dict(workers=2), "adversarial", 6),
+    ("tiny-qwen3", 1, dict(workers=3, tile=32), "random", 7),
+    ("tiny-qwen3", 2, dict(workers=2), "random", 8),
+    ("tiny-qwen3", 3, dict(workers=2, policy="balanced"), "adversarial", 9),
+    ("tiny-qwen3", 4, dict(workers=1, allreduce="twoshot"), "adversarial", 10),
+])
+def test_tiny_models_match_hf_logits(name, R, knobs, policy, seed):
+    s = _session(name, R, **knobs)
+    assert s.verdict.ok, [(f.cls, f.message) for f in s.verdict.errors[:3]]
+    rep = s.check(s.decoder("sim", seed=seed, policy=policy), POSITIONS, seed=seed)
+    assert [p.pos for p in rep.positions] == list(POSITIONS)
+    assert rep.ok, rep.failures()
+    assert rep.max_abs_err < 1e-4
+    assert all(p.argmax_agree for p in rep.positions)
+
+
+def test_bf16_schedule_is_close_to_fp32_hf():
+    s = _session("tiny-qwen3", 2, workers=2, dtype="bf16")
+    rep = s.check(s.decoder("sim", seed=1, policy="random"), POSITIONS)
+    assert rep.ok, rep.failures()
+    assert 1e-4 < max(p.rel_err for p in rep.positions) < 5e-2  # bf16 rounding is visible
+
+
+def test_greedy_generation_matches_hf_generate_tiny():
+    s = _session("tiny-qwen2", 3, workers=2)
+    dec = s.decoder("sim", seed=3, policy="adversarial")
+    prompt = [256, 72, 101, 108, 108, 111]
+    new = dec.generate(prompt, 12, eos=pipeline.eos_ids(s.resolved.model))
+    ref = pipeline.hf_generate(s.resolved.model, prompt, 12)
+    assert new == ref
+    assert dec.steps == len(prompt) + len(new) - 1
+
+
+def test_first_divergence():
+    assert pipeline.first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert pipeline.first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    assert pipeline.first_divergence([1, 2], [1, 2, 3]) == 2
+
+
+def test_correctness_report_flags_wrong_logits():
+    ref = {0: torch.tensor([1.0, 2.0, 3.0])}
+    good = pipeline.compare(ref, {0: torch.tensor([1.0, 2.0, 3.0 + 1e-6])}, "f32")
+    assert good.ok
+    bad = pipeline.compare(ref, {0: torch.tensor([1.0, 3.5, 3.0])}, "f32")
+    assert not bad.ok and "position 0" in bad.failures()[0]
+    nan = pipeline.compare(ref, {0: torch.tensor([float("nan"), 2.0, 3.0])}, "f32")
+    assert not nan.ok
+
+
+def test_decoder_refuses_positions_beyond_the_cache():
+    from amk.errors import AmkError
+
+    s = _session("tiny-llama", 1)
+    dec = s.decoder("sim")
+    with pytest.raises(AmkError, match="max_seq"):
+        dec.step(1, 32)
+
+
+# -- the real SmolLM2-135M checkpoint -------------------------------------------------------
+@pytest.fixture(scope="module")
+def smollm2():
+    res = pipeline.resolve("smollm2-135m")
+    prompt = [int(t) for t in res.tokenizer("The capital of France is")["input_ids"]]
+    return res, prompt
+
+
+def _smollm2_decode(smollm2, R, n, seed=0, sim_policy="random", **knobs):
+    res, prompt = smollm2
+    cfg = LoweringConfig(max_seq=len(prompt) + n, **knobs)
+    s = pipeline.Session.build("smollm2-135m", R, cfg, resolved=res)
+    assert s.verdict.ok, [(f.cls, f.message) for f in s.verdict.errors[:3]]
+    dec = s.decoder("sim", seed=seed, policy=sim_policy)
+    return dec.generate(prompt, n, eos=pipeline.eos_ids(res.model)), dec
+
+
+@pytest.fixture(scope="module")
+def smollm2_ref32(smollm2):
+    res, prompt = smollm2
+    return pipeline.hf_generate(res.model, prompt, 32)
+
+
+def test_smollm2_tp2_16_tokens_identical_to_hf(smollm2, smollm2_ref32):
+    res, _ = smollm2
+    new, dec = _smollm2_decode(smollm2, 2, 16, seed=1)
+    assert new == smollm2_ref32[:16], (new, smollm2_ref32[:16])
+    assert res.tokenizer.decode(new).startswith(" Paris")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("R,seed,sim_policy,knobs", [
+    (1, 0, "random", dict(workers=4)),
+    (2, 2, "adversarial", dict(workers=4)),
+    (3, 3, "random", dict(workers=3, allreduce="twoshot")),
+    (4, 4, "adversarial", dict(workers=2, policy="balanced")),
+])
+def test_smollm2_32_tokens_identical_to_hf_all_tp(smollm2, smollm2_ref32, R, seed, sim_policy,
+                                                  knobs):
+    new, _ = _smollm2_decode(smollm2, R, 32, seed=seed, sim_policy=sim_policy, **knobs)
+    assert new == smollm2_ref32
+
+
+# -- random-weight models with real shapes (2 layers to fit CI) ------------------------------
+def _shaped_model(kind: str):
+    """Published shapes with the layer count cut to 2 (every width, head count, vocab and RoPE
+    setting kept): llama-3.2-1b, qwen2.5-0.5b, and Qwen3-0.6B (hidden 1024, 16 x 128 heads,
+    8 KV heads, intermediate 3072, vocab 151936, q/k norm)."""
+    from transformers import AutoModelForCausalLM
+
+    from models.recipes import _randomize_bias_and_norms, _qwen3, build_config
+
+    if kind == "qwen3-0.6b":
+        cfg = _qwen3(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
+                     num_hidden_layers=2, num_attention_heads=16, num_key_value_heads=8,
+                     head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6,
+                     rope_theta=1000000.0, tie_word_embeddings=True, use_sliding_window=False,
+                     initializer_range=0.02)
+    else:
+        cfg = build_config(kind)
+        cfg.num_hidden_layers = 2
+        if hasattr(cfg, "layer_types") and cfg.layer_types:
+            cfg.layer_types = cfg.layer_types[:2]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+        _randomize_bias_and_norms(model, std=0.02)
+    return model.eval()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["llama-3.2-1b", "qwen2.5-0.5b", "qwen3-0.6b"])
+def test_shaped_models_logits_at_0_7_31(kind):
+    model = _shaped_model(kind)
+    g = import_model(model, name=kind)
+    prog = lower(g, 2, config=LoweringConfig(max_seq=32, workers=4, tile=128))
+    verdict, _ = pipeline.validate_program(prog)
+    assert verdict.ok, [(f.cls, f.message) for f in verdict.errors[:3]]
+    ex = pipeline.make_executor(prog, g, model.state_dict(), "sim", seed=5, policy="random",
+                                check=False)
+    rep = pipeline.check_correctness(model, pipeline.Decoder(prog, ex), g.spec.vocab)
+    print(kind, json.dumps([p.to_json() for p in rep.positions]))
+    assert rep.ok, rep.failures()
+    assert all(p.argmax_agree for p in rep.positions)
+
+
+# -- CLI --------------------------------------------------------------------------------------
+def test_cli_compile_writes_schedule_and_report(tmp_path, capsys):
+    out = tmp_path / "o"
+    rc = main(["compile", "config:tiny-qwen3", "--tp", "2", "--workers", "2", "--out", str(out)])
+    assert rc == 0
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["ok"] and rep["ranks"] == 2 and rep["workers"] == 2
+    assert rep["validation"]["ok"] and rep["validation"]["seconds"] >= 0
+    assert rep["counts"]["tasks"] > 0 and len(rep["counts"]["tasks_per_rank"]) == 2
+    assert [p["pos"] for p in rep["correctness"]["positions"]] == list(POSITIONS)
+    assert rep["cost"]["seq_len_1"]["predicted_latency_us"] > 0
+    assert "predicted" in rep["cost"]["seq_len_1"]["label"]
+    from ir.io import load_program
+
+    a = load_program(out / "schedule.amk")
+    b = load_program(out / "schedule.json")
+    assert a == b and len(a.tasks) == rep["counts"]["tasks"]
+
+
+def test_cli_compile_fails_with_exit_1_on_wrong_logits(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(pipeline.REL_TOL, "f32", -1.0)
+    rc = main(["compile", "config:tiny-llama", "--tp", "2", "--out", str(tmp_path)])
+    assert rc == 1
+    assert "correctness check failed" in capsys.readouterr().err
+    rep = json.loads((tmp_path / "report.json").read_text())
+    assert rep["ok"] is False and "correctness" in rep["failure"]
+
+
+def test_cli_compile_fails_with_exit_1_when_rejected(tmp_path, monkeypatch, capsys):
+    from validator.verdict import Finding, Verdict
+
+    monkeypatch.setattr(pipeline, "validate_program",
+                        lambda p: (Verdict([Finding("Deadlock", "planted")]), 0.0))
+    rc = main(["compile", "config:tiny-llama", "--out", str(tmp_path)])
+    assert rc == 1
+    assert "Deadlock" in capsys.readouterr().err
+    rep = json.loads((tmp_path / "report.json").read_text())
+    assert rep["validation"]["ok"] is False
+
+
+def test_cli_bad_config_and_unsupported_model(tmp_path, capsys):
+    bad = tmp_path / "k.json"
+    bad.write_text('{"tile": -1}')
+    assert main(["compile", "config:tiny-llama", "--config", str(bad)]) == 2
+    assert "'tile'" in capsys.readouterr().err
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, hidden_act="gelu")
+    LlamaForCausalLM(cfg).save_pretrained(tmp_path / "gelu")
+    assert main(["compile", str(tmp_path / "gelu")]) == 2
+    err = capsys.readouterr().err
+    assert "hidden_act" in err and "gelu" in err
+
+
+def test_cli_generate_verify_json(capsys):
+    rc = main(["generate", "config:tiny-qwen2", "--prompt", "Hello", "--max-new-tokens", "6",
+               "--tp", "3", "--workers", "2", "--verify", "--json", "--policy", "adversarial"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    assert out["match"] is True and out["first_divergence"] is None
+    assert out["tokens"] == out["reference_tokens"] and len(out["tokens"]) == 6
+    assert isinstance(out["text"], str)

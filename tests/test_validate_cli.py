@@ -1,0 +1,83 @@
+"""`amk validate FILE [--json]`: exit codes 0 / 1 / 2, the text report and the JSON keys."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from amk.cli import main
+from ir.examples import allreduce
+from ir.io import save_program
+from tests.test_validator import copy_chain, inversion, no_credit_allreduce
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture()
+def files(tmp_path):
+    good = tmp_path / "good.amk"
+    save_program(allreduce(2, 8, reuse="slots"), good)
+    good_json = tmp_path / "good.json"
+    save_program(allreduce(3, 8, reuse="credit"), good_json)
+    bad = tmp_path / "bad.json"
+    save_program(no_credit_allreduce(2), bad)
+    dead = tmp_path / "dead.amk"
+    save_program(inversion(cross_rank=False), dead)
+    partial = tmp_path / "partial.amk"
+    save_program(copy_chain(write=(0, 12)), partial)
+    broken = tmp_path / "broken.amk"
+    broken.write_text('amk 1\nprogram "x"\nranks 2 workers [\n')
+    return {"good": good, "good_json": good_json, "bad": bad, "dead": dead,
+            "partial": partial, "broken": broken, "missing": tmp_path / "none.amk"}
+
+
+def test_accepted_exit_0(files, capsys):
+    assert main(["validate", str(files["good"])]) == 0
+    assert "accepted" in capsys.readouterr().out
+    assert main(["validate", str(files["good_json"])]) == 0
+
+
+def test_rejected_exit_1_prints_witness(files, capsys):
+    assert main(["validate", str(files["dead"])]) == 1
+    out = capsys.readouterr().out
+    assert "DeadlockCycle" in out and "witness" in out and "counter c1" in out
+    assert main(["validate", str(files["partial"])]) == 1
+    out = capsys.readouterr().out
+    assert "PartialCoverageRead" in out and "[12, 16]" in out
+
+
+def test_unparsable_exit_2_with_position(files, capsys):
+    assert main(["validate", str(files["broken"])]) == 2
+    err = capsys.readouterr().err
+    assert f"{files['broken']}:3:" in err
+    assert main(["validate", str(files["missing"])]) == 2
+
+
+def test_json_output(files, capsys):
+    assert main(["validate", str(files["bad"]), "--json"]) == 1
+    d = json.loads(capsys.readouterr().out)
+    assert d["ok"] is False
+    assert {"ok", "errors", "stats"} <= set(d)
+    e = d["errors"][0]
+    assert {"class", "message", "tasks", "witness"} <= set(e)
+    assert "ReceiveBufferReuseWithoutCredit" in {x["class"] for x in d["errors"]}
+    assert d["stats"]["tasks"] == 6
+    assert main(["validate", str(files["good"]), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["ok"] is True and d["errors"] == []
+    assert main(["validate", str(files["broken"]), "--json"]) == 2
+    d = json.loads(capsys.readouterr().out)
+    assert d["ok"] is False and ":3:" in d["input_error"]
+
+
+def test_console_entry_point(files):
+    """The real process: exit codes survive `python -m amk`."""
+    r = subprocess.run([sys.executable, "-m", "amk", "validate", str(files["dead"]), "--json"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 1, r.stderr
+    assert json.loads(r.stdout)["errors"][0]["class"] == "DeadlockCycle"
