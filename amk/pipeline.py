@@ -59,11 +59,12 @@ def validate_program(program: ScheduleProgram):
 
 def make_executor(program: ScheduleProgram, graph: ModelGraph, state: dict[str, torch.Tensor],
                   backend: str = "sim", *, seed: int = 0, policy: str = "random",
-                  check: bool = True):
+                  check: bool = True, backend_options: dict[str, Any] | None = None):
     """A backend executor for ``program`` with weights from ``state`` (an HF state dict).
 
     backend ``sim``: ``SimExecutor(program, init_fn, seed=, policy=, check=)``; ``triton``:
-    ``TritonExecutor(program, init_fn, check=)`` (needs lowering/triton and a GPU). Raises
+    ``TritonExecutor(program, init_fn, check=, **backend_options)`` (needs lowering/triton and
+    a GPU; options: ``num_warps``, ``blocks`` = a ``lowering.triton.runtime.Blocks``). Raises
     AmkError for an unknown or unavailable backend.
     """
     from lowering.weights import make_init_fn
@@ -81,7 +82,7 @@ def make_executor(program: ScheduleProgram, graph: ModelGraph, state: dict[str, 
             from lowering.triton.runtime import TritonExecutor
         except ImportError as e:
             raise AmkError(f"backend triton is not available here: {e}") from None
-        return TritonExecutor(program, init_fn, check=check)
+        return TritonExecutor(program, init_fn, check=check, **(backend_options or {}))
     raise AmkError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
 
 
@@ -396,12 +397,14 @@ class Session:
             s.verdict, s.validate_s = stage("validate", validate_program, program)
         return s
 
-    def decoder(self, backend: str = "sim", seed: int = 0, policy: str = "random") -> Decoder:
+    def decoder(self, backend: str = "sim", seed: int = 0, policy: str = "random",
+                backend_options: dict[str, Any] | None = None) -> Decoder:
         if self.verdict is not None and not self.verdict.ok:
             raise AmkError("the schedule was rejected by the validator; it will not be run",
                            exit_code=1)
         ex = make_executor(self.program, self.graph, self.resolved.model.state_dict(), backend,
-                           seed=seed, policy=policy, check=self.verdict is None)
+                           seed=seed, policy=policy, check=self.verdict is None,
+                           backend_options=backend_options)
         return Decoder(self.program, ex, self.config.max_seq)
 
     def check(self, decoder: Decoder, positions: Sequence[int] = DEFAULT_POSITIONS,

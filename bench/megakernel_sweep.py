@@ -22,6 +22,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", default="32,66,132")
     ap.add_argument("--tile", default="64,128")
     ap.add_argument("--policy", default="balanced,round_robin")
+    ap.add_argument("--warps", default="4,8")
+    ap.add_argument("--gemv-block", default="16x256,32x512")
+    ap.add_argument("--fuse", default="0", help="comma list of 0/1 for the fuse knob")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=8)
     ap.add_argument("--json", default=None)
@@ -32,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     from amk.timing import decode_weight_bytes, measure_hbm_bandwidth, roofline_ms
     from ir.program import Target
     from lowering.config import LoweringConfig
+    from lowering.triton.runtime import Blocks
     from models.sources import resolve_model
 
     dev = torch.device("cuda")
@@ -47,26 +51,33 @@ def main(argv: list[str] | None = None) -> int:
                     max_workers=props.multi_processor_count, backend="triton")
     rows = []
     print(f"{args.model} on {props.name}: HBM {bw / 1e12:.2f} TB/s, roofline {floor:.4f} ms")
-    for w, t, pol in itertools.product([int(x) for x in args.workers.split(",")],
-                                       [int(x) for x in args.tile.split(",")],
-                                       args.policy.split(",")):
-        cfg = LoweringConfig(tile=t, workers=w, policy=pol, dtype="bf16",
+    for w, t, pol, nw, gb, fuse in itertools.product([int(x) for x in args.workers.split(",")],
+                                               [int(x) for x in args.tile.split(",")],
+                                               args.policy.split(","),
+                                               [int(x) for x in args.warps.split(",")],
+                                               args.gemv_block.split(","),
+                                               [bool(int(x)) for x in args.fuse.split(",")]):
+        bn, bk = (int(v) for v in gb.split("x"))
+        opts = {"num_warps": nw, "blocks": Blocks(gemv_n=bn, gemv_k=bk)}
+        tag = f"workers={w:<4} tile={t:<4} {pol:<12} warps={nw} gemv={gb:<7} fuse={int(fuse)}"
+        cfg = LoweringConfig(tile=t, workers=w, policy=pol, dtype="bf16", fuse=fuse,
                              max_seq=max(256, args.prompt_len + args.tokens + 8)).validate()
         try:
             res, session, ex = measure_megakernel(args.model, resolved, cfg, target, prompt, ref,
-                                                  args.tokens)
+                                                  args.tokens, opts)
         except Exception as err:
-            print(f"  workers={w} tile={t} {pol}: FAILED {type(err).__name__}: {err}")
-            rows.append({"config": cfg.to_json(), "error": f"{type(err).__name__}: {err}"})
+            print(f"  {tag}: FAILED {type(err).__name__}: {err}", flush=True)
+            rows.append({"config": cfg.to_json(), "num_warps": nw, "gemv_block": gb,
+                         "error": f"{type(err).__name__}: {err}"})
             continue
         med = res.timing.median_ms
-        row = {"config": cfg.to_json(), "tasks": res.extra["tasks"], "latency_ms_median": med,
+        row = {"config": cfg.to_json(), "num_warps": nw, "gemv_block": gb, "tasks": res.extra["tasks"], "latency_ms_median": med,
                "timing": res.timing.to_json(), "roofline_pct": 100 * floor / med,
                "correct": res.correct, "note": res.note, "build_s": res.extra["build_s"],
                "occupancy": ex.occupancy,
                "max_abs_err": res.extra["logit_check"].get("max_abs_err")}
         rows.append(row)
-        print(f"  workers={w:<4} tile={t:<4} {pol:<12} tasks={row['tasks']:<6} {med:8.4f} ms "
+        print(f"  {tag} tasks={row['tasks']:<6} {med:8.4f} ms "
               f"({row['roofline_pct']:5.1f}% roofline) correct={res.correct} {res.note}",
               flush=True)
         del ex, session

@@ -22,6 +22,15 @@ add             y = a + b
 reduce          y = sum_k P[k, :] (+ residual)                 ins (P[k,N], residual[N]?)
 argmax          y = (max(x), offset + first argmax(x)) as two fp32
 argmax_combine  token[0] = index of the pair with the largest value (lowest index on ties)
+norm_gemv       y = W @ (x / sqrt(mean(x^2) + eps) * norm_w) (+ bias): RMSNorm fused into
+                the GEMV prologue (every tile recomputes the norm of the whole x)
+                                                               ins (x[K], norm_w[K], W[N,K], bias[N]?)
+gemv_res        y = W @ x + r: the residual add fused into the epilogue
+                                                               ins (x[K], W[N,K], r[N])
+swiglu_gemv     y = W @ (silu(g) * u) (+ r): SiLU*mul fused into the prologue
+                                                               ins (g[K], u[K], W[N,K], r[N]?)
+rope_append     kc[:, pos, :] = rope(k) ; vc[:, pos, :] = v    ins (k, v, inv_freq, pos)
+rope_attention  attention (as above) of rope(q) at pos          ins (q, kc, vc, pos, inv_freq)
 copy            y = x (dtype cast between float dtypes allowed)
 put             dst (a symmetric buffer, usually on another rank) = src, same dtype
 quiet           complete every pending put of this worker (nvshmem_quiet)
@@ -283,6 +292,58 @@ def _check_put(ins, ind, outs, outd, p):
     return errs
 
 
+def _check_norm_gemv(ins, ind, outs, outd, p):
+    x, nw, w = ins[0], ins[1], ins[2]
+    errs = _check_gemv([x, w] + list(ins[3:]), ind, outs, outd, p)
+    errs = [e.replace("gemv:", "norm_gemv:") for e in errs]
+    if _n(nw) != _n(x):
+        errs.append(f"norm_gemv: norm weight has {_n(nw)} elements, input {_n(x)}")
+    eps = p.get("eps")
+    if not isinstance(eps, (int, float)) or not (0 < eps < 1):
+        errs.append(f"norm_gemv: param eps must be in (0, 1), got {eps!r}")
+    return errs
+
+
+def _check_gemv_res(ins, ind, outs, outd, p):
+    x, w, r = ins
+    errs = [e.replace("gemv:", "gemv_res:") for e in _check_gemv([x, w], ind, outs, outd, p)]
+    if _n(r) != _n(outs[0]):
+        errs.append(f"gemv_res: residual has {_n(r)} elements, output {_n(outs[0])}")
+    return errs
+
+
+def _check_swiglu_gemv(ins, ind, outs, outd, p):
+    g, u, w = ins[0], ins[1], ins[2]
+    errs = [e.replace("gemv:", "swiglu_gemv:") for e in _check_gemv([g, w], ind, outs, outd, p)]
+    if _n(u) != _n(g):
+        errs.append(f"swiglu_gemv: gate has {_n(g)} elements, up {_n(u)}")
+    if len(ins) > 3 and _n(ins[3]) != _n(outs[0]):
+        errs.append(f"swiglu_gemv: residual has {_n(ins[3])} elements, output {_n(outs[0])}")
+    return errs
+
+
+def _check_rope_append(ins, ind, outs, outd, p):
+    k, v, inv_freq, pos = ins
+    errs = [e.replace("kv_append:", "rope_append:")
+            for e in _check_kv_append([k, v, pos], ind, outs, outd, p)]
+    hd = p.get("head_dim")
+    if isinstance(hd, int) and hd > 0 and _n(inv_freq) != hd // 2:
+        errs.append(f"rope_append: inv_freq has {_n(inv_freq)} elements, expected head_dim/2={hd // 2}")
+    if isinstance(hd, int) and hd % 2:
+        errs.append(f"rope_append: head_dim must be even, got {hd}")
+    return errs
+
+
+def _check_rope_attention(ins, ind, outs, outd, p):
+    q, kc, vc, pos, inv_freq = ins
+    errs = [e.replace("attention:", "rope_attention:")
+            for e in _check_attention([q, kc, vc, pos], ind, outs, outd, p)]
+    hd = p.get("head_dim")
+    if isinstance(hd, int) and hd > 0 and _n(inv_freq) != hd // 2:
+        errs.append(f"rope_attention: inv_freq has {_n(inv_freq)} elements, expected head_dim/2={hd // 2}")
+    return errs
+
+
 def _spec(name, kind, ins, outs, in_dtypes, out_dtypes, **kw) -> OpSpec:
     return OpSpec(name=name, kind=kind, ins=ins, outs=outs, in_dtypes=in_dtypes,
                   out_dtypes=out_dtypes, **kw)
@@ -311,6 +372,18 @@ OPS: dict[str, OpSpec] = {
               params={"offset": int}, check=_check_argmax),
         _spec("argmax_combine", "compute", ("pairs",), ("token",), (F32,), (I32,),
               check=_check_argmax_combine),
+        _spec("norm_gemv", "compute", ("x", "norm_w", "w"), ("y",), (F, F, F), (F,),
+              optional_ins=("bias",), optional_in_dtypes=(F,), params={"eps": float},
+              check=_check_norm_gemv),
+        _spec("gemv_res", "compute", ("x", "w", "r"), ("y",), (F, F, F), (F,),
+              check=_check_gemv_res),
+        _spec("swiglu_gemv", "compute", ("g", "u", "w"), ("y",), (F, F, F), (F,),
+              optional_ins=("r",), optional_in_dtypes=(F,), check=_check_swiglu_gemv),
+        _spec("rope_append", "compute", ("k", "v", "inv_freq", "pos"), ("kc", "vc"),
+              (F, F, F32, I32), (F, F), params={"head_dim": int}, check=_check_rope_append),
+        _spec("rope_attention", "compute", ("q", "kc", "vc", "pos", "inv_freq"), ("o",),
+              (F, F, F, I32, F32), (F,), params={"head_dim": int, "scale": float},
+              check=_check_rope_attention),
         _spec("copy", "compute", ("x",), ("y",), (ANY,), (ANY,), check=_check_same_numel("copy")),
         _spec("put", "comm", ("src",), ("dst",), (ANY,), (ANY,), check=_check_put),
         _spec("quiet", "sync", (), (), (), ()),

@@ -18,6 +18,12 @@ allreduce  cross-rank reduction algorithm: ``oneshot`` (every rank puts its part
            (reduce-scatter: each rank reduces one column block, then all-gathers it)
 max_seq    KV-cache length in tokens (positions 0 .. max_seq-1 can be decoded)
 dtype      dtype of weights, activations and KV cache: ``f32`` or ``bf16``
+fuse       emit fused ops (ir/ops.py): RMSNorm into the following GEMVs
+           (``norm_gemv``), RoPE into KV append / attention (``rope_append``,
+           ``rope_attention``), SiLU*mul into the down GEMV (``swiglu_gemv``) and, at one
+           rank, the residual add into the o / down GEMVs (``gemv_res`` / swiglu_gemv's
+           ``r``). Fewer stages and tasks; same results (see lowering/reference.py for
+           the exact rounding). Default off.
 =========  =========================================================================
 """
 
@@ -46,6 +52,7 @@ class LoweringConfig:
     allreduce: str = "oneshot"
     max_seq: int = 256
     dtype: str = "f32"
+    fuse: bool = False
 
     def validate(self, source: str = "config") -> "LoweringConfig":
         """Return self, or raise AmkError naming the bad field and the allowed values."""
@@ -58,6 +65,8 @@ class LoweringConfig:
                 raise bad(name, f"expected an integer, got {v!r}")
             if v < 1:
                 raise bad(name, f"must be >= 1, got {v}")
+        if not isinstance(self.fuse, bool):
+            raise bad("fuse", f"expected true or false, got {self.fuse!r}")
         if self.workers > 1024:
             raise bad("workers", f"at most 1024 workers per rank, got {self.workers}")
         for name, allowed in (("policy", POLICIES), ("allreduce", ALLREDUCE_ALGOS),

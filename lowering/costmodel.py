@@ -42,9 +42,12 @@ def _region_bytes(region, buffers: dict[str, Buffer]) -> int:
 def task_bytes(task: Task, buffers: dict[str, Buffer], seq_len: int) -> int:
     """Bytes a task moves through HBM (reads + writes) at sequence length ``seq_len``.
 
-    ``embed`` reads one table row (not the whole declared table region); ``kv_append``
-    writes one row per KV head of each cache; ``attention`` reads ``seq_len`` rows of each
-    cache region; sync tasks move nothing; every other op moves its whole regions.
+    ``embed`` reads one table row (not the whole declared table region); ``kv_append`` and
+    ``rope_append`` write one row per KV head of each cache; ``attention`` and
+    ``rope_attention`` read ``seq_len`` rows of each cache region; sync tasks move nothing;
+    every other op moves its whole regions (the fused GEMVs: their vectors, weight tile
+    and residual; a norm_gemv tile re-reads the whole normalised input, which it does).
+    Small operands (pos, inv_freq) of the cache ops are not counted.
     """
     op = task.op
     if op in ("quiet", "fence", "nop"):
@@ -52,15 +55,16 @@ def task_bytes(task: Task, buffers: dict[str, Buffer], seq_len: int) -> int:
     if op == "embed":
         row = task.outs[0].numel()
         return 2 * row * DTYPE_BYTES.get(buffers[task.outs[0].buffer].dtype, 4)
-    if op in ("kv_append", "attention"):
+    if op in ("kv_append", "attention", "rope_append", "rope_attention"):
+        append = op in ("kv_append", "rope_append")
         total = 0
-        caches = task.outs if op == "kv_append" else task.ins[1:3]
-        vectors = task.ins[:2] if op == "kv_append" else (task.ins[0], task.outs[0])
+        caches = task.outs if append else task.ins[1:3]
+        vectors = task.ins[:2] if append else (task.ins[0], task.outs[0])
         for reg in caches:
             shape = reg.shape()
             s = shape[-2] if len(shape) >= 2 else 1
             per_row = _region_bytes(reg, buffers) // max(s, 1)
-            total += per_row * (1 if op == "kv_append" else max(1, min(seq_len, s)))
+            total += per_row * (1 if append else max(1, min(seq_len, s)))
         for reg in vectors:
             total += _region_bytes(reg, buffers)
         return total

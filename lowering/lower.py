@@ -160,6 +160,26 @@ class _Emitter:
         return self.prog
 
 
+@dataclass
+class Prologue:
+    """The input of a GEMV tile together with the op that fuses its producer into the tile:
+    ``gemv`` (ins: x), ``norm_gemv`` (ins: x, norm weight; params eps) or ``swiglu_gemv``
+    (ins: gate, up). ``length``: K, the elements the tile multiplies (like Loc.length)."""
+
+    op: str
+    ins: tuple[Region, ...]
+    ready: tuple[Ready, ...]
+    length: int
+    params: dict
+
+
+def _prologue(x: Loc | Prologue) -> Prologue:
+    """A plain vector value as the input of an unfused ``gemv``."""
+    if isinstance(x, Prologue):
+        return x
+    return Prologue("gemv", (x.region(),), x.ready, x.length, {})
+
+
 def _expect(cond: bool, msg: str) -> None:
     if not cond:
         raise AmkError(f"lowering: unexpected graph: {msg}")
@@ -237,9 +257,14 @@ class _Lowerer:
         norm_op = self.g.ops[-2]
         _expect(head_op.op == "lm_head" and norm_op.op == "rmsnorm",
                 "the graph must end with rmsnorm, lm_head")
-        xf = self.rmsnorm("final_norm", norm_op, x)
+        xf = self.norm_in("final_norm", norm_op, x)
         self.lm_head(head_op, xf)
-        return e.finish()
+        prog = e.finish()
+        # Counters are never reset within max_epochs steps: cap it so that the busiest
+        # counter's N(c) * (max_epochs + 1) stays within int32 (the validator's overflow rule).
+        n_max = max(prog.signals_per_epoch().values(), default=1) or 1
+        prog.max_epochs = min(prog.max_epochs, (2**31 - 1) // n_max - 1)
+        return prog
 
     def embed(self) -> dict[int, Loc]:
         op = self.g.ops[0]
@@ -275,22 +300,50 @@ class _Lowerer:
             out[r] = Loc(y, r, 0, H, (self.ready(c, 1),))
         return out
 
-    def gemv_tiles(self, tag: str, r: int, x: Loc, wbuf: str, k: int, rows: tuple[int, int],
-                   y: Callable[[int, int], Region], bias: str | None, counter: str,
-                   fuse: Callable[[int, int, int], None] | None = None) -> int:
+    def norm_in(self, name: str, op: GraphOp, x: dict[int, Loc]) -> dict[int, Loc | Prologue]:
+        """A full-width RMSNorm of ``x``: with ``fuse``, a ``norm_gemv`` prologue for the
+        GEMV tiles that consume it (no task of its own); otherwise one rmsnorm task per rank."""
+        if not self.cfg.fuse:
+            return self.rmsnorm(name, op, x)
+        H = op.params["dim"]
+        out: dict[int, Loc | Prologue] = {}
+        for r in range(self.R):
+            _expect(x[r].length == H, f"{name}: norm dim {H} but the input has {x[r].length}")
+            w = self.weight(f"w.{name}", r, op.weights["w"].key, (H,))
+            out[r] = Prologue("norm_gemv", (x[r].region(), Region(w, r, (_r(0, H),))),
+                              x[r].ready, H, {"eps": float(op.params["eps"])})
+        return out
+
+    def gemv_tiles(self, tag: str, r: int, x: Loc | Prologue, wbuf: str, k: int,
+                   rows: tuple[int, int], y: Callable[[int, int], Region], bias: str | None,
+                   counter: str, fuse: Callable[[int, int, int], None] | None = None,
+                   resid: Loc | None = None) -> int:
         """GEMV tiles over local weight rows ``rows`` of ``wbuf`` ([n, k]); output rows
-        [a, b) of the tile go to ``y(a, b)`` (row indices local to wbuf). ``fuse(worker, a,
-        b)`` may emit follow-up tasks of the tile on the same worker (it then signals).
-        Returns the number of tiles (each signals ``counter`` once)."""
+        [a, b) of the tile go to ``y(a, b)`` (row indices local to wbuf). ``x`` is a value
+        (op ``gemv``) or a Prologue (its op: ``norm_gemv`` / ``swiglu_gemv``). ``resid``: add
+        ``resid[a:b]`` in the tile's epilogue (``gemv`` becomes ``gemv_res``; swiglu_gemv
+        gets its ``r``). ``fuse(worker, a, b)`` may emit follow-up tasks of the tile on the
+        same worker (it then signals). Returns the number of tiles (each signals ``counter``
+        once)."""
+        src = _prologue(x)
+        op = src.op
+        if resid is not None:
+            _expect(bias is None and op in ("gemv", "swiglu_gemv"),
+                    f"{tag}: no fused residual for {op} with a bias")
+            op = "gemv_res" if op == "gemv" else op
+        ready = tuple(src.ready) + (tuple(resid.ready) if resid is not None else ())
         n = 0
         for a, b in tiles(rows[0], rows[1], self.cfg.tile):
-            ins = [x.region(), Region(wbuf, r, (_r(a, b), _r(0, k)))]
+            ins = list(src.ins) + [Region(wbuf, r, (_r(a, b), _r(0, k)))]
             if bias:
                 ins.append(Region(bias, r, (_r(a, b),)))
+            if resid is not None:
+                ins.append(resid.region(a, b))
             outs = [y(a, b)]
-            w = self.e.place(r, self.e.cost("gemv", ins, outs))
+            w = self.e.place(r, self.e.cost(op, ins, outs))
             sig = [] if fuse else [counter]
-            self.e.task(f"{tag}.t{n}.r{r}", r, w, "gemv", ins, outs, ready=x.ready, signals=sig)
+            self.e.task(f"{tag}.t{n}.r{r}", r, w, op, ins, outs, dict(src.params), ready=ready,
+                        signals=sig)
             if fuse:
                 fuse(w, a, b)
             n += 1
@@ -298,10 +351,10 @@ class _Lowerer:
 
     def layer(self, i: int, x: dict[int, Loc]) -> dict[int, Loc]:
         plan = _layer_plan(self.g, i)
-        xn = self.rmsnorm(f"l{i}.ln1", plan["ln1"], x)
+        xn = self.norm_in(f"l{i}.ln1", plan["ln1"], x)
         attn = self.attention(i, plan, xn)
         h = self.row_parallel(f"l{i}.attn", plan["o"], attn, x, self.part_heads)
-        hn = self.rmsnorm(f"l{i}.ln2", plan["ln2"], h)
+        hn = self.norm_in(f"l{i}.ln2", plan["ln2"], h)
         m = self.mlp_in(i, plan, hn)
         return self.row_parallel(f"l{i}.mlp", plan["down"], m, h, self.part_cols)
 
@@ -312,9 +365,12 @@ class _Lowerer:
     def part_cols(self, r: int) -> tuple[int, int]:
         return self.part.shards[r].cols
 
-    def attention(self, i: int, plan: dict[str, GraphOp], xn: dict[int, Loc]) -> dict[int, Loc]:
+    def attention(self, i: int, plan: dict[str, GraphOp],
+                  xn: dict[int, Loc | Prologue]) -> dict[int, Loc]:
         """q/k/v projections, [q/k norm], RoPE, KV append and GQA attention per rank.
-        Returns each contributing rank's attention output (its query heads) as a Loc."""
+        With ``fuse`` and no q/k norm, RoPE is fused into rope_append / rope_attention (one
+        pair per KV head on one worker). Returns each contributing rank's attention output
+        (its query heads) as a Loc."""
         e, D, H, S = self.e, self.D, self.H, self.S
         out: dict[int, Loc] = {}
         for r in range(self.R):
@@ -342,6 +398,10 @@ class _Lowerer:
                 wb, bb, n, yb = bufs[role]
                 nt[role] = self.gemv_tiles(f"l{i}.{role}", r, xn[r], wb, H, (0, n),
                                            lambda a, b, yb=yb: Region(yb, r, (_r(a, b),)), bb, c)
+            if self.cfg.fuse and "q_norm" not in plan and "k_norm" not in plan:
+                out[r] = self._rope_attention(i, r, bufs, [self.ready(cq, nt["q"])],
+                                              [self.ready(ckv, nt["k"] + nt["v"])])
+                continue
             # q chain: [q_norm] -> rope, on one worker
             q_in = bufs["q"][3]
             qr = self.act(f"qr.l{i}", r, nq)
@@ -399,6 +459,44 @@ class _Lowerer:
             out[r] = Loc(a, r, 0, nq, (self.ready(ca, n_att),))
         return out
 
+    def _rope_attention(self, i: int, r: int, bufs: dict, q_ready: list[Ready],
+                        kv_ready: list[Ready]) -> Loc:
+        """Fused attention of rank r: per local KV head g, ``rope_append`` (rope(k_g) and v_g
+        into row pos of the caches) then ``rope_attention`` of g's query heads, both on one
+        worker so queue order orders the cache write before its read."""
+        e, D, S = self.e, self.D, self.S
+        sh = self.part.shards[r]
+        h0 = sh.q_heads[0]
+        g0, g1 = sh.kv_heads
+        nq = sh.n_q * D
+        q_b, k_b, v_b = bufs["q"][3], bufs["k"][3], bufs["v"][3]
+        kc = e.buffer(f"kc.l{i}.r{r}", "kv_cache", self.dt, (sh.n_kv, S, D), r)
+        vc = e.buffer(f"vc.l{i}.r{r}", "kv_cache", self.dt, (sh.n_kv, S, D), r)
+        a = self.act(f"a.l{i}", r, nq)
+        ca = e.counter(f"c.l{i}.attn.r{r}", r)
+        inv = Region(self.inv[r], r, (_r(0, D // 2),))
+        pos = Region(self.pos[r], r, (_r(0, 1),))
+        n_att = 0
+        for j, g in enumerate(range(g0, g1)):
+            lo, hi = self.part.kv_group_heads(r, g)
+            qa, qb = (lo - h0) * D, (hi - h0) * D
+            head = (_r(j, j + 1), _r(0, S), _r(0, D))
+            app_ins = [Region(k_b, r, (_r(j * D, (j + 1) * D),)),
+                       Region(v_b, r, (_r(j * D, (j + 1) * D),)), inv, pos]
+            app_outs = [Region(kc, r, head), Region(vc, r, head)]
+            att_ins = [Region(q_b, r, (_r(qa, qb),)), Region(kc, r, head), Region(vc, r, head),
+                       pos, inv]
+            att_outs = [Region(a, r, (_r(qa, qb),))]
+            w = e.place(r, e.cost("rope_append", app_ins, app_outs)
+                        + e.cost("rope_attention", att_ins, att_outs))
+            e.task(f"l{i}.rope_append.kv{g}.r{r}", r, w, "rope_append", app_ins, app_outs,
+                   {"head_dim": D}, ready=kv_ready)
+            e.task(f"l{i}.attn.kv{g}.r{r}", r, w, "rope_attention", att_ins, att_outs,
+                   {"head_dim": D, "scale": float(self.spec.attn_scale)}, ready=q_ready,
+                   signals=[ca])
+            n_att += 1
+        return Loc(a, r, 0, nq, (self.ready(ca, n_att),))
+
     def chain(self, i: int, r: int, steps: list, ready: list[Ready], counter: str) -> None:
         """Emit dependent single tasks on one worker; the last one signals ``counter``."""
         cost = sum(self.e.cost(op, ins, outs) for op, ins, outs, _, _ in steps)
@@ -408,8 +506,11 @@ class _Lowerer:
             self.e.task(f"l{i}.{tag}.r{r}", r, w, op, ins, outs, params,
                         ready=ready if k == 0 else (), signals=[counter] if last else [])
 
-    def mlp_in(self, i: int, plan: dict[str, GraphOp], hn: dict[int, Loc]) -> dict[int, Loc]:
-        """gate/up column tiles and silu_mul, each tile's three tasks on one worker."""
+    def mlp_in(self, i: int, plan: dict[str, GraphOp],
+               hn: dict[int, Loc | Prologue]) -> dict[int, Loc | Prologue]:
+        """gate/up column tiles and silu_mul, each tile's three tasks on one worker. With
+        ``fuse``: no silu_mul task; returns a ``swiglu_gemv`` prologue (gate, up) that the
+        down projection's tiles apply."""
         e, H = self.e, self.H
         out: dict[int, Loc] = {}
         for r in range(self.R):
@@ -421,28 +522,35 @@ class _Lowerer:
                              ((c0, c1), (0, H)))
             wu = self.weight(f"w.l{i}.up", r, plan["up"].weights["w"].key, (n, H),
                              ((c0, c1), (0, H)))
-            gb, ub, mb = self.act(f"g.l{i}", r, n), self.act(f"u.l{i}", r, n), self.act(f"m.l{i}", r, n)
+            gb, ub = self.act(f"g.l{i}", r, n), self.act(f"u.l{i}", r, n)
+            mb = None if self.cfg.fuse else self.act(f"m.l{i}", r, n)
             cm = e.counter(f"c.l{i}.act.r{r}", r)
             nt = 0
+            src = _prologue(hn[r])
             for a, b in tiles(0, n, self.cfg.tile):
                 steps = []
                 for tag, wb, yb in (("gate", wg, gb), ("up", wu, ub)):
-                    steps.append(("gemv", [hn[r].region(), Region(wb, r, (_r(a, b), _r(0, H)))],
-                                  [Region(yb, r, (_r(a, b),))], {}, f"{tag}.t{nt}"))
-                steps.append(("silu_mul", [Region(gb, r, (_r(a, b),)), Region(ub, r, (_r(a, b),))],
-                              [Region(mb, r, (_r(a, b),))], {}, f"silu.t{nt}"))
+                    steps.append((src.op, list(src.ins) + [Region(wb, r, (_r(a, b), _r(0, H)))],
+                                  [Region(yb, r, (_r(a, b),))], dict(src.params), f"{tag}.t{nt}"))
+                if mb is not None:
+                    steps.append(("silu_mul", [Region(gb, r, (_r(a, b),)), Region(ub, r, (_r(a, b),))],
+                                  [Region(mb, r, (_r(a, b),))], {}, f"silu.t{nt}"))
                 cost = sum(e.cost(op, ins, outs) for op, ins, outs, _, _ in steps)
                 w = e.place(r, cost)
                 for k, (op, ins, outs, params, tag) in enumerate(steps):
                     e.task(f"l{i}.{tag}.r{r}", r, w, op, ins, outs, params,
-                           ready=hn[r].ready if k == 0 else (),
+                           ready=src.ready if k == 0 else (),
                            signals=[cm] if k == len(steps) - 1 else [])
                 nt += 1
-            out[r] = Loc(mb, r, 0, n, (self.ready(cm, nt),))
+            if mb is None:
+                out[r] = Prologue("swiglu_gemv", (Region(gb, r, (_r(0, n),)), Region(ub, r, (_r(0, n),))),
+                                  (self.ready(cm, nt),), n, {})
+            else:
+                out[r] = Loc(mb, r, 0, n, (self.ready(cm, nt),))
         return out
 
     # -- row-parallel linear + all-reduce + residual ---------------------------------------
-    def row_parallel(self, site: str, op: GraphOp, xin: dict[int, Loc], resid: dict[int, Loc],
+    def row_parallel(self, site: str, op: GraphOp, xin: dict[int, Loc | Prologue], resid: dict[int, Loc],
                      cols_of: Callable[[int], tuple[int, int]]) -> dict[int, Loc]:
         """``resid + W @ x`` with W split by columns over ranks (rank r holds W[:, cols_of(r)]
         and the matching slice of x). Returns the result, replicated on every rank."""
@@ -460,13 +568,19 @@ class _Lowerer:
         return self._row_twoshot(site, xin, resid, wbuf, contrib)
 
     def _row_single(self, site, xin, resid, wbuf) -> dict[int, Loc]:
-        """R = 1: each GEMV tile is followed on its worker by the residual add of its rows."""
+        """R = 1: each GEMV tile is followed on its worker by the residual add of its rows
+        (with ``fuse``: the add is the tile's epilogue, gemv_res / swiglu_gemv with r)."""
         e, H, r = self.e, self.H, 0
         out = self.act(f"{site}.out", r, H)
         cnt = e.counter(f"c.{site}.out.r{r}", r)
         if r not in xin:  # a model with no heads / columns cannot happen at R = 1
             raise AmkError(f"lowering: {site} has no work on the only rank")
         k = xin[r].length
+        if self.cfg.fuse:
+            n = self.gemv_tiles(f"{site}.w", r, xin[r], wbuf[r], k, (0, H),
+                                lambda a, b: Region(out, r, (_r(a, b),)), None, cnt,
+                                resid=resid[r])
+            return {r: Loc(out, r, 0, H, (self.ready(cnt, n),))}
         part = self.act(f"{site}.part", r, H)
 
         def fuse(w: int, a: int, b: int) -> None:

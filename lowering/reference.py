@@ -54,6 +54,26 @@ argmax_combine  pairs viewed as [k, 2] = (value, index); token = the smallest in
                 first-occurrence argmax); a NaN value counts as the largest. An index that
                 is NaN or not an integer gives INT_POISON (the executor's unwritten-int
                 sentinel) so poisoned inputs stay visible.
+norm_gemv       n = w_norm * (x * rsqrt(mean(x ** 2) + eps)) over the whole x (exactly
+                rmsnorm with dim = numel(x)), ROUNDED TO x's DTYPE, then y = W @ n (+ bias)
+                as gemv. The rounding makes the fused op equal, bit for bit, to the
+                unfused ``rmsnorm`` (into a buffer of x's dtype) -> ``gemv`` pair; in fp32 it
+                is a no-op. (HF's bf16 LlamaRMSNorm rounds twice: x_hat to bf16, then
+                w * x_hat to bf16; we round once, like the unfused path.)
+gemv_res        y = W @ x + r: gemv's fp32 result plus r (fp32), rounded once to y's dtype.
+                In fp32 this equals the unfused gemv -> add pair bit for bit; in bf16 the
+                unfused pair also rounds W @ x to the partial buffer's dtype, so the two
+                may differ by about one bf16 rounding.
+swiglu_gemv     m = silu(g) * u (as silu_mul), ROUNDED TO g's DTYPE, then y = W @ m
+                (+ r, in fp32 before the one final rounding). Without r it equals the
+                unfused silu_mul -> gemv pair bit for bit (with the silu_mul output in g's
+                dtype); with r, like gemv_res.
+rope_append     k_rot = rope(k) (as rope, ``head_dim`` slices), then as kv_append:
+                kc[g, pos, :] = k_rot[g] (rounded to kc's dtype), vc[g, pos, :] = v[g].
+                Equal bit for bit to rope (into a buffer of kc's dtype) -> kv_append.
+rope_attention  q_rot = rope(q) ROUNDED TO q's DTYPE, then attention(q_rot, kc, vc, pos)
+                as above. Equal bit for bit to rope (into a buffer of q's dtype) ->
+                attention.
 copy            y = x, converted to y's dtype (torch ``copy_`` rounding: round to nearest even).
 put             y = x (the executor decides where and when the data lands).
 quiet, fence,   no data (the executor implements their ordering effects).
@@ -127,29 +147,64 @@ def _embed(p, ins, outs):
     _store(outs[0], tab[tok], "embed")
 
 
-def _rmsnorm(p, ins, outs):
-    x, w = ins[0], ins[1]
-    dim, eps = int(p["dim"]), float(p["eps"])
-    if x.numel() % dim or w.numel() != dim:
-        raise ReferenceOpError(f"rmsnorm: input {x.numel()} / weight {w.numel()} elements vs dim={dim}")
+def _rmsnorm_f32(x: torch.Tensor, w: torch.Tensor, dim: int, eps: float, op: str) -> torch.Tensor:
+    """fp32 ``w * (x_g * rsqrt(mean(x_g ** 2) + eps))`` per group of ``dim`` elements, [numel(x)]."""
+    if dim <= 0 or x.numel() % dim or w.numel() != dim:
+        raise ReferenceOpError(f"{op}: input {x.numel()} / weight {w.numel()} elements vs dim={dim}")
     h = _f32(x).reshape(-1, dim)
     variance = h.pow(2).mean(-1, keepdim=True)
     h = h * torch.rsqrt(variance + eps)
-    _store(outs[0], _f32(w) * h, "rmsnorm")
+    return (_f32(w) * h).reshape(-1)
 
 
-def _gemv(p, ins, outs):
+def _rmsnorm(p, ins, outs):
     x, w = ins[0], ins[1]
+    _store(outs[0], _rmsnorm_f32(x, w, int(p["dim"]), float(p["eps"]), "rmsnorm"), "rmsnorm")
+
+
+def _round_to(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """fp32 ``t`` rounded to ``dtype`` and back (what storing it in a buffer does)."""
+    return t if dtype is torch.float32 else t.to(dtype).to(torch.float32)
+
+
+def _gemv_f32(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, op: str) -> torch.Tensor:
+    """fp32 ``W @ x (+ bias)`` with W viewed as [N, numel(x)]; returns [N]."""
     k = x.numel()
     if k == 0 or w.numel() % k:
-        raise ReferenceOpError(f"gemv: weight has {w.numel()} elements, not a multiple of K={k}")
+        raise ReferenceOpError(f"{op}: weight has {w.numel()} elements, not a multiple of K={k}")
     w2 = w if w.dim() == 2 and w.shape[1] == k else w.reshape(-1, k)
     if w2.dtype is not torch.float32:
         w2 = w2.to(torch.float32)
     y = torch.mv(w2, _f32(x))
-    if len(ins) > 2:
-        y += _f32(ins[2])
-    _store(outs[0], y, "gemv")
+    if bias is not None:
+        if bias.numel() != y.numel():
+            raise ReferenceOpError(f"{op}: bias/residual has {bias.numel()} elements, output {y.numel()}")
+        y += _f32(bias)
+    return y
+
+
+def _gemv(p, ins, outs):
+    _store(outs[0], _gemv_f32(ins[0], ins[1], ins[2] if len(ins) > 2 else None, "gemv"), "gemv")
+
+
+def _norm_gemv(p, ins, outs):
+    x, nw, w = ins[0], ins[1], ins[2]
+    n = _rmsnorm_f32(x, nw, x.numel(), float(p["eps"]), "norm_gemv")
+    n = _round_to(n, x.dtype)  # what the unfused rmsnorm's store into x's dtype does
+    _store(outs[0], _gemv_f32(n, w, ins[3] if len(ins) > 3 else None, "norm_gemv"), "norm_gemv")
+
+
+def _gemv_res(p, ins, outs):
+    x, w, r = ins
+    _store(outs[0], _gemv_f32(x, w, r, "gemv_res"), "gemv_res")
+
+
+def _swiglu_gemv(p, ins, outs):
+    g, u, w = ins[0], ins[1], ins[2]
+    if g.numel() != u.numel():
+        raise ReferenceOpError(f"swiglu_gemv: gate has {g.numel()} elements, up {u.numel()}")
+    m = _round_to(_silu_mul_f32(g, u), g.dtype)  # as the unfused silu_mul's store
+    _store(outs[0], _gemv_f32(m, w, ins[3] if len(ins) > 3 else None, "swiglu_gemv"), "swiglu_gemv")
 
 
 def rope_cos_sin(inv_freq: torch.Tensor, pos: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -163,18 +218,23 @@ def rope_cos_sin(inv_freq: torch.Tensor, pos: int) -> tuple[torch.Tensor, torch.
     return emb.cos(), emb.sin()
 
 
-def _rope(p, ins, outs):
-    x, inv_freq, pos_t = ins
-    hd = int(p["head_dim"])
-    if x.numel() % hd or inv_freq.numel() * 2 != hd:
-        raise ReferenceOpError(f"rope: x {x.numel()} / inv_freq {inv_freq.numel()} elements vs head_dim={hd}")
-    pos = _index(pos_t, "rope", "pos")
+def _rope_f32(x: torch.Tensor, inv_freq: torch.Tensor, pos_t: torch.Tensor, hd: int,
+              op: str) -> torch.Tensor:
+    """fp32 rotate-half RoPE of each ``hd`` slice of x at position pos_t; returns [numel(x)]."""
+    if hd <= 0 or x.numel() % hd or inv_freq.numel() * 2 != hd:
+        raise ReferenceOpError(f"{op}: x {x.numel()} / inv_freq {inv_freq.numel()} elements vs head_dim={hd}")
+    pos = _index(pos_t, op, "pos")
     if pos < 0:
-        raise ReferenceOpError(f"rope: position {pos} is negative")
+        raise ReferenceOpError(f"{op}: position {pos} is negative")
     cos, sin = rope_cos_sin(inv_freq, pos)
     h = _f32(x).reshape(-1, hd)
     rot = torch.cat((-h[:, hd // 2:], h[:, : hd // 2]), dim=-1)
-    _store(outs[0], h * cos + rot * sin, "rope")
+    return (h * cos + rot * sin).reshape(-1)
+
+
+def _rope(p, ins, outs):
+    x, inv_freq, pos_t = ins
+    _store(outs[0], _rope_f32(x, inv_freq, pos_t, int(p["head_dim"]), "rope"), "rope")
 
 
 def _cache(t: torch.Tensor, hd: int, op: str, role: str) -> torch.Tensor:
@@ -183,44 +243,76 @@ def _cache(t: torch.Tensor, hd: int, op: str, role: str) -> torch.Tensor:
     return t
 
 
-def _kv_append(p, ins, outs):
-    k, v, pos_t = ins
-    hd = int(p["head_dim"])
-    pos = _index(pos_t, "kv_append", "pos")
+def _append_rows(k: torch.Tensor, v: torch.Tensor, pos_t: torch.Tensor, hd: int,
+                 outs: Sequence[torch.Tensor], op: str) -> None:
+    """kc[..., pos, :] = k ; vc[..., pos, :] = v (rounded to the caches' dtypes)."""
+    pos = _index(pos_t, op, "pos")
+    rows = []
     for name, src, cache in (("k cache", k, outs[0]), ("v cache", v, outs[1])):
-        c = _cache(cache, hd, "kv_append", name)
+        c = _cache(cache, hd, op, name)
         if not 0 <= pos < c.shape[-2]:
-            raise ReferenceOpError(f"kv_append: position {pos} out of range [0, {c.shape[-2]}) of the {name}")
+            raise ReferenceOpError(f"{op}: position {pos} out of range [0, {c.shape[-2]}) of the {name}")
         row = c[..., pos, :]  # a view: [..leading.., head_dim]
         if src.numel() != row.numel():
-            raise ReferenceOpError(f"kv_append: {name} holds {row.numel() // hd} heads, source has {src.numel()} elements")
+            raise ReferenceOpError(f"{op}: {name} holds {row.numel() // hd} heads, source has {src.numel()} elements")
+        rows.append((row, src))
+    for row, src in rows:  # check both before writing either
         row.copy_(src.reshape(row.shape))
 
 
-def _attention(p, ins, outs):
-    q, kc, vc, pos_t = ins
-    hd, scale = int(p["head_dim"]), float(p["scale"])
-    pos = _index(pos_t, "attention", "pos")
-    kc, vc = _cache(kc, hd, "attention", "k cache"), _cache(vc, hd, "attention", "v cache")
+def _kv_append(p, ins, outs):
+    k, v, pos_t = ins
+    _append_rows(k, v, pos_t, int(p["head_dim"]), outs, "kv_append")
+
+
+def _rope_append(p, ins, outs):
+    k, v, inv_freq, pos_t = ins
+    hd = int(p["head_dim"])
+    _append_rows(_rope_f32(k, inv_freq, pos_t, hd, "rope_append"), v, pos_t, hd, outs, "rope_append")
+
+
+def _attention_f32(q, kc, vc, pos_t, hd: int, scale: float, op: str) -> torch.Tensor:
+    """fp32 decode GQA attention (see the module table); returns [numel(q)] (head-major)."""
+    pos = _index(pos_t, op, "pos")
+    kc, vc = _cache(kc, hd, op, "k cache"), _cache(vc, hd, op, "v cache")
     s = kc.shape[-2]
     if not 0 <= pos < s or vc.shape[-2] != s:
-        raise ReferenceOpError(f"attention: position {pos} out of range [0, {s}) of the cache")
+        raise ReferenceOpError(f"{op}: position {pos} out of range [0, {s}) of the cache")
     k = kc[..., : pos + 1, :].reshape(-1, pos + 1, hd).to(torch.float32)  # [G, L, D]
     v = vc[..., : pos + 1, :].reshape(-1, pos + 1, hd).to(torch.float32)
     g = k.shape[0]
     if q.numel() % hd or v.shape[0] != g:
-        raise ReferenceOpError(f"attention: q {q.numel()} elements / caches {tuple(kc.shape)}, {tuple(vc.shape)} mismatch")
+        raise ReferenceOpError(f"{op}: q {q.numel()} elements / caches {tuple(kc.shape)}, {tuple(vc.shape)} mismatch")
     hq = q.numel() // hd
     if hq % g:
-        raise ReferenceOpError(f"attention: {hq} query heads do not split over {g} kv heads")
+        raise ReferenceOpError(f"{op}: {hq} query heads do not split over {g} kv heads")
     qh = _f32(q).reshape(g, hq // g, hd)  # head h -> kv head h // (hq // g)
     scores = torch.matmul(qh, k.transpose(1, 2)) * scale  # [G, Hq/G, L]
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
-    _store(outs[0], torch.matmul(probs, v), "attention")
+    return torch.matmul(probs, v).reshape(-1)
+
+
+def _attention(p, ins, outs):
+    q, kc, vc, pos_t = ins
+    o = _attention_f32(q, kc, vc, pos_t, int(p["head_dim"]), float(p["scale"]), "attention")
+    _store(outs[0], o, "attention")
+
+
+def _rope_attention(p, ins, outs):
+    q, kc, vc, pos_t, inv_freq = ins
+    hd = int(p["head_dim"])
+    qr = _round_to(_rope_f32(q, inv_freq, pos_t, hd, "rope_attention"), q.dtype)  # as rope's store
+    o = _attention_f32(qr, kc, vc, pos_t, hd, float(p["scale"]), "rope_attention")
+    _store(outs[0], o, "rope_attention")
+
+
+def _silu_mul_f32(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """fp32 ``silu(g) * u``, flattened."""
+    return F.silu(_f32(g)) * _f32(u)
 
 
 def _silu_mul(p, ins, outs):
-    _store(outs[0], F.silu(_f32(ins[0])) * _f32(ins[1]), "silu_mul")
+    _store(outs[0], _silu_mul_f32(ins[0], ins[1]), "silu_mul")
 
 
 def _add(p, ins, outs):
@@ -288,6 +380,11 @@ IMPLS: dict[str, OpFn] = {
     "reduce": _reduce,
     "argmax": _argmax,
     "argmax_combine": _argmax_combine,
+    "norm_gemv": _norm_gemv,
+    "gemv_res": _gemv_res,
+    "swiglu_gemv": _swiglu_gemv,
+    "rope_append": _rope_append,
+    "rope_attention": _rope_attention,
     "copy": _copy,
     "put": _copy,
     "quiet": _nothing,

@@ -274,6 +274,8 @@ SEARCHABLE = {
     "policy": "tile -> worker assignment: round_robin or balanced (greedy by bytes moved)",
     "allreduce": "cross-rank reduction: oneshot (put partial to every peer, reduce locally) "
                  "or twoshot (reduce-scatter then all-gather)",
+    "fuse": "fused ops (norm_gemv, rope_append, rope_attention, gemv_res, swiglu_gemv) "
+            "instead of separate rmsnorm / rope / silu_mul / add stages",
 }
 # Fixed for a whole search: they change what is computed or how much can be decoded, not
 # how the step is scheduled (the user picks them with --dtype / --max-seq).
@@ -300,6 +302,7 @@ def space_for(spec: Any, ranks: int, max_workers: int, fixed: dict[str, Any] | N
     workers: powers of two up to ``max_workers`` and up to the number of tiles of the
     largest stage at the smallest tile (more workers would idle). policy, allreduce: the
     lowering's own enumerations; allreduce only when ranks > 1 (R = 1 has no all-reduce).
+    fuse: False, True.
     ``fixed``: values of the non-searchable fields (defaults: the lowering's). Raises
     SpaceError if LoweringConfig has a field this module does not classify.
     """
@@ -331,6 +334,8 @@ def space_for(spec: Any, ranks: int, max_workers: int, fixed: dict[str, Any] | N
             knobs.append(Knob(name, tuple(vals), dd, True, SEARCHABLE[name]))
         elif name == "policy":
             knobs.append(Knob(name, tuple(lc.POLICIES), d, False, SEARCHABLE[name]))
+        elif name == "fuse":
+            knobs.append(Knob(name, (False, True), d, False, SEARCHABLE[name]))
         elif name == "allreduce":
             if ranks > 1:
                 knobs.append(Knob(name, tuple(lc.ALLREDUCE_ALGOS), d, False, SEARCHABLE[name]))

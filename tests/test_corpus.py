@@ -104,6 +104,14 @@ def test_seed_providers_are_pluggable():
     assert info["providers"]["broken"].startswith("unavailable: RuntimeError")
 
 
+def test_seed_checks(hand):
+    validate, status = corpus._load_validator()
+    sc = corpus.check_seeds(hand, 8, validate)
+    assert sc["programs"] == len(hand) and sc["oracle_unsafe"] == []
+    for x in sc["validator_rejects"]:  # a rejected seed must at least have a named reason
+        assert x["reason"] in corpus.FR_REASONS, x
+
+
 def test_small_corpus_report(tmp_path):
     report, records = corpus.run_corpus(count=2 * len(corpus.CLASSES), seed=1, jobs=1, runs=8,
                                         include_lowered=False)

@@ -63,12 +63,13 @@ def test_partition_errors():
 # -- config ----------------------------------------------------------------------------------
 def test_config_json_round_trip_and_errors(tmp_path):
     c = LoweringConfig(tile=32, workers=3, policy="balanced", allreduce="twoshot", max_seq=64,
-                       dtype="bf16")
+                       dtype="bf16", fuse=True)
     assert LoweringConfig.from_json(c.to_json()) == c
     for obj, words in [({"tile": 0}, "'tile'"), ({"tile": "8"}, "'tile'"),
                        ({"policy": "greedy"}, "'policy'"), ({"dtype": "fp8"}, "'dtype'"),
                        ({"allreduce": "ring"}, "'allreduce'"), ({"tiles": 8}, "'tiles'"),
-                       ({"workers": True}, "'workers'")]:
+                       ({"workers": True}, "'workers'"), ({"fuse": 1}, "'fuse'"),
+                       ({"fuse": "yes"}, "'fuse'")]:
         with pytest.raises(AmkError, match=words):
             LoweringConfig.from_json(obj)
     bad = tmp_path / "c.json"
@@ -93,7 +94,7 @@ def _fingerprint(prog):
 
 @pytest.mark.parametrize("knob,value", [("tile", 32), ("workers", 3), ("policy", "balanced"),
                                         ("allreduce", "twoshot"), ("max_seq", 16),
-                                        ("dtype", "bf16")])
+                                        ("dtype", "bf16"), ("fuse", True)])
 def test_every_knob_changes_the_program(knob, value):
     g = graph_of("tiny-qwen2", layers=1)
     base = LoweringConfig(tile=64, workers=2, max_seq=32)
@@ -202,9 +203,80 @@ def test_every_lowering_passes_the_validator(name, R, knobs):
     _validate(lower(graph_of(name), R, config=LoweringConfig(max_seq=32, **knobs)))
 
 
+@pytest.mark.parametrize("name", TINY)
+@pytest.mark.parametrize("R", [1, 2, 3, 4])
+@pytest.mark.parametrize("knobs", CONFIGS, ids=["rr", "balanced", "twoshot"])
+def test_every_fused_lowering_passes_the_validator(name, R, knobs):
+    _validate(lower(graph_of(name), R, config=LoweringConfig(max_seq=32, fuse=True, **knobs)))
+
+
+def _ops(prog):
+    from collections import Counter
+
+    return Counter(t.op for t in prog.tasks)
+
+
+@pytest.mark.parametrize("name", TINY)
+@pytest.mark.parametrize("R", [1, 2, 3, 4])
+def test_fuse_emits_fused_ops_and_fewer_tasks(name, R):
+    g = graph_of(name)
+    base = LoweringConfig(max_seq=32, tile=32, workers=3)
+    plain, fused = lower(g, R, config=base), lower(g, R, config=base.replace(fuse=True))
+    po, fo = _ops(plain), _ops(fused)
+    assert len(fused.tasks) < len(plain.tasks)
+    L, qk_norm = g.spec.layers, g.spec.qk_norm
+    # no separate ln1 / ln2 / final RMSNorm, no silu_mul; q/k norms stay at Qwen3
+    assert fo["rmsnorm"] == (2 * L * R if qk_norm else 0) and fo["silu_mul"] == 0
+    assert fo["norm_gemv"] > 0 and fo["swiglu_gemv"] > 0
+    if qk_norm:  # Qwen3 keeps the unfused q/k chain and attention
+        assert fo["rope_append"] == fo["rope_attention"] == 0
+        assert fo["attention"] == po["attention"] and fo["kv_append"] == po["kv_append"]
+    else:
+        assert fo["rope"] == fo["kv_append"] == fo["attention"] == 0
+        assert fo["rope_attention"] == po["attention"]  # one per (rank, local KV head)
+        assert fo["rope_append"] == fo["rope_attention"]
+    if R == 1:  # residual adds fused into the o / down epilogues
+        assert fo["add"] == 0 and fo["gemv_res"] > 0
+        assert all(len(t.ins) == 4 for t in fused.tasks if t.op == "swiglu_gemv")
+    else:  # the residual stays in the all-reduce's reduce
+        assert fo["gemv_res"] == 0 and fo["reduce"] == po["reduce"]
+        assert all(len(t.ins) == 3 for t in fused.tasks if t.op == "swiglu_gemv")
+    # every GEMV tile of the same weights is still emitted (tiles just change op)
+    gemvs = ("gemv", "norm_gemv", "gemv_res", "swiglu_gemv")
+    assert sum(fo[o] for o in gemvs) == sum(po[o] for o in gemvs)
+
+
+def test_fused_rope_append_precedes_its_attention_on_one_worker():
+    prog = lower(graph_of("tiny-qwen2"), 2, config=LoweringConfig(max_seq=32, workers=3, fuse=True))
+    order = {t.id: k for k, t in enumerate(prog.tasks)}
+    for t in prog.tasks:
+        if t.op == "rope_attention":
+            app = t.id.replace(".attn.", ".rope_append.")
+            a = prog.tasks[order[app]]
+            assert a.op == "rope_append" and (a.rank, a.worker) == (t.rank, t.worker)
+            assert order[app] < order[t.id]
+            assert a.outs[0] == t.ins[1] and a.outs[1] == t.ins[2]  # same cache head
+
+
+def test_fused_cost_counts_cache_rows_not_whole_caches():
+    g = graph_of("tiny-llama")
+    cfg = LoweringConfig(max_seq=256, workers=2)
+    e_plain = estimate(lower(g, 1, config=cfg), 1)
+    e_fused = estimate(lower(g, 1, config=cfg.replace(fuse=True)), 1)
+    # same weights streamed; fused skips intermediate round trips, norm_gemv re-reads x per tile
+    b0, b1 = e_plain.per_rank[0]["bytes"], e_fused.per_rank[0]["bytes"]
+    assert 0.9 * b0 < b1 < 1.1 * b0
+    assert e_fused.per_rank[0]["max_tasks_per_worker"] < e_plain.per_rank[0]["max_tasks_per_worker"]
+
+
 @pytest.mark.parametrize("R", [2, 4])
 def test_smollm2_lowering_passes_the_validator(R):
     _validate(lower(graph_of("smollm2-135m"), R, config=LoweringConfig(max_seq=64)))
+
+
+@pytest.mark.parametrize("R", [1, 2])
+def test_smollm2_fused_lowering_passes_the_validator(R):
+    _validate(lower(graph_of("smollm2-135m"), R, config=LoweringConfig(max_seq=64, fuse=True)))
 
 
 def test_corpus_seeds_are_valid_multirank_lowerings():

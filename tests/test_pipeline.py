@@ -49,6 +49,48 @@ def test_tiny_models_match_hf_logits(name, R, knobs, policy, seed):
     assert all(p.argmax_agree for p in rep.positions)
 
 
+@pytest.mark.parametrize("name,R,knobs,policy,seed", [
+    ("tiny-llama", 1, dict(workers=2), "random", 11),
+    ("tiny-llama", 2, dict(workers=3, tile=32), "adversarial", 12),
+    ("tiny-qwen2", 1, dict(workers=3, tile=32, policy="balanced"), "adversarial", 13),
+    ("tiny-qwen2", 2, dict(workers=2, allreduce="twoshot"), "random", 14),
+    ("tiny-qwen3", 1, dict(workers=2), "random", 15),
+    ("tiny-qwen3", 2, dict(workers=2, tile=32), "adversarial", 16),
+])
+def test_fused_tiny_models_match_hf_logits(name, R, knobs, policy, seed):
+    s = _session(name, R, fuse=True, **knobs)
+    assert s.verdict.ok, [(f.cls, f.message) for f in s.verdict.errors[:3]]
+    ops = {t.op for t in s.program.tasks}
+    assert {"norm_gemv", "swiglu_gemv"} <= ops and "silu_mul" not in ops
+    rep = s.check(s.decoder("sim", seed=seed, policy=policy), POSITIONS, seed=seed)
+    assert [p.pos for p in rep.positions] == list(POSITIONS)
+    assert rep.ok, rep.failures()
+    assert rep.max_abs_err < 1e-4
+    assert all(p.argmax_agree for p in rep.positions)
+
+
+@pytest.mark.parametrize("name,R,dtype", [("tiny-llama", 1, "f32"), ("tiny-qwen3", 2, "f32"),
+                                           ("tiny-qwen2", 2, "bf16")])
+def test_fused_logits_bit_equal_to_unfused(name, R, dtype):
+    """Fused ops round their intermediates like the unfused stores (lowering/reference.py):
+    fp32 programs agree bit for bit; bf16 too when no residual add is fused (R > 1)."""
+    toks, keep = [5, 17, 99, 3, 250, 42, 7, 8], [0, 7]
+    got = {}
+    for fuse in (False, True):
+        s = pipeline.Session.build(f"config:{name}", R, LoweringConfig(
+            max_seq=8, workers=2, tile=32, dtype=dtype, fuse=fuse))
+        got[fuse] = s.decoder("sim", seed=1, policy="random").teacher_forced(toks, keep)
+    for k in keep:
+        assert torch.equal(got[False][k], got[True][k]), k
+
+
+def test_fused_bf16_schedule_is_close_to_fp32_hf():
+    s = _session("tiny-llama", 2, workers=2, dtype="bf16", fuse=True)
+    rep = s.check(s.decoder("sim", seed=2, policy="random"), POSITIONS)
+    assert rep.ok, rep.failures()
+    assert 1e-4 < max(p.rel_err for p in rep.positions) < 5e-2
+
+
 def test_bf16_schedule_is_close_to_fp32_hf():
     s = _session("tiny-qwen3", 2, workers=2, dtype="bf16")
     rep = s.check(s.decoder("sim", seed=1, policy="random"), POSITIONS)
@@ -119,6 +161,11 @@ def test_smollm2_tp2_16_tokens_identical_to_hf(smollm2, smollm2_ref32):
     new, dec = _smollm2_decode(smollm2, 2, 16, seed=1)
     assert new == smollm2_ref32[:16], (new, smollm2_ref32[:16])
     assert res.tokenizer.decode(new).startswith(" Paris")
+
+
+def test_smollm2_tp2_fused_16_tokens_identical_to_hf(smollm2, smollm2_ref32):
+    new, dec = _smollm2_decode(smollm2, 2, 16, seed=5, sim_policy="adversarial", fuse=True)
+    assert new == smollm2_ref32[:16], (new, smollm2_ref32[:16])
 
 
 @pytest.mark.slow

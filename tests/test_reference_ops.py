@@ -285,3 +285,153 @@ def test_bad_operands_raise():
         apply_op("add", {}, [torch.zeros(4), torch.zeros(4)], [torch.zeros(5)])
     with pytest.raises(KeyError, match="unknown op"):
         apply_op("softmax", {}, [], [])
+
+
+# -- fused ops (norm_gemv, gemv_res, swiglu_gemv, rope_append, rope_attention) ---------------
+# Each is checked against the unfused composition the lowering would emit without ``fuse``,
+# with the intermediate stored in a buffer of the input dtype (as the unfused program does).
+
+def _unfused(steps, dtype):
+    """Run [(op, params, ins, n_out_or_out_tensor)] in order; an int allocates an output of
+    that many elements in ``dtype``. Returns the last step's outputs."""
+    outs = None
+    for op, params, ins, out in steps:
+        outs = [_out(out, dtype=dtype)] if isinstance(out, int) else out
+        apply_op(op, params, ins, outs)
+    return outs
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_norm_gemv_equals_rmsnorm_then_gemv(dtype, bias):
+    g = _gen(20)
+    k, n = 96, 40
+    x = (torch.randn(k, generator=g) * 4).to(dtype)
+    nw = torch.randn(k, generator=g).to(dtype)
+    w = torch.randn(n, k, generator=g).to(dtype)
+    b = [torch.randn(n, generator=g).to(dtype)] if bias else []
+    h = _unfused([("rmsnorm", {"dim": k, "eps": 1e-6}, [x, nw], k)], dtype)[0]
+    want = _unfused([("gemv", {}, [h, w] + b, n)], dtype)[0]
+    y = _out(n, dtype=dtype)
+    apply_op("norm_gemv", {"eps": 1e-6}, [x, nw, w] + b, [y])
+    assert torch.equal(y, want)  # the norm is rounded to x's dtype exactly like the store
+    # independent check against HF's fp32 modules
+    if dtype is torch.float32:
+        hf = LlamaRMSNorm(k, eps=1e-6)
+        with torch.no_grad():
+            hf.weight.copy_(nw)
+            ref = F.linear(hf(x), w, b[0] if b else None)
+        torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_norm_gemv_one_row_tile_and_bad_operands():
+    g = _gen(21)
+    x, nw, w = torch.randn(32, generator=g), torch.randn(32, generator=g), torch.randn(1, 32, generator=g)
+    y = _out(1)
+    apply_op("norm_gemv", {"eps": 1e-5}, [x, nw, w], [y])
+    h = _unfused([("rmsnorm", {"dim": 32, "eps": 1e-5}, [x, nw], 32)], torch.float32)[0]
+    assert torch.equal(y, torch.mv(w, h))
+    with pytest.raises(ReferenceOpError, match="norm_gemv"):
+        apply_op("norm_gemv", {"eps": 1e-5}, [x, nw[:16], w], [y])
+    with pytest.raises(ReferenceOpError, match="norm_gemv"):
+        apply_op("norm_gemv", {"eps": 1e-5}, [x, nw, torch.randn(1, 33)], [y])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gemv_res_equals_gemv_then_add(dtype):
+    g = _gen(22)
+    x = torch.randn(64, generator=g).to(dtype)
+    w = torch.randn(48, 64, generator=g).to(dtype)
+    r = (torch.randn(48, generator=g) * 10).to(dtype)
+    part = _unfused([("gemv", {}, [x, w], 48)], dtype)[0]
+    want = _unfused([("add", {}, [part, r], 48)], dtype)[0]
+    y = _out(48, dtype=dtype)
+    apply_op("gemv_res", {}, [x, w, r], [y])
+    if dtype is torch.float32:
+        assert torch.equal(y, want)
+    else:  # one rounding fewer (W @ x is not rounded before the add)
+        exact = (w.float() @ x.float() + r.float()).to(dtype)
+        assert torch.equal(y, exact)
+        torch.testing.assert_close(y.float(), want.float(), rtol=2e-2, atol=2e-1)
+    with pytest.raises(ReferenceOpError, match="gemv_res"):
+        apply_op("gemv_res", {}, [x, w, r[:40]], [y])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("resid", [False, True])
+def test_swiglu_gemv_equals_silu_mul_then_gemv(dtype, resid):
+    g = _gen(23)
+    k, n = 80, 24
+    gt = (torch.randn(k, generator=g) * 3).to(dtype)
+    up = torch.randn(k, generator=g).to(dtype)
+    w = torch.randn(n, k, generator=g).to(dtype)
+    r = [torch.randn(n, generator=g).to(dtype)] if resid else []
+    m = _unfused([("silu_mul", {}, [gt, up], k)], dtype)[0]
+    want = _unfused([("gemv", {}, [m, w], n)], dtype)[0]
+    if resid:
+        want = _unfused([("add", {}, [want, r[0]], n)], dtype)[0]
+    y = _out(n, dtype=dtype)
+    apply_op("swiglu_gemv", {}, [gt, up, w] + r, [y])
+    if dtype is torch.float32 or not resid:
+        assert torch.equal(y, want)
+    else:
+        exact = (w.float() @ m.float() + r[0].float()).to(dtype)
+        assert torch.equal(y, exact)
+    with pytest.raises(ReferenceOpError, match="swiglu_gemv"):
+        apply_op("swiglu_gemv", {}, [gt, up[:8], w], [y])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads,pos", [(1, 0), (2, 5), (3, 11)])
+def test_rope_append_equals_rope_then_kv_append(dtype, heads, pos):
+    g = _gen(24)
+    hd, s = 16, 12
+    inv = 1.0 / (10000 ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+    k = torch.randn(heads * hd, generator=g).to(dtype)
+    v = torch.randn(heads * hd, generator=g).to(dtype)
+    p = torch.tensor([pos], dtype=torch.int32)
+    kc0 = torch.randn(heads, s, hd, generator=g).to(dtype)
+    vc0 = torch.randn(heads, s, hd, generator=g).to(dtype)
+    kr = _unfused([("rope", {"head_dim": hd}, [k, inv, p], heads * hd)], dtype)[0]
+    kc_w, vc_w = kc0.clone(), vc0.clone()
+    apply_op("kv_append", {"head_dim": hd}, [kr, v, p], [kc_w, vc_w])
+    kc, vc = kc0.clone(), vc0.clone()
+    apply_op("rope_append", {"head_dim": hd}, [k, v, inv, p], [kc, vc])
+    assert torch.equal(kc, kc_w) and torch.equal(vc, vc_w)
+    assert not torch.equal(kc[:, pos], kc0[:, pos]) or pos == 0  # row pos was written
+    rows = [i for i in range(s) if i != pos]
+    assert torch.equal(kc[:, rows], kc0[:, rows]) and torch.equal(vc[:, rows], vc0[:, rows])
+    with pytest.raises(ReferenceOpError, match="rope_append"):
+        apply_op("rope_append", {"head_dim": hd}, [k, v, inv, torch.tensor([s], dtype=torch.int32)], [kc, vc])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("hq,g_,pos", [(4, 2, 0), (4, 2, 9), (3, 1, 5), (2, 2, 3)])
+def test_rope_attention_equals_rope_then_attention(dtype, hq, g_, pos):
+    g = _gen(25)
+    hd, s = 16, 12
+    inv = 1.0 / (10000 ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+    q = torch.randn(hq * hd, generator=g).to(dtype)
+    kc = torch.randn(g_, s, hd, generator=g).to(dtype)
+    vc = torch.randn(g_, s, hd, generator=g).to(dtype)
+    p = torch.tensor([pos], dtype=torch.int32)
+    prm = {"head_dim": hd, "scale": hd ** -0.5}
+    qr = _unfused([("rope", {"head_dim": hd}, [q, inv, p], hq * hd)], dtype)[0]
+    want = _unfused([("attention", prm, [qr, kc, vc, p], hq * hd)], dtype)[0]
+    y = _out(hq * hd, dtype=dtype)
+    apply_op("rope_attention", prm, [q, kc, vc, p, inv], [y])
+    assert torch.equal(y, want)
+    if pos > 0:  # the rotation matters: attention of the unrotated q differs
+        plain = _unfused([("attention", prm, [q, kc, vc, p], hq * hd)], dtype)[0]
+        assert not torch.equal(y, plain)
+
+
+def test_fused_ops_alias_input_and_output():
+    """Every op computes its whole result before writing (outs may alias ins)."""
+    g = _gen(26)
+    buf = torch.randn(64, generator=g)
+    x, nw, w = buf.clone(), torch.randn(64, generator=g), torch.randn(64, 64, generator=g)
+    want = _out(64)
+    apply_op("norm_gemv", {"eps": 1e-6}, [x, nw, w], [want])
+    apply_op("norm_gemv", {"eps": 1e-6}, [buf, nw, w], [buf])
+    assert torch.equal(buf, want)

@@ -347,8 +347,10 @@ def test_refuses_multi_rank_and_bad_worker_count():
 
 
 # ---------------------------------------------------------------- tiny models (lowering/lower.py)
-def lowered(name: str, workers: int, dtype: str = "f32", max_seq: int = 16, tile: int = 32):
-    """(program, init_fn, HF model) for a tiny recipe lowered for R = 1."""
+def lowered(name: str, workers: int, dtype: str = "f32", max_seq: int = 16, tile: int = 32,
+            fuse: bool = False):
+    """(program, init_fn, HF model) for a tiny recipe lowered for R = 1 (``fuse``: with the
+    fused ops norm_gemv / gemv_res / swiglu_gemv / rope_append / rope_attention)."""
     from lowering.config import LoweringConfig
     from lowering.lower import lower
     from lowering.weights import make_init_fn, state_dict_of
@@ -357,7 +359,10 @@ def lowered(name: str, workers: int, dtype: str = "f32", max_seq: int = 16, tile
 
     model = build_model(name)
     graph = import_model(model, model.config, name=name)
-    prog = lower(graph, 1, config=LoweringConfig(max_seq=max_seq, workers=workers, tile=tile, dtype=dtype),
+    cfg = dict(max_seq=max_seq, workers=workers, tile=tile, dtype=dtype)
+    if fuse:
+        cfg["fuse"] = True
+    prog = lower(graph, 1, config=LoweringConfig(**cfg),
                  target=Target(name="test", sms=132, max_workers=132, backend="triton"))
     weights = make_init_fn(state_dict_of(model), graph.spec)
 
@@ -412,6 +417,33 @@ def test_tiny_model_matches_sim_and_hf(name):
         assert nt == ns == int(torch.argmax(lh))
 
 
+FUSED_OPS = {"norm_gemv", "gemv_res", "swiglu_gemv", "rope_append", "rope_attention"}
+
+
+@cpu_only
+@pytest.mark.parametrize("name,dtype", [("tiny-llama", "f32"), ("tiny-llama", "bf16")])
+def test_fused_tiny_model_matches_sim(name, dtype):
+    """A fused program (LoweringConfig(fuse=True)) runs every fused op under the interpreter
+    and matches the CPU executor (and, in fp32, HF)."""
+    prog, init, model = lowered(name, workers=3, dtype=dtype, fuse=True)
+    ops = {t.op for t in prog.tasks}
+    assert FUSED_OPS <= ops, sorted(FUSED_OPS - ops)
+    ex = TritonExecutor(prog, init, check=False)
+    sim = SimExecutor(prog, init, check=False, policy="in_order")
+    n = 3 if dtype == "bf16" else len(TOKENS)
+    got, want = run_decode(ex, TOKENS[:n]), run_decode(sim, TOKENS[:n])
+    if dtype == "f32":
+        ref = hf_logits(model, TOKENS)
+        for (lg, nt), (ls, ns), lh in zip(got, want, ref):
+            torch.testing.assert_close(lg, ls, rtol=1e-4, atol=2e-5)
+            torch.testing.assert_close(lg, lh, rtol=1e-4, atol=2e-5)
+            assert nt == ns == int(torch.argmax(lh))
+    else:
+        for (lg, nt), (ls, ns) in zip(got, want):
+            assert (lg - ls).abs().max() <= 0.02 * ls.abs().max()
+            assert nt == int(torch.argmax(lg)) and ns == int(torch.argmax(ls))
+
+
 @cpu_only
 def test_tiny_model_bf16_matches_sim():
     prog, init, _ = lowered("tiny-qwen2", workers=2, dtype="bf16")
@@ -424,11 +456,13 @@ def test_tiny_model_bf16_matches_sim():
 
 
 @cpu_only
-@pytest.mark.parametrize("name,dtype", [("tiny-qwen2", "f32"), ("tiny-llama", "bf16")])
-def test_offline_compile_for_sm90(tmp_path, name, dtype):
+@pytest.mark.parametrize("name,dtype,fuse", [("tiny-qwen2", "f32", False), ("tiny-llama", "bf16", False),
+                                             ("tiny-llama", "bf16", True)])
+def test_offline_compile_for_sm90(tmp_path, name, dtype, fuse):
     """The GPU code path (inline PTX acquire loads, %globaltimer, release atomics, libdevice,
-    wide loads) compiles to a cubin for sm_90 without a GPU, with no register spills."""
-    prog, init, _ = lowered(name, workers=3, dtype=dtype)
+    wide loads; with ``fuse`` the fused ops too) compiles to a cubin for sm_90 without a
+    GPU, with no register spills."""
+    prog, init, _ = lowered(name, workers=3, dtype=dtype, fuse=fuse)
     ex = TritonExecutor(prog, init, check=False)
     src = ex.emit_source(tmp_path / "kernel.py")
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(ROOT), TRITON_DEFAULT_FP_FUSION="1")

@@ -266,3 +266,111 @@ def test_copy_rounding(device):
     j = torch.empty(33, dtype=torch.int32, device=device)
     O.run_copy(i, j, block=16)
     assert torch.equal(i.cpu(), j.cpu())
+
+
+# ---------------------------------------------------------------- fused ops (issue 5)
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dt", [F32, BF16])
+def test_norm_gemv(device, dt):
+    """RMSNorm fused into the GEMV prologue: every tile normalises the whole x first."""
+    g = gen(11)
+    W = torch.randn(40, 96, generator=g).to(dt).to(device)
+    x = (torch.randn(96, generator=g) * 3).to(dt).to(device)
+    nw = torch.randn(96, generator=g).to(dt).to(device)
+    b = torch.randn(40, generator=g).to(dt).to(device)
+    for w, bias, bk in ((W[3:29], None, 32), (W[:9], b[:9], 64), (W[:, :], b, 128)):
+        y = torch.empty(w.shape[0], dtype=dt, device=device)
+        O.run_gemv_ex(x, nw, w, y, pro=1, eps=1e-5, bias=bias, block_n=8, block_k=bk)
+        ins = [x, nw, w] + ([bias] if bias is not None else [])
+        (want,) = ref("norm_gemv", {"eps": 1e-5}, ins, [y])
+        close(y, want, dt, rtol=1e-4 if dt == F32 else None, atol=1e-4 if dt == F32 else None)
+    # a strided x (a column of a matrix) and norm weight
+    X = torch.randn(96, 3, generator=g).to(dt).to(device)
+    y = torch.empty(40, dtype=dt, device=device)
+    O.run_gemv_ex(X[:, 1], X[:, 2], W, y, pro=1, eps=1e-6, block_n=16, block_k=32)
+    (want,) = ref("norm_gemv", {"eps": 1e-6}, [X[:, 1], X[:, 2], W], [y])
+    close(y, want, dt, rtol=1e-4 if dt == F32 else None, atol=1e-4 if dt == F32 else None)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dt", [F32, BF16])
+def test_gemv_res_and_swiglu_gemv(device, dt):
+    g = gen(12)
+    W = torch.randn(36, 64, generator=g).to(dt).to(device)
+    x = torch.randn(64, generator=g).to(dt).to(device)
+    u = torch.randn(64, generator=g).to(dt).to(device)
+    r = torch.randn(36, generator=g).to(dt).to(device)
+    tol = dict(rtol=1e-4, atol=1e-4) if dt == F32 else {}
+    y = torch.empty(36, dtype=dt, device=device)
+    O.run_gemv_ex(x, x, W, y, pro=0, bias=r, block_n=8, block_k=32)  # gemv_res
+    (want,) = ref("gemv_res", {}, [x, W, r], [y])
+    close(y, want, dt, **tol)
+    for res in (None, r):
+        y = torch.empty(36, dtype=dt, device=device)
+        O.run_gemv_ex(x, u, W, y, pro=2, bias=res, block_n=16, block_k=64)
+        (want,) = ref("swiglu_gemv", {}, [x, u, W] + ([res] if res is not None else []), [y])
+        close(y, want, dt, **tol)
+    # in place over the residual (y IS r), as the table allows for gemv_res / swiglu_gemv
+    rr = r.clone()
+    (want,) = ref("gemv_res", {}, [x, W, rr], [rr])
+    O.run_gemv_ex(x, x, W, rr, pro=0, bias=rr, block_n=8, block_k=32)
+    close(rr, want, dt, **tol)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dt", [F32, BF16])
+def test_rope_append(device, dt):
+    g = gen(13)
+    G, S, D = 2, 9, 16
+    inv = (1.0 / 10000 ** (torch.arange(0, D, 2, dtype=F32) / D)).to(device)
+    big = torch.randn(3, S, D, generator=g).to(dt).to(device)
+    kc, vc = big[1:3], torch.randn(G, S, D, generator=g).to(dt).to(device)
+    for pos in (0, 5, S - 1):
+        k = torch.randn(G * D, generator=g).to(dt).to(device)
+        v = torch.randn(G * D, generator=g).to(dt).to(device)
+        p = torch.tensor([pos], dtype=torch.int32, device=device)
+        wk, wv = kc.cpu().clone(), vc.cpu().clone()
+        apply_op("rope_append", {"head_dim": D}, [k.cpu(), v.cpu(), inv.cpu(), p.cpu()], [wk, wv])
+        O.run_rope_append(k, v, inv, p, kc, vc, block=4)
+        close(kc, wk, dt, atol=2e-5 if dt == F32 else None)
+        assert torch.equal(vc.cpu(), wv)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dt", [F32, BF16])
+@pytest.mark.parametrize("hq,G,D", [(6, 2, 16), (2, 2, 8)])
+def test_rope_attention(device, dt, hq, G, D):
+    g = gen(14)
+    S = 10
+    inv = (1.0 / 10000 ** (torch.arange(0, D, 2, dtype=F32) / D)).to(device)
+    kc = torch.randn(G, S, D, generator=g).to(dt).to(device)
+    vc = torch.randn(G, S, D, generator=g).to(dt).to(device)
+    scale = 1.0 / math.sqrt(D)
+    for pos in (0, 3, S - 1):
+        q = (torch.randn(hq * D, generator=g) * 2).to(dt).to(device)
+        p = torch.tensor([pos], dtype=torch.int32, device=device)
+        o = torch.empty(hq * D, dtype=dt, device=device)
+        O.run_attention(q, kc, vc, p, o, scale, block_t=4, inv_freq=inv)
+        (want,) = ref("rope_attention", {"head_dim": D, "scale": scale}, [q, kc, vc, p, inv], [o])
+        close(o, want, dt, rtol=1e-4 if dt == F32 else None, atol=1e-5 if dt == F32 else None)
+        # and it differs from plain attention (the rotation is really applied) for pos > 0
+        if pos > 0:
+            (plain,) = ref("attention", {"head_dim": D, "scale": scale}, [q, kc, vc, p], [o])
+            assert not torch.allclose(o.cpu().float(), plain.float(), atol=1e-3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_argmax_wide_block(device):
+    """The one-pass argmax: ties across lanes and blocks keep the first index."""
+    g = gen(15)
+    x = torch.randn(5000, generator=g).to(device)
+    x[4321] = 9.0
+    x[1234] = 9.0  # an earlier tie in another lane
+    x[777] = 9.0   # and in the same block as... an earlier block
+    y = torch.empty(2, device=device)
+    O.run_argmax(x, y, offset=10, block=512)
+    assert y.cpu().tolist() == [9.0, 787.0]
+    x2 = torch.full((300,), float("-inf"), device=device)
+    O.run_argmax(x2, y, offset=0, block=128)
+    (want,) = ref("argmax", {"offset": 0}, [x2], [y])
+    assert torch.equal(y.cpu(), want)

@@ -687,3 +687,10 @@ def shared_credit_allgather(ranks=3, workers=2, n=4):
 
 def test_shared_credit_counter_is_rejected():
     rejected(shared_credit_allgather(3, 2), "ReceiveBufferReuseWithoutCredit")
+
+
+def test_progress_callback_names_the_stages():
+    stages: list[str] = []
+    validate(allreduce(2, 8), progress=stages.append)
+    assert stages[0] == "structure"
+    assert {"simulation", "happens_before", "races"} <= set(stages)

@@ -1216,11 +1216,37 @@ def run_corpus(count: int = 10_000, seed: int = 0, jobs: int = 1, runs: int = 24
     report = build_report(records, seed=seed, count=count, runs=runs, jobs=jobs,
                           seeds=seeds, seed_info=seed_info, validator=vstatus,
                           seconds=time.perf_counter() - t0)
+    report["seed_checks"] = check_seeds(seeds, runs, validate)
     if stability_sample > 0:
         t1 = time.perf_counter()
         report["oracle_stability"] = stability(records, seed, seeds, stability_sample, 16 * runs)
         report["oracle_stability"]["seconds"] = time.perf_counter() - t1
     return report, records
+
+
+def check_seeds(seeds: list[tuple[str, ScheduleProgram]], runs: int, validate) -> dict[str, Any]:
+    """Label and validate the unmutated seeds. Every seed should be oracle-safe (else the
+    seed is wrong) and accepted; a rejected seed turns every safe mutation of it into a
+    false reject, so it is listed with its reason."""
+    from validator import oracle
+
+    unsafe, rejected = [], []
+    for label, prog in seeds:
+        res = oracle.check(prog, runs=runs, seed=0)
+        if not res.safe:
+            unsafe.append({"seed": label, "problems": sorted(res.classes)})
+            continue
+        if validate is None:
+            continue
+        try:
+            vjson = validate(prog).to_json()
+        except Exception as exc:  # reported like a reject
+            vjson = {"ok": False, "errors": [{"class": "ValidatorCrash", "message": repr(exc)}]}
+        if not vjson["ok"]:
+            rejected.append({"seed": label,
+                             "validator_errors": sorted({e["class"] for e in vjson["errors"]}),
+                             "reason": explain_false_reject(prog, "seed", vjson)})
+    return {"programs": len(seeds), "oracle_unsafe": unsafe, "validator_rejects": rejected}
 
 
 def build_report(records: list[dict[str, Any]], *, seed: int, count: int, runs: int, jobs: int,
@@ -1392,6 +1418,12 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines += ["", "Problems the oracle observed (a schedule may show several):", "",
               "| oracle class | schedules |", "|---|---:|"]
     lines += [f"| {k} | {v} |" for k, v in report["oracle_problem_classes"].items()]
+    sc = report.get("seed_checks")
+    if sc:
+        rej = "; ".join(f"{x['seed']} ({x['reason']})" for x in sc["validator_rejects"]) or "none"
+        bad = "; ".join(f"{x['seed']} ({', '.join(x['problems'])})" for x in sc["oracle_unsafe"]) or "none"
+        lines += ["", f"Seeds ({sc['programs']}): unsafe to the oracle: {bad}. Rejected by the "
+                  f"validator (every safe mutation of these is a false reject): {rej}."]
     esc = report.get("oracle_escalations")
     if esc:
         lines += ["", f"Disputed labels: {esc['rechecked']} schedules the oracle found safe but the "

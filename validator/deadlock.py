@@ -153,7 +153,7 @@ def simulate(ix: Index, win: Window) -> SimResult:
 def _deadlock_findings(ix: Index, win: Window, V, cptr, allowed: int, rfin) -> list[Finding]:
     """Witness of a stalled run: the blocked queue heads and, if any, a wait-for cycle."""
     C, W = win.n_chains, ix.workers
-    lo, hi, cm = win.chain_seg_lo, win.chain_seg_hi, win.cm_order
+    hi, cm = win.chain_seg_hi, win.cm_order
     blocked = []
     g = nx.DiGraph()
     stuck_chains = [c for c in range(C) if cptr[c] < hi[c]

@@ -22,6 +22,11 @@ Events and edges (ir/program.py semantics; docs/validator.md has the full argume
   signal instances of later epochs are after it; otherwise they count as unbounded.
   G is periodic: one decision per static pair, checked on the reference instance
   (W in epoch 0, or epoch 1 for ``@prev`` credit waits, whose S is in epoch 0).
+  Fast bound: when every signal of c comes from one rank, later epochs' instances are
+  after S's application, so at most N(c) - a(S) others can precede W (no lookups).
+  A pair the counting cannot prove is re-checked by an exact greedy run of the window in
+  the world where S is never applied and W never passes (``_cut_proof``); that proof does
+  not depend on G.
 * A remote signal (to a counter of another rank, or any signal of a task that writes
   remotely, i.e. put-with-signal) is applied asynchronously: it HB only the waits that are
   guaranteed to include it, the quiet that completes it, later signals of the same worker
@@ -190,7 +195,7 @@ class HBResult:
     def reach(self, F: Frontier) -> np.ndarray:
         """[n, R]: the event HB the end of rank a's last window epoch (so every later
         epoch of rank a is after it)."""
-        ix, win, E, R, W = self.ix, self.win, self.win.E, self.ix.ranks, self.ix.workers
+        win, E, R, W = self.win, self.win.E, self.ix.ranks, self.ix.workers
         n = len(F.k_rank)
         out = np.zeros((n, R), dtype=bool)
         kend = self.kvc[:, E - 1, :].astype(np.int64)  # [R, C]
@@ -255,6 +260,15 @@ class _Ctx:
         # any wait of the owner (kernel boundary)
         remote_sig = ix.ctr_rank[ix.s_ctr] != ix.t_rank[ix.s_task]
         self.local_ctr = np.bincount(ix.s_ctr[remote_sig], minlength=nctr) == 0
+        # counters whose signals all come from ONE rank (the owner or not): every signal
+        # instance of a later step is after any of this step's (kernel boundary)
+        srank = ix.t_rank[ix.s_task]
+        lo_r = np.full(nctr, np.iinfo(np.int64).max, dtype=np.int64)
+        hi_r = np.full(nctr, -1, dtype=np.int64)
+        if len(srank):
+            np.minimum.at(lo_r, ix.s_ctr, srank)
+            np.maximum.at(hi_r, ix.s_ctr, srank)
+        self.one_rank_ctr = lo_r == hi_r
         self.min_amt = np.full(nctr, np.iinfo(np.int64).max // 4, dtype=np.int64)
         if len(ix.s_ctr):
             np.minimum.at(self.min_amt, ix.s_ctr, ix.s_amt)
@@ -441,9 +455,9 @@ def _vector_clocks(ctx: _Ctx, G: GSet) -> tuple[np.ndarray, np.ndarray]:
             if hsel.any():
                 si, own = si[hsel], own[hsel]
                 hrow = hub_id[win.si_ctr[si]] * E + win.si_epoch[si]
-                # one row per (segment, hub): its last signal (largest position) dominates
-                key = own * n_hub_rows + hrow
-                last = np.ones(len(key), dtype=bool)
+                # one row per (chain, hub): the chain's last signal in this round dominates
+                # (later segments of a chain know everything earlier ones know)
+                key = ch[own] * n_hub_rows + hrow
                 if len(key) > 1:
                     o = np.argsort(key, kind="stable")
                     ks = key[o]
@@ -547,13 +561,16 @@ def _signal_frontiers(ctx: _Ctx, G: GSet, k: np.ndarray, es: np.ndarray) -> Fron
 
 def _check(ctx: _Ctx, hb: HBResult, G: GSet) -> GSet:
     """One refinement step of the greatest fixpoint (see the module doc)."""
-    ix, win, E, R = ctx.ix, ctx.win, ctx.E, ctx.R
+    ix = ctx.ix
     nw = len(ix.w_task)
     full = G.full.copy()
     c_w = ix.w_ctr
-    # fast bound: offset-0 wait on a counter signalled only from its own rank -> later
-    # epochs' signals come after it, so at most N(c) can be applied before it passes
-    bound_ok = (ix.w_off == 0) & ctx.local_ctr[c_w]
+    # Fast bound, no vector clocks: if every signal of c comes from one rank, all signal
+    # instances of later steps are after S's application (S's rank ends its step first,
+    # which completes S), so at most N(c) - a(S) other increments from the base step can
+    # precede W, for either offset. (Same for an offset-0 wait on a counter signalled only
+    # by its own rank: later steps come after W.)
+    bound_ok = ctx.one_rank_ctr[c_w] | ((ix.w_off == 0) & ctx.local_ctr[c_w])
     need_exact = np.zeros(nw, dtype=bool)
     need_exact[full & ~(bound_ok & (ix.ctr_n[c_w] - ctx.min_amt[c_w] < ix.w_thr))] = True
     need_exact[G.pw[G.g]] = True
@@ -573,7 +590,9 @@ def _check(ctx: _Ctx, hb: HBResult, G: GSet) -> GSet:
     pk = np.concatenate((G.pk, ck_))
     g = np.concatenate((G.g, np.ones(len(cw_), dtype=bool)))
     gi = np.nonzero(g)[0]
-    fast = ~inf_w[pw[gi]] & (P[pw[gi]] - ix.s_amt[pk[gi]] < ix.w_thr[pw[gi]])
+    a_s, thr = ix.s_amt[pk[gi]], ix.w_thr[pw[gi]]
+    fast = (~inf_w[pw[gi]] & (P[pw[gi]] - a_s < thr)) | \
+        (bound_ok[pw[gi]] & (ix.ctr_n[c_w[pw[gi]]] - a_s < thr))
     slow = gi[~fast]
     if len(slow):
         ok = _refined(ctx, hb, G, pw[slow], pk[slow], xinfo, ex)
@@ -603,7 +622,6 @@ def _cut_proof(ctx: _Ctx, w: int, k: int) -> bool:
     from validator.deadlock import cut_run
 
     ix, win, E = ctx.ix, ctx.win, ctx.E
-    C = ctx.C
     stop = (E * ctx.L).astype(np.int64)
     wt, st = int(ix.w_task[w]), int(ix.s_task[k])
     e_ref = int(ctx.w_ref[w])
@@ -635,7 +653,6 @@ def _cut_proof(ctx: _Ctx, w: int, k: int) -> bool:
     unbounded = bool(done_all[sig_ranks].any())
     proven = (int(V[c]) < need) and not unbounded
     ctx.cut_cache[key] = proven
-    del C
     return proven
 
 

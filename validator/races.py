@@ -77,6 +77,13 @@ class _Acc:
         self.seg0 = win.task_seg0[self.task]
         self.pos0 = ix.t_qpos[self.task]
         self.L = win.chain_len[self.chain]
+        # reads whose task also writes the same location (in-place ops)
+        kw = np.sort(self.task[self.out] * self.nloc + self.loc[self.out])
+        kr = self.task * self.nloc + self.loc
+        self.inplace = np.zeros(n, dtype=bool)
+        if len(kw):
+            p = np.minimum(np.searchsorted(kw, kr), len(kw) - 1)
+            self.inplace = (kw[p] == kr) & ~self.out
 
     def boxes(self, slot: int) -> tuple[np.ndarray, np.ndarray]:
         ix = self.ix
@@ -187,13 +194,28 @@ def _order(ix, hb, acc, a, ea, b, eb, front) -> np.ndarray:
     if not len(a):
         return out
     pa = acc.pending[a]
-    loc = np.nonzero(~pa)[0]
-    if len(loc):
+    any_p = bool(pa.any())
+    if not any_p:
+        al, bl = a, b
+    else:
+        loc = np.nonzero(~pa)[0]
         al, bl = a[loc], b[loc]
-        ca = acc.chain[al]
-        known = hb.known(acc.seg0[bl] + eb * hb.win.segs_per_epoch, ca, acc.chain[bl],
-                         acc.pos0[bl] + eb * acc.L[bl])
-        out[loc] = known >= acc.pos0[al] + ea * acc.L[al]
+    if len(al):
+        ca, cb = acc.chain[al], acc.chain[bl]
+        if ea == 0 and eb == 0:  # the common case: plain arrays, no epoch arithmetic
+            pb = acc.pos0[bl]
+            kn = hb.vcs[acc.seg0[bl], ca]
+            res = np.where(ca == cb, pb, kn) >= acc.pos0[al]
+        else:
+            known = hb.known(acc.seg0[bl] + eb * hb.win.segs_per_epoch, ca, cb,
+                             acc.pos0[bl] + eb * acc.L[bl])
+            res = known >= acc.pos0[al] + ea * acc.L[al]
+        if any_p:
+            out[loc] = res
+        else:
+            out = res
+    if not any_p:
+        return out
     pi = np.nonzero(pa)[0]
     if len(pi):
         F = front(ea)
@@ -221,8 +243,7 @@ def _read_groups(ix, acc: _Acc, rd: np.ndarray, lo, hi):
     if not len(rd):
         z = np.zeros(0, dtype=np.int64)
         return z, z, np.full(acc.n, -1, dtype=np.int64), z, z, z
-    key_w = acc.task[acc.out] * acc.nloc + acc.loc[acc.out]
-    own_w = np.isin(acc.task[rd] * acc.nloc + acc.loc[rd], key_w)
+    own_w = acc.inplace[rd]
     tag = np.where(own_w, acc.task[rd], -1)
     M = np.column_stack((acc.seg0[rd], acc.loc[rd], tag, lo[rd], hi[rd]))
     gid = _group_ids(M)
@@ -267,6 +288,20 @@ def _within_epoch(ix, hb, acc: _Acc, rep: _Reporter, slot: int, sel: np.ndarray,
     rd = np.nonzero(rd_all & written[acc.loc])[0]
     unwritten = np.nonzero(rd_all & ~written[acc.loc] & ~ix.buf_persistent[acc.buf])[0]
     first, last, g_of, m_lo, m_hi, members = _read_groups(ix, acc, rd, lo, hi)
+    # Shortcut: a read group that every write of its location happens-before (the usual
+    # "all consumers after a barrier over all producers") needs no per-pair checks; its
+    # coverage is the same for every group with the same (location, box).
+    after_all = _after_all_writes(ix, hb, acc, wr, first)
+    short = first[after_all]
+    first, last = first[~after_all], last[~after_all]
+    keep_g = np.nonzero(~after_all)[0]
+    remap = np.full(len(after_all), -1, dtype=np.int64)
+    remap[keep_g] = np.arange(len(keep_g))
+    m_lo, m_hi = m_lo[keep_g], m_hi[keep_g]
+    if len(remap):
+        g_of = np.where(g_of >= 0, remap[np.maximum(g_of, 0)], -1)
+    if len(short):
+        _coverage_classes(ix, acc, rep, wr, short, slot, lo, hi, flo, fhi)
     al = np.concatenate((wr, first))
     i, j = _overlap_pairs(acc.loc[wr], flo[wr], fhi[wr], acc.loc[al], flo[al], fhi[al])
     w, a = wr[i], al[j]
@@ -356,13 +391,79 @@ def _within_epoch(ix, hb, acc: _Acc, rep: _Reporter, slot: int, sel: np.ndarray,
     reads = np.concatenate((first[cg], sm[np_read[sm]], unwritten))
     # a read already reported as racing is not reported again as uncovered (a group
     # counts as raced if any member is)
-    if len(members):
-        raced[first] |= np.bincount(g_of[members], weights=raced[members],
-                                    minlength=len(first)) > 0
+    mm = members[g_of[members] >= 0] if len(members) else members
+    if len(mm):
+        raced[first] |= np.bincount(g_of[mm], weights=raced[mm], minlength=len(first)) > 0
     reads = reads[~raced[reads]]
     if len(reads):
         _coverage(ix, acc, rep, reads, np.concatenate(cov_w), np.concatenate(cov_r), slot,
                   lo, hi, shared)
+
+
+def _after_all_writes(ix, hb, acc: _Acc, wr: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Per read group (its first reader): every step-0 write of its location is a local
+    write that happens-before the reader. Local writes of a location are made by the
+    queues of the location's rank, so only those W columns of the vector clock are read."""
+    n = len(first)
+    out = np.zeros(n, dtype=bool)
+    if not n or not len(wr):
+        return out
+    W = ix.workers
+    locs, lid = np.unique(acc.loc[wr], return_inverse=True)
+    lid = lid.ravel()
+    # last write position per (location, queue of its rank); pending writes: no shortcut
+    wf = np.full((len(locs), W), -1, dtype=np.int64)
+    np.maximum.at(wf, (lid, acc.chain[wr] % W), acc.pos0[wr])
+    bad_loc = np.zeros(len(locs), dtype=bool)
+    bad_loc[lid[acc.pending[wr] | (acc.chain[wr] // W != acc.copy[wr])]] = True
+    gl = np.minimum(np.searchsorted(locs, acc.loc[first]), len(locs) - 1)
+    ok = (locs[gl] == acc.loc[first]) & ~acc.inplace[first]
+    ok[ok] &= ~bad_loc[gl[ok]]
+    idx = np.nonzero(ok)[0]
+    ar = np.arange(W)
+    for s0 in range(0, len(idx), 1 << 15):
+        q = idx[s0:s0 + (1 << 15)]
+        f = first[q]
+        cols = acc.copy[f][:, None] * W + ar[None, :]
+        rows = hb.vcs[acc.seg0[f][:, None], cols]
+        own = acc.chain[f] % W
+        rows[np.arange(len(q)), own] = acc.pos0[f]
+        out[q] = (rows >= wf[gl[q]]).all(axis=1)
+    return out
+
+
+def _coverage_classes(ix, acc, rep, wr, reads, slot, lo, hi, flo, fhi):
+    """Coverage of reads that every write of their location happens-before: one check per
+    distinct (location, box); every write overlapping it covers it."""
+    M = np.column_stack((acc.loc[reads], lo[reads], hi[reads]))
+    gid = _group_ids(M)
+    _, rep_i = np.unique(gid, return_index=True)
+    reps = reads[rep_i]
+    reps = reps[~ix.buf_persistent[acc.buf[reps]]]
+    if not len(reps):
+        return
+    i, j = _overlap_pairs(acc.loc[wr], flo[wr], fhi[wr], acc.loc[reps], flo[reps], fhi[reps])
+    w, r = wr[i], reps[j]
+    multi = acc.nax[w] > 1
+    if multi.any():
+        k = np.ones(len(w), dtype=bool)
+        mi = np.nonzero(multi)[0]
+        k[mi] = _box_overlap(lo[w[mi]], hi[w[mi]], lo[r[mi]], hi[r[mi]])
+        w, r = w[k], r[k]
+    # writes overlapping another write of the location (volumes would double count)
+    wi, wj = _overlap_pairs(acc.loc[wr], flo[wr], fhi[wr], acc.loc[wr], flo[wr], fhi[wr])
+    shared = np.zeros(acc.n, dtype=bool)
+    diff = wr[wi] != wr[wj]
+    if diff.any():
+        a, b = wr[wi[diff]], wr[wj[diff]]
+        mm = acc.nax[a] > 1
+        ov = np.ones(len(a), dtype=bool)
+        if mm.any():
+            k = np.nonzero(mm)[0]
+            ov[k] = _box_overlap(lo[a[k]], hi[a[k]], lo[b[k]], hi[b[k]])
+        shared[a[ov]] = True
+        shared[b[ov]] = True
+    _coverage(ix, acc, rep, reps, w, r, slot, lo, hi, shared)
 
 
 def _expand_ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:

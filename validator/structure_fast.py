@@ -84,7 +84,8 @@ def _fast(prog, R, W, S, be, buf_id, buf_shape, buf_dtype, buf_sym, buf_owner, c
     if n == 0:
         return None
     ids, rk, wk, ops, grp, ins, outs, prm, wts, sgs = zip(*map(_TASK, tasks))
-    if not _all_type(ids, {str}) or len(set(ids)) != n or "" in set(ids):
+    id_set = set(ids)
+    if not _all_type(ids, {str}) or len(id_set) != n or "" in id_set:
         return None
     if not (_all_int(rk) and _all_int(wk)):
         return None
@@ -141,10 +142,10 @@ def _fast(prog, R, W, S, be, buf_id, buf_shape, buf_dtype, buf_sym, buf_owner, c
         nr_u = nr[first_of]
     else:
         u_ranges, nr_u, inv = rranges, nr, None
-    flat = list(chain.from_iterable(map(_B4, chain.from_iterable(u_ranges))))
-    if not _all_int(flat):
+    rng_objs = list(chain.from_iterable(u_ranges))
+    vals = _range_bounds(rng_objs)
+    if vals is None:
         return None
-    vals = np.asarray(flat, dtype=np.int64).reshape(-1, 4)
     if inv is not None:  # expand back to every region
         starts_u = np.concatenate(([0], np.cumsum(nr_u)[:-1]))
         vals = vals[_expand_ranges(starts_u[inv], nr_u[inv])]
@@ -227,16 +228,15 @@ def _fast(prog, R, W, S, be, buf_id, buf_shape, buf_dtype, buf_sym, buf_owner, c
             return None
 
     # ---- waits ----
-    nw_t = np.fromiter(map(len, wts), np.int64, n)
-    wl = list(chain.from_iterable(wts))
+    nw_t, wl, w_idx = _flat_shared(wts, n)
     if wl:
         wc, wth, wo = zip(*map(_WAIT, wl))
         ci = list(map(ctr_id.get, wc))
         if None in ci or not _all_int(wth) or not _all_int(wo):
             return None
-        w_ctr = np.asarray(ci, dtype=np.int64)
-        w_thr = np.asarray(wth, dtype=np.int64)
-        w_off = np.asarray(wo, dtype=np.int64)
+        w_ctr = _take(np.asarray(ci, dtype=np.int64), w_idx)
+        w_thr = _take(np.asarray(wth, dtype=np.int64), w_idx)
+        w_off = _take(np.asarray(wo, dtype=np.int64), w_idx)
         w_task = np.repeat(np.arange(n), nw_t)
         if ((w_off != 0) & (w_off != -1)).any():
             return None
@@ -246,15 +246,14 @@ def _fast(prog, R, W, S, be, buf_id, buf_shape, buf_dtype, buf_sym, buf_owner, c
         w_ctr = w_thr = w_off = w_task = np.zeros(0, dtype=np.int64)
 
     # ---- signals ----
-    ns_t = np.fromiter(map(len, sgs), np.int64, n)
-    sl_ = list(chain.from_iterable(sgs))
+    ns_t, sl_, s_idx = _flat_shared(sgs, n)
     if sl_:
         sc, sa = zip(*map(_SIG, sl_))
         ci = list(map(ctr_id.get, sc))
         if None in ci or not _all_int(sa):
             return None
-        s_ctr = np.asarray(ci, dtype=np.int64)
-        s_amt = np.asarray(sa, dtype=np.int64)
+        s_ctr = _take(np.asarray(ci, dtype=np.int64), s_idx)
+        s_amt = _take(np.asarray(sa, dtype=np.int64), s_idx)
         s_task = np.repeat(np.arange(n), ns_t)
         if (s_amt <= 0).any():
             return None
@@ -277,6 +276,45 @@ def _fast(prog, R, W, S, be, buf_id, buf_shape, buf_dtype, buf_sym, buf_owner, c
 
 
 OPS_PUT_ID = OP_ID["put"]
+
+
+def _range_bounds(rngs: list) -> np.ndarray | None:
+    """[n, 4] int64 (start.const, start.coef, stop.const, stop.coef) of Range objects, or
+    None if a bound is not an int. Range objects that are shared (a producer that caches
+    its Range constructor) are read once; a sample decides whether deduplication pays."""
+    n = len(rngs)
+    sample = rngs[:4096]
+    if n > 8192 and len(set(map(id, sample))) < 0.8 * len(sample):
+        ids = np.fromiter(map(id, rngs), np.int64, n)
+        _, first, inv = np.unique(ids, return_index=True, return_inverse=True)
+        uniq = [rngs[i] for i in first.tolist()]
+        flat = list(chain.from_iterable(map(_B4, uniq)))
+        if not _all_int(flat):
+            return None
+        return np.asarray(flat, dtype=np.int64).reshape(-1, 4)[inv.ravel()]
+    flat = list(chain.from_iterable(map(_B4, rngs)))
+    if not _all_int(flat):
+        return None
+    return np.asarray(flat, dtype=np.int64).reshape(-1, 4)
+
+
+def _flat_shared(seqs, n: int):
+    """Per-task tuples -> (count per task, elements to read, index of each task element
+    into them). Tuples that are one shared object (the text parser shares equal wait and
+    signal tuples) are read once; ``index`` is None when nothing is shared."""
+    counts = np.fromiter(map(len, seqs), np.int64, n)
+    ids = np.fromiter(map(id, seqs), np.int64, n)
+    uid, first, inv = np.unique(ids, return_index=True, return_inverse=True)
+    if len(uid) >= 0.8 * n:
+        return counts, list(chain.from_iterable(seqs)), None
+    uc = counts[first]
+    elems = list(chain.from_iterable([seqs[i] for i in first.tolist()]))
+    ustart = np.concatenate(([0], np.cumsum(uc)[:-1])).astype(np.int64)
+    return counts, elems, _expand_ranges(ustart[inv.ravel()], counts)
+
+
+def _take(a: np.ndarray, idx) -> np.ndarray:
+    return a if idx is None else a[idx]
 
 
 def _expand_ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:

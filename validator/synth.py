@@ -22,14 +22,24 @@ from ir.program import (
 )
 
 
+_RANGES: dict[tuple, tuple[Range, ...]] = {}
+_SHARE = [True]
+
+
 def _r(*bounds) -> tuple[Range, ...]:
+    """The ranges tuple for ``bounds``; equal tuples are one shared object, as the text
+    parser (ir/text.py) produces them (unless built with ``share=False``)."""
+    got = _RANGES.get(bounds) if _SHARE[0] else None
+    if got is not None:
+        return got
     out = []
     for b in bounds:
         if len(b) == 2:
             out.append(Range(Bound(b[0]), Bound(b[1])))
         else:  # (start_const, stop_const, slot_coef)
             out.append(Range(Bound(b[0], b[2]), Bound(b[1], b[2])))
-    return tuple(out)
+    got = _RANGES[bounds] = tuple(out)
+    return got
 
 
 def transformer_schedule(ranks: int = 4, workers: int = 64, layers: int = 50,
@@ -37,9 +47,13 @@ def transformer_schedule(ranks: int = 4, workers: int = 64, layers: int = 50,
                          q_heads: int = 32, kv_heads: int = 8, seq: int = 1024,
                          qkv_tiles: int = 128, o_tiles: int = 128, gu_tiles: int = 256,
                          act_tiles: int = 64, down_tiles: int = 128, chunks: int = 8,
-                         reuse: str = "credit", dtype: str = "bf16") -> ScheduleProgram:
+                         reuse: str = "credit", dtype: str = "bf16",
+                         share: bool = True) -> ScheduleProgram:
     """A valid synthetic decode-step schedule; see the module doc. Sizes are per model;
-    heads and the intermediate size are split evenly over ``ranks``."""
+    heads and the intermediate size are split evenly over ``ranks``. ``share``: equal
+    range, wait and signal tuples are one object, as ir/text.py parses them (the validator
+    reads each distinct one once); False builds fresh objects everywhere."""
+    _SHARE[0] = share
     if reuse not in ("credit", "slots"):
         raise ValueError(f"reuse must be 'credit' or 'slots', got {reuse!r}")
     R, W, H, D = ranks, workers, hidden, head_dim
@@ -58,9 +72,15 @@ def transformer_schedule(ranks: int = 4, workers: int = 64, layers: int = 50,
         B.append(Buffer(name, kind, dt, tuple(shape), "symmetric" if sym else "local",
                         None if sym else rank))
 
+    shared: dict[tuple, tuple] = {}  # equal wait / signal tuples are one object (as parsed)
+
     def task(tid, r, w, op, ins=(), outs=(), params=None, waits=(), signals=(), group=None):
+        waits, signals = tuple(waits), tuple(signals)
+        if share:
+            waits = shared.setdefault(waits, waits)
+            signals = shared.setdefault(signals, signals)
         T.append(Task(tid, r, w, op, tuple(ins), tuple(outs), dict(params or {}),
-                      tuple(waits), tuple(signals), group))
+                      waits, signals, group))
 
     def reg(name, r, *bounds):
         return Region(name, r, _r(*bounds))
@@ -229,8 +249,8 @@ def transformer_schedule(ranks: int = 4, workers: int = 64, layers: int = 50,
 
 
 def schedule_for_tasks(target_tasks: int, ranks: int = 4, workers: int = 64,
-                       reuse: str = "credit") -> ScheduleProgram:
+                       reuse: str = "credit", share: bool = True) -> ScheduleProgram:
     """The synthetic schedule with the number of layers that reaches ``target_tasks``."""
     one = len(transformer_schedule(ranks, workers, 1, reuse=reuse).tasks)
     layers = max(1, -(-target_tasks // one))
-    return transformer_schedule(ranks, workers, layers, reuse=reuse)
+    return transformer_schedule(ranks, workers, layers, reuse=reuse, share=share)

@@ -30,6 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", metavar="FILE", help="lowering config JSON (knobs)")
     p.add_argument("--workers", type=int, help="workers per rank (default: one per SM)")
     p.add_argument("--tile", type=int, help="GEMV tile rows")
+    p.add_argument("--num-warps", type=int, default=8, help="warps per worker CTA (default 8)")
+    p.add_argument("--gemv-block", default="32x512", metavar="NxK",
+                   help="GEMV block: rows x columns streamed per iteration (default 32x512)")
     p.add_argument("--no-baselines", action="store_true", help="skip the HF baselines")
     p.add_argument("--json", metavar="FILE", help="write the result object to FILE")
     p.set_defaults(func=run)
@@ -90,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         ref = make_reference(model, prompt.to(dev), args.tokens)
     with con.status("megakernel: lower, validate, build, check logits, decode in a CUDA graph"):
         ours, session, ex = measure_megakernel(args.model, resolved, cfg, target, prompt, ref,
-                                               args.tokens)
+                                               args.tokens, backend_options(args))
     timing = ours.timing
     nbytes = decode_weight_bytes(model)
     floor = roofline_ms(nbytes, bw)
@@ -119,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
         "python": platform.python_version(), "torch": torch.__version__,
         "config": cfg.to_json() if hasattr(cfg, "to_json") else cfg.__dict__,
         "tasks": len(session.program.tasks), "workers": ex.workers,
+        "num_warps": ex.num_warps, "blocks": ex.blocks.__dict__,
         "occupancy": ex.occupancy, "build_s": ours.extra["build_s"],
         "weight_bytes": nbytes, "hbm_bytes_per_s": bw, "roofline_ms": floor,
         "latency_ms_median": timing.median_ms, "timing": timing.to_json(),
@@ -140,21 +144,23 @@ def run(args: argparse.Namespace) -> int:
                     f"{d['roofline_pct']:.1f}" if d["roofline_pct"] else "-",
                     f"{d['tokens_per_s']:.0f}" if d["tokens_per_s"] else "-",
                     str(r.correct), r.note)
-    Console().print(tab)
+    Console(width=200).print(tab)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=1, default=str))
     return 0 if ours.correct else 1
 
 
-def measure_megakernel(model_arg, resolved, cfg, target, prompt, ref, n_tokens: int):
+def measure_megakernel(model_arg, resolved, cfg, target, prompt, ref, n_tokens: int,
+                       backend_options: dict | None = None):
     """Lower, validate, build and time the megakernel for one config (R = 1).
 
     ``resolved``: the resolved HF model (its weights feed the kernel; the HF model itself is
     used on its current device for the logit check). ``prompt``: int64 [1, P] (CPU);
     ``ref``: the TokenReference. Returns (BaselineResult named ``amk_megakernel`` with
     timing, verdict and ``extra`` = logit_check, first_divergence, build_s), the Session and
-    the executor. Raises AmkError if the validator rejects the schedule.
+    the executor. ``backend_options``: TritonExecutor options (``num_warps``, ``blocks``).
+    Raises AmkError if the validator rejects the schedule.
     """
     from amk import pipeline
     from amk.baselines import BaselineResult, judge_tokens
@@ -165,7 +171,7 @@ def measure_megakernel(model_arg, resolved, cfg, target, prompt, ref, n_tokens: 
         raise AmkError("the schedule was rejected by the validator: "
                        + "; ".join(f.message for f in session.verdict.errors[:3]), exit_code=1)
     t0 = time.perf_counter()
-    dec = session.decoder("triton")
+    dec = session.decoder("triton", backend_options=backend_options)
     build_s = time.perf_counter() - t0
     report = session.check(dec)
     ex = dec.ex
@@ -179,6 +185,20 @@ def measure_megakernel(model_arg, resolved, cfg, target, prompt, ref, n_tokens: 
                          {"first_divergence": first, "logit_check": report.to_json(),
                           "build_s": build_s, "tasks": len(session.program.tasks)})
     return res, session, ex
+
+
+def backend_options(args) -> dict:
+    """TritonExecutor options from --num-warps and --gemv-block NxK. Raises AmkError."""
+    from lowering.triton.runtime import Blocks
+
+    try:
+        n, k = (int(v) for v in args.gemv_block.lower().split("x"))
+    except ValueError:
+        raise AmkError(f"--gemv-block {args.gemv_block!r}: expected NxK, e.g. 32x512") from None
+    for v, what in ((n, "N"), (k, "K"), (args.num_warps, "--num-warps")):
+        if v < 1 or v & (v - 1):
+            raise AmkError(f"{what} must be a power of two, got {v}")
+    return {"num_warps": args.num_warps, "blocks": Blocks(gemv_n=n, gemv_k=k)}
 
 
 def _resolve_bf16(model_arg: str):

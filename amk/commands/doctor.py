@@ -131,11 +131,15 @@ def _backends(packages: dict[str, dict], gpu: dict[str, Any]) -> dict[str, dict[
         triton = {"available": False, "max_ranks": 0,
                   "reason": f"needs compute capability >= {MIN_COMPUTE_CAPABILITY[0]}."
                             f"{MIN_COMPUTE_CAPABILITY[1]}"}
-    elif packages["nvshmem4py"]["present"] and len(capable) > 1:
-        triton = {"available": True, "max_ranks": len(capable),
-                  "reason": f"{len(capable)} GPUs, multi-rank through nvshmem4py"}
     else:
-        why = "nvshmem4py missing" if len(capable) > 1 else "one GPU"
+        # The Triton runtime runs one rank today; the NVSHMEM multi-rank runtime (issue 6) is
+        # not built yet, so several GPUs and nvshmem4py do not raise max_ranks.
+        if len(capable) > 1:
+            why = ("the multi-GPU NVSHMEM runtime is not built yet; "
+                   + ("nvshmem4py present" if packages["nvshmem4py"]["present"]
+                      else "nvshmem4py missing"))
+        else:
+            why = "one GPU"
         triton = {"available": True, "max_ranks": 1, "reason": f"single rank only ({why})"}
     return {"sim": sim, "triton": triton}
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from typing import Any
 
@@ -78,13 +77,11 @@ def run(args: argparse.Namespace) -> int:
     show_progress = not args.json and n_tasks >= LARGE
     if show_progress:
         err.print(f"validating {escape(args.file)}: {n_tasks} tasks, {prog.ranks} rank(s) x "
-                  f"{prog.workers} worker(s)")
-        t_stage = [time.perf_counter()]
+                  f"{prog.workers} worker(s) (loaded in {load_s:.2f} s)")
+        t_val = time.perf_counter()
 
-        def progress(stage: str) -> None:
-            now = time.perf_counter()
-            err.print(f"  [dim]{now - t0:7.2f}s[/] {escape(stage)}")
-            t_stage[0] = now
+        def progress(stage: str) -> None:  # elapsed validation time as each stage starts
+            err.print(f"  [dim]{time.perf_counter() - t_val:7.2f}s[/] {escape(stage)}")
     else:
         progress = None
     verdict = validate(prog, backend=args.backend, progress=progress)

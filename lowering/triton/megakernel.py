@@ -70,6 +70,12 @@ _F_SIG0 = tl.constexpr(T.F_SIG0)
 _F_P0 = tl.constexpr(T.F_P0)
 _F_OPND = tl.constexpr(T.F_OPND)
 _F_FLAGS = tl.constexpr(T.F_FLAGS)
+_F_W0C = tl.constexpr(T.F_W0C)
+_F_W0N = tl.constexpr(T.F_W0N)
+_F_W0B = tl.constexpr(T.F_W0B)
+_F_S0C = tl.constexpr(T.F_S0C)
+_F_S0A = tl.constexpr(T.F_S0A)
+_F_S0S = tl.constexpr(T.F_S0S)
 _OPND_W = tl.constexpr(T.OPND_W)
 _ROW = tl.constexpr(T.ROW)
 _WAIT_W = tl.constexpr(T.WAIT_W)
@@ -119,10 +125,32 @@ def cta_max(x):
 
 
 @device
+def cta_all(p):
+    """1 if the int32 ``p`` is non-zero in EVERY thread of the CTA, else 0 (uniform).
+
+    ``bar.red.and.pred``: one barrier instruction that also reduces a predicate over the
+    CTA (PTX ISA, "bar.red"), far cheaper than ``cta_max``'s shuffle + shared-memory
+    reduction. Every thread must reach it, like any bar.sync (callers use it only at
+    CTA-uniform points). Interpreter: ``p != 0`` (one program, no threads)."""
+    if INTERPRET:
+        r = (p != 0).to(tl.int32)
+    else:
+        r = tl.inline_asm_elementwise(
+            "{ .reg .pred %pi, %po; setp.ne.s32 %pi, $1, 0; bar.red.and.pred %po, 0, %pi; "
+            "selp.s32 $0, 1, 0, %po; }", "=r,r", [p], dtype=tl.int32, is_pure=False, pack=1)
+    return r
+
+
+@device
 def wait_counter(ctr, need, abort_ptr, abort_tag, timeout):
     """Spin until ``*ctr - need >= 0`` (wrapping int32). Returns (value seen, kind):
     kind 0 = satisfied, 1 = timed out, 4 = another worker aborted this epoch.
-    ``timeout``: ns on the GPU, number of polls under the interpreter."""
+    ``timeout``: ns on the GPU, number of polls under the interpreter.
+
+    Fast path (GPU): the first acquire poll of every thread is voted over the CTA
+    (``cta_all``); when it already satisfies the wait in all threads -- the common case
+    once a worker trails its producers -- the timer, the abort word and ``cta_max`` are
+    skipped. Otherwise the watched spin loop below runs as before."""
     v = acquire_load(ctr)
     if INTERPRET:
         it = 0
@@ -131,15 +159,17 @@ def wait_counter(ctr, need, abort_ptr, abort_tag, timeout):
             it += 1
         kind = tl.where((v - need) < 0, _KIND_TIMEOUT, 0)
     else:
-        t0 = global_timer()
-        now = t0
-        ab = abort_tag - 1
-        while ((v - need) < 0) & ((now - t0) < timeout) & (ab != abort_tag):
-            v = acquire_load(ctr)
-            now = global_timer()
-            ab = tl.load(abort_ptr, volatile=True)
-        kind = tl.where((v - need) < 0, tl.where(ab == abort_tag, _KIND_ABORTED, _KIND_TIMEOUT), 0)
-        kind = cta_max(kind)  # one decision for the whole CTA (see cta_max)
+        kind = tl.full([], 0, dtype=tl.int32)
+        if cta_all(((v - need) >= 0).to(tl.int32)) == 0:
+            t0 = global_timer()
+            now = t0
+            ab = abort_tag - 1
+            while ((v - need) < 0) & ((now - t0) < timeout) & (ab != abort_tag):
+                v = acquire_load(ctr)
+                now = global_timer()
+                ab = tl.load(abort_ptr, volatile=True)
+            kind = tl.where((v - need) < 0, tl.where(ab == abort_tag, _KIND_ABORTED, _KIND_TIMEOUT), 0)
+            kind = cta_max(kind)  # one decision for the whole CTA (see cta_max)
     return v, kind
 
 
@@ -229,25 +259,40 @@ def t_rmsnorm(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DW:
 
 
 @device
-def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DW: tl.constexpr,
-           DB: tl.constexpr, DY: tl.constexpr, HAS_BIAS: tl.constexpr, X_CONTIG: tl.constexpr,
-           W_CONTIG: tl.constexpr, W_ALIGN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl.constexpr,
+           DW: tl.constexpr, DB: tl.constexpr, DY: tl.constexpr, PRO: tl.constexpr, HAS_BIAS: tl.constexpr,
+           X_CONTIG: tl.constexpr, W_CONTIG: tl.constexpr, W_ALIGN: tl.constexpr, BLOCK_N: tl.constexpr,
+           BLOCK_K: tl.constexpr):
+    """gemv, norm_gemv, gemv_res, swiglu_gemv (ops.gemv_ex; ``PRO`` the prologue). Operands:
+    x, [a (norm weight / up) when PRO != plain], W, [b (bias / residual)], y."""
     xo, xn0, xn1, xn2, xs0, xs1, xs2 = _opnd(row, 0, slot)
-    wo, wn0, wn1, wn2, ws0, ws1, ws2 = _opnd(row, 1, slot)
+    if PRO == K.PRO_PLAIN:
+        ao, an1, an2, as0, as1, as2 = xo, xn1, xn2, xs0, xs1, xs2
+        WI: tl.constexpr = 1
+        ap = _ptr(A_BF16, A_F16, A_F32, A_I32, DX) + ao
+    else:
+        ao, an0, an1, an2, as0, as1, as2 = _opnd(row, 1, slot)
+        WI: tl.constexpr = 2
+        ap = _ptr(A_BF16, A_F16, A_F32, A_I32, DA) + ao
+    wo, wn0, wn1, wn2, ws0, ws1, ws2 = _opnd(row, WI, slot)
     if W_ALIGN > 1:
         wo = tl.multiple_of(wo, W_ALIGN)
     if HAS_BIAS:
-        bo, bn0, bn1, bn2, bs0, bs1, bs2 = _opnd(row, 2, slot)
-        yo, yn0, yn1, yn2, ys0, ys1, ys2 = _opnd(row, 3, slot)
+        bo, bn0, bn1, bn2, bs0, bs1, bs2 = _opnd(row, WI + 1, slot)
+        yo, yn0, yn1, yn2, ys0, ys1, ys2 = _opnd(row, WI + 2, slot)
         bp = _ptr(A_BF16, A_F16, A_F32, A_I32, DB) + bo
     else:
-        yo, yn0, yn1, yn2, ys0, ys1, ys2 = _opnd(row, 2, slot)
+        yo, yn0, yn1, yn2, ys0, ys1, ys2 = _opnd(row, WI + 1, slot)
         bp = _ptr(A_BF16, A_F16, A_F32, A_I32, DY) + yo
         bn1, bn2, bs0, bs1, bs2 = yn1, yn2, ys0, ys1, ys2
-    K.gemv(_ptr(A_BF16, A_F16, A_F32, A_I32, DX) + xo, xn1, xn2, xs0, xs1, xs2,
-           _ptr(A_BF16, A_F16, A_F32, A_I32, DW) + wo, ws1, ws2, bp, bn1, bn2, bs0, bs1, bs2,
-           _ptr(A_BF16, A_F16, A_F32, A_I32, DY) + yo, yn1, yn2, ys0, ys1, ys2, wn1, wn2,
-           HAS_BIAS, X_CONTIG, W_CONTIG, W_ALIGN, BLOCK_N, BLOCK_K)
+    if PRO == K.PRO_NORM:
+        eps = _param_f(row, 0)
+    else:
+        eps = 0.0
+    K.gemv_ex(_ptr(A_BF16, A_F16, A_F32, A_I32, DX) + xo, xn1, xn2, xs0, xs1, xs2, ap, an1, an2, as0, as1, as2,
+              eps, _ptr(A_BF16, A_F16, A_F32, A_I32, DW) + wo, ws1, ws2, bp, bn1, bn2, bs0, bs1, bs2,
+              _ptr(A_BF16, A_F16, A_F32, A_I32, DY) + yo, yn1, yn2, ys0, ys1, ys2, wn1, wn2,
+              PRO, HAS_BIAS, X_CONTIG, W_CONTIG, W_ALIGN, BLOCK_N, BLOCK_K)
     return _ok()
 
 
@@ -272,33 +317,57 @@ def t_rope(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DF: tl
 
 @device
 def t_kv_append(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DK: tl.constexpr, DV: tl.constexpr,
-                DP: tl.constexpr, DKC: tl.constexpr, DVC: tl.constexpr, BLOCK: tl.constexpr):
+                DF: tl.constexpr, DP: tl.constexpr, DKC: tl.constexpr, DVC: tl.constexpr,
+                ROPE: tl.constexpr, BLOCK: tl.constexpr):
+    """kv_append (operands k, v, pos, kc, vc) or, with ROPE, rope_append (k, v, inv_freq,
+    pos, kc, vc)."""
     ko, kn0, kn1, kn2, ks0, ks1, ks2 = _opnd(row, 0, slot)
     vo, vn0, vn1, vn2, vs0, vs1, vs2 = _opnd(row, 1, slot)
-    po, pn0, pn1, pn2, ps0, ps1, ps2 = _opnd(row, 2, slot)
-    co, cg, cs, cd, cgs, css, cds = _opnd(row, 3, slot)
-    uo, ug, us, ud, ugs, uss, uds = _opnd(row, 4, slot)
+    if ROPE:
+        fo, fn0, fn1, fn2, fs0, fs1, fs2 = _opnd(row, 2, slot)
+        PI: tl.constexpr = 3
+    else:
+        PI: tl.constexpr = 2
+    po, pn0, pn1, pn2, ps0, ps1, ps2 = _opnd(row, PI, slot)
+    co, cg, cs, cd, cgs, css, cds = _opnd(row, PI + 1, slot)
+    uo, ug, us, ud, ugs, uss, uds = _opnd(row, PI + 2, slot)
     pos = tl.load(_ptr(A_BF16, A_F16, A_F32, A_I32, DP) + po).to(tl.int32)
     if (pos < 0) | (pos >= cs):
         st = _fail(err, _KIND_POS, pos, cs)
     else:
-        K.kv_append(_ptr(A_BF16, A_F16, A_F32, A_I32, DK) + ko, kn1, kn2, ks0, ks1, ks2,
-                    _ptr(A_BF16, A_F16, A_F32, A_I32, DV) + vo, vn1, vn2, vs0, vs1, vs2, pos,
-                    _ptr(A_BF16, A_F16, A_F32, A_I32, DKC) + co, cgs, css, cds,
-                    _ptr(A_BF16, A_F16, A_F32, A_I32, DVC) + uo, ugs, uss, uds, cg, cd, BLOCK)
+        if ROPE:
+            K.rope_append(_ptr(A_BF16, A_F16, A_F32, A_I32, DK) + ko, kn1, kn2, ks0, ks1, ks2,
+                          _ptr(A_BF16, A_F16, A_F32, A_I32, DV) + vo, vn1, vn2, vs0, vs1, vs2,
+                          _ptr(A_BF16, A_F16, A_F32, A_I32, DF) + fo, fn1, fn2, fs0, fs1, fs2, pos,
+                          _ptr(A_BF16, A_F16, A_F32, A_I32, DKC) + co, cgs, css, cds,
+                          _ptr(A_BF16, A_F16, A_F32, A_I32, DVC) + uo, ugs, uss, uds, cg, cd, BLOCK)
+        else:
+            K.kv_append(_ptr(A_BF16, A_F16, A_F32, A_I32, DK) + ko, kn1, kn2, ks0, ks1, ks2,
+                        _ptr(A_BF16, A_F16, A_F32, A_I32, DV) + vo, vn1, vn2, vs0, vs1, vs2, pos,
+                        _ptr(A_BF16, A_F16, A_F32, A_I32, DKC) + co, cgs, css, cds,
+                        _ptr(A_BF16, A_F16, A_F32, A_I32, DVC) + uo, ugs, uss, uds, cg, cd, BLOCK)
         st = _ok()
     return st
 
 
 @device
 def t_attention(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DQ: tl.constexpr, DKC: tl.constexpr,
-                DVC: tl.constexpr, DP: tl.constexpr, DO: tl.constexpr, BLOCK_T: tl.constexpr,
-                BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr):
+                DVC: tl.constexpr, DP: tl.constexpr, DF: tl.constexpr, DO: tl.constexpr, ROPE: tl.constexpr,
+                BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr):
+    """attention (q, kc, vc, pos, o) or, with ROPE, rope_attention (q, kc, vc, pos,
+    inv_freq, o)."""
     qo, qn0, qn1, qn2, qs0, qs1, qs2 = _opnd(row, 0, slot)
     co, cg, cs, cd, cgs, css, cds = _opnd(row, 1, slot)
     uo, ug, us, ud, ugs, uss, uds = _opnd(row, 2, slot)
     po, pn0, pn1, pn2, ps0, ps1, ps2 = _opnd(row, 3, slot)
-    oo, on0, on1, on2, os0, os1, os2 = _opnd(row, 4, slot)
+    if ROPE:
+        fo, fn0, fn1, fn2, fs0, fs1, fs2 = _opnd(row, 4, slot)
+        oo, on0, on1, on2, os0, os1, os2 = _opnd(row, 5, slot)
+        fp = _ptr(A_BF16, A_F16, A_F32, A_I32, DF) + fo
+    else:
+        oo, on0, on1, on2, os0, os1, os2 = _opnd(row, 4, slot)
+        fo, fn1, fn2, fs0, fs1, fs2 = oo, on1, on2, os0, os1, os2
+        fp = _ptr(A_BF16, A_F16, A_F32, A_I32, DO) + fo
     pos = tl.load(_ptr(A_BF16, A_F16, A_F32, A_I32, DP) + po).to(tl.int32)
     if (pos < 0) | (pos >= cs):
         st = _fail(err, _KIND_POS, pos, cs)
@@ -308,7 +377,8 @@ def t_attention(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DQ: tl.constexpr, D
                     _ptr(A_BF16, A_F16, A_F32, A_I32, DKC) + co, cgs, css, cds,
                     _ptr(A_BF16, A_F16, A_F32, A_I32, DVC) + uo, ugs, uss, uds, pos,
                     _ptr(A_BF16, A_F16, A_F32, A_I32, DO) + oo, on1, on2, os0, os1, os2,
-                    hq, cg, cd, _param_f(row, 1), BLOCK_T, BLOCK_D, BLOCK_Q)
+                    hq, cg, cd, _param_f(row, 1), fp, fn1, fn2, fs0, fs1, fs2, ROPE,
+                    BLOCK_T, BLOCK_D, BLOCK_Q)
         st = _ok()
     return st
 
@@ -417,16 +487,40 @@ def worker_loop_prologue(ERR, EPOCH, QSTART, slots):
 
 
 @device
-def run_waits(row, WAITS, A_I32, err, i, epoch, abort_ptr, timeout):
-    """Run every wait of a row; returns 1 if they all held, 0 after recording a failure."""
-    ok = tl.full([], 1, dtype=tl.int32)
+def task_header(row):
+    """The row fields every task needs, loaded together (independent loads, one round trip):
+    (opcode, n waits, first wait index, first wait's counter / N / base, n signals, first
+    signal index, first signal's counter / amount / scope, flags)."""
+    op = tl.load(row + _F_OP)
     nw = tl.load(row + _F_NWAIT)
     w0 = tl.load(row + _F_WAIT0)
+    wc = tl.load(row + _F_W0C)
+    wn = tl.load(row + _F_W0N)
+    wb = tl.load(row + _F_W0B)
+    ns = tl.load(row + _F_NSIG)
+    s0 = tl.load(row + _F_SIG0)
+    sc = tl.load(row + _F_S0C)
+    sa = tl.load(row + _F_S0A)
+    ss = tl.load(row + _F_S0S)
+    fl = tl.load(row + _F_FLAGS)
+    return op, nw, w0, wc, wn, wb, ns, s0, sc, sa, ss, fl
+
+
+@device
+def run_waits(nw, w0, wc, wn, wb, WAITS, A_I32, err, i, epoch, abort_ptr, timeout):
+    """Run every wait of a row; returns 1 if they all held, 0 after recording a failure.
+    The first wait comes from the row header (wc, wn, wb: need = epoch * wn + wb), the
+    others from ``WAITS``."""
+    ok = tl.full([], 1, dtype=tl.int32)
     j = nw * 0
+    ctr = wc
+    need = (epoch * wn + wb).to(tl.int32)
     while (j < nw) & (ok != 0):
-        wp = WAITS + (w0 + j) * _WAIT_W
-        need = ((epoch + tl.load(wp + 2)) * tl.load(wp + 1) + tl.load(wp + 3)).to(tl.int32)
-        v, kind = wait_counter(A_I32 + tl.load(wp), need, abort_ptr, epoch + 1, timeout)
+        if j > 0:
+            wp = WAITS + (w0 + j) * _WAIT_W
+            ctr = tl.load(wp)
+            need = ((epoch + tl.load(wp + 2)) * tl.load(wp + 1) + tl.load(wp + 3)).to(tl.int32)
+        v, kind = wait_counter(A_I32 + ctr, need, abort_ptr, epoch + 1, timeout)
         if kind != 0:
             tl.store(err + 1, i.to(tl.int64))
             tl.store(err + 2, (w0 + j).to(tl.int64))
@@ -442,10 +536,11 @@ def run_waits(row, WAITS, A_I32, err, i, epoch, abort_ptr, timeout):
 
 
 @device
-def finish_task(row, SIGS, A_I32, err, i, epoch, abort_ptr, st):
+def finish_task(ns, s0, sc, sa, ss, fl, SIGS, A_I32, err, i, epoch, abort_ptr, st):
     """After the op: barrier, then either record the op's failure or release the signals.
-    Returns 1 to go on, 0 to stop."""
-    if (tl.load(row + _F_FLAGS) & 1) != 0:
+    Returns 1 to go on, 0 to stop. The first signal comes from the row header (sc, sa, ss),
+    so on the common path the release atomic follows the barrier with no table load."""
+    if (fl & 1) != 0:
         K.system_fence()
     tl.debug_barrier()
     ok = tl.full([], 1, dtype=tl.int32)
@@ -456,9 +551,9 @@ def finish_task(row, SIGS, A_I32, err, i, epoch, abort_ptr, st):
         tl.store(abort_ptr, epoch + 1)
         ok = ok * 0
     else:
-        ns = tl.load(row + _F_NSIG)
-        s0 = tl.load(row + _F_SIG0)
-        for k in range(0, ns):
+        if ns > 0:
+            signal_counter(A_I32 + sc, sa.to(tl.int32), ss)
+        for k in range(1, ns):
             sp = SIGS + (s0 + k) * _SIG_W
             signal_counter(A_I32 + tl.load(sp), tl.load(sp + 1).to(tl.int32), tl.load(sp + 2))
     return ok
@@ -477,18 +572,27 @@ def _call(v: T.Variant) -> str:
         return f"t_embed({_COMMON}, {d[0]}, {d[1]}, {d[2]}, BLOCK)"
     if op == "rmsnorm":
         return f"t_rmsnorm({_COMMON}, {d[0]}, {d[1]}, {d[2]}, BLOCK)"
-    if op == "gemv":
+    if op in T.GEMV_OPS:
+        xi, ai, wi = T.GEMV_OPS[op]
+        pro = {"norm_gemv": "K.PRO_NORM", "swiglu_gemv": "K.PRO_SWIGLU"}.get(op, "K.PRO_PLAIN")
         bias = v.flag("bias")
-        db = d[2] if bias else d[-1]
-        align = 16 // {"bf16": 2, "f16": 2, "f32": 4, "i32": 4}[v.dtypes[1]] if v.flag("aligned") else 0
-        return (f"t_gemv({_COMMON}, {d[0]}, {d[1]}, {db}, {d[-1]}, {bias}, {v.flag('xcontig')}, "
-                f"{v.flag('contig')}, {align}, GEMV_N, GEMV_K)")
+        da = d[ai] if ai is not None else d[xi]
+        db = d[wi + 1] if bias else d[-1]
+        align = 16 // {"bf16": 2, "f16": 2, "f32": 4, "i32": 4}[v.dtypes[wi]] if v.flag("aligned") else 0
+        return (f"t_gemv({_COMMON}, {d[xi]}, {da}, {d[wi]}, {db}, {d[-1]}, {pro}, {bias}, "
+                f"{v.flag('xcontig')}, {v.flag('contig')}, {align}, GEMV_N, GEMV_K)")
     if op == "rope":
         return f"t_rope({_COMMON}, {d[0]}, {d[1]}, {d[2]}, {d[3]}, ROPE_BLOCK)"
     if op == "kv_append":
-        return f"t_kv_append({_COMMON}, {d[0]}, {d[1]}, {d[2]}, {d[3]}, {d[4]}, ROPE_BLOCK)"
+        return f"t_kv_append({_COMMON}, {d[0]}, {d[1]}, tl.float32, {d[2]}, {d[3]}, {d[4]}, False, ROPE_BLOCK)"
+    if op == "rope_append":
+        return f"t_kv_append({_COMMON}, {d[0]}, {d[1]}, {d[2]}, {d[3]}, {d[4]}, {d[5]}, True, ROPE_BLOCK)"
     if op == "attention":
-        return f"t_attention({_COMMON}, {d[0]}, {d[1]}, {d[2]}, {d[3]}, {d[4]}, ATT_T, ATT_D, ATT_Q)"
+        return (f"t_attention({_COMMON}, {d[0]}, {d[1]}, {d[2]}, {d[3]}, {d[4]}, {d[4]}, False, "
+                "ATT_T, ATT_D, ATT_Q)")
+    if op == "rope_attention":
+        return (f"t_attention({_COMMON}, {d[0]}, {d[1]}, {d[2]}, {d[3]}, {d[4]}, {d[5]}, True, "
+                "ATT_T, ATT_D, ATT_Q)")
     if op in ("silu_mul", "add"):
         return f"t_{op}({_COMMON}, {d[0]}, {d[1]}, {d[2]}, BLOCK)"
     if op == "reduce":
@@ -516,29 +620,36 @@ _TEMPLATE = '''\
 import triton
 import triton.language as tl
 
+from lowering.triton import ops as K
 from lowering.triton.megakernel import (
-    finish_task, run_waits, worker_loop_prologue, t_add, t_argmax, t_argmax_combine, t_attention,
+    finish_task, global_timer, run_waits, task_header, worker_loop_prologue, t_add, t_argmax, t_argmax_combine, t_attention,
     t_copy, t_embed, t_fence, t_gemv, t_kv_append, t_nop, t_reduce, t_rmsnorm, t_rope, t_silu_mul,
 )
 
 
 @triton.jit
 def amk_megakernel(A_BF16, A_F16, A_F32, A_I32, TASKS, WAITS, SIGS, QSTART, ERR, EPOCH, slots, timeout,
-                   BLOCK: tl.constexpr, GEMV_N: tl.constexpr, GEMV_K: tl.constexpr,
+                   PROF, BLOCK: tl.constexpr, GEMV_N: tl.constexpr, GEMV_K: tl.constexpr,
                    ROPE_BLOCK: tl.constexpr, ATT_T: tl.constexpr, ATT_D: tl.constexpr,
-                   ATT_Q: tl.constexpr, PAIR_BLOCK: tl.constexpr):
+                   ATT_Q: tl.constexpr, PAIR_BLOCK: tl.constexpr, PROFILE: tl.constexpr = False):
     w, i, end, err, epoch, slot, abort_ptr = worker_loop_prologue(ERR, EPOCH, QSTART, slots)
     ok = tl.full([], 1, dtype=tl.int32)
     done = epoch * 0
     while (i < end) & (ok != 0):
         row = TASKS + i.to(tl.int64) * {row}
-        ok = run_waits(row, WAITS, A_I32, err, i, epoch, abort_ptr, timeout)
+        if PROFILE:
+            tl.store(PROF + i.to(tl.int64) * 3, global_timer())
+        op, nw, w0, wc, wn, wb, ns, s0, sc, sa, ss, fl = task_header(row)
+        ok = run_waits(nw, w0, wc, wn, wb, WAITS, A_I32, err, i, epoch, abort_ptr, timeout)
         if ok != 0:
-            op = tl.load(row)
+            if PROFILE:
+                tl.store(PROF + i.to(tl.int64) * 3 + 1, global_timer())
             st = tl.full([], 0, dtype=tl.int32)
 {dispatch}
-            ok = finish_task(row, SIGS, A_I32, err, i, epoch, abort_ptr, st)
+            ok = finish_task(ns, s0, sc, sa, ss, fl, SIGS, A_I32, err, i, epoch, abort_ptr, st)
             done += ok.to(tl.int64)
+            if PROFILE:
+                tl.store(PROF + i.to(tl.int64) * 3 + 2, global_timer())
         i += 1
     tl.store(err + 6, done)
 '''
@@ -587,7 +698,7 @@ def load_kernel(source: str):
 #: Kernel argument types for an offline compile (pointer args are 16-byte aligned views).
 _ARG_TYPES = {"A_BF16": "*bf16", "A_F16": "*fp16", "A_F32": "*fp32", "A_I32": "*i32", "TASKS": "*i64",
               "WAITS": "*i64", "SIGS": "*i64", "QSTART": "*i32", "ERR": "*i64", "EPOCH": "*i64",
-              "slots": "i32", "timeout": "i64"}
+              "slots": "i32", "timeout": "i64", "PROF": "*i64"}
 
 
 def compile_offline(source: str, constexprs: dict[str, int], arch: int = 90, num_warps: int = 4) -> dict:
@@ -610,6 +721,7 @@ def compile_offline(source: str, constexprs: dict[str, int], arch: int = 90, num
     from triton.compiler import ASTSource
 
     fn = load_kernel(source)
+    constexprs = {"PROFILE": False, **constexprs}
     sig = {n: ("constexpr" if n in constexprs else _ARG_TYPES[n]) for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if _ARG_TYPES.get(n, "")[:1] == "*"}
     k = triton.compile(ASTSource(fn, sig, constexprs=dict(constexprs), attrs=attrs),

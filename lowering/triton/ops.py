@@ -95,6 +95,19 @@ def store(ptr, val, mask):
 
 # ---------------------------------------------------------------- compute ops
 @device
+def round_as(v, DT: tl.constexpr):
+    """fp32 ``v`` rounded (nearest even) to dtype DT and widened back to fp32: the value an
+    unfused schedule would have stored in a DT buffer and read again (fused prologues)."""
+    if DT == tl.float32:
+        r = v
+    elif INTERPRET and DT == tl.bfloat16:
+        r = bf16_rtne(v).to(tl.float32)
+    else:
+        r = v.to(DT).to(tl.float32)
+    return r
+
+
+@device
 def embed(tab, t_rs, t_cs, row, y, y_n1, y_n2, y_s0, y_s1, y_s2, H, BLOCK: tl.constexpr):
     """y[:] = tab[row, :] (H elements). ``row`` is the token id, already range-checked by
     the caller (an out-of-range token is an error, never a read)."""
@@ -129,26 +142,63 @@ def rmsnorm(x, x_n1, x_n2, x_s0, x_s1, x_s2, w, w_n1, w_n2, w_s0, w_s1, w_s2,
             store(y + flat_off(base + d, y_n1, y_n2, y_s0, y_s1, y_s2), wv * (xv * r), m)
 
 
-@device
-def gemv(x, x_n1, x_n2, x_s0, x_s1, x_s2, w, w_rs, w_cs, b, b_n1, b_n2, b_s0, b_s1, b_s2,
-         y, y_n1, y_n2, y_s0, y_s1, y_s2, N, K,
-         HAS_BIAS: tl.constexpr, X_CONTIG: tl.constexpr, W_CONTIG: tl.constexpr,
-         W_ALIGN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """y[N] = W[N, K] @ x[K] (+ bias), fp32 accumulation.
+#: gemv prologue modes (``PRO``): plain x; RMSNorm of x times a (norm_gemv); silu(x) * a
+#: (swiglu_gemv, x = gate, a = up).
+PRO_PLAIN = tl.constexpr(0)
+PRO_NORM = tl.constexpr(1)
+PRO_SWIGLU = tl.constexpr(2)
 
-    Streams W in [BLOCK_N, BLOCK_K] tiles (rows x columns) and accumulates a 2-D fp32 tile,
-    reduced once per row block, so loads stay wide and independent (batch-1 decode is bound
-    by weight bandwidth). ``W_CONTIG``: columns have stride 1 (w_cs ignored). ``W_ALIGN``
-    (0 or a power of two, in elements): the caller guarantees w, w_rs and K are multiples
-    of it, which lets the compiler emit 16-byte vector loads. ``X_CONTIG``: x has stride 1.
+
+@device
+def _gemv_x(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, cols, cm, rstd,
+            PRO: tl.constexpr, X_CONTIG: tl.constexpr):
+    """The fp32 GEMV input at ``cols``: x itself, or the fused prologue's value rounded to
+    x's dtype (what the unfused rmsnorm / silu_mul would have stored)."""
+    if X_CONTIG:
+        xv = tl.load(x + cols * x_s2, mask=cm, other=0).to(tl.float32)
+    else:
+        xv = tl.load(x + flat_off(cols, x_n1, x_n2, x_s0, x_s1, x_s2), mask=cm, other=0).to(tl.float32)
+    if PRO != PRO_PLAIN:
+        if X_CONTIG:
+            av = tl.load(a + cols * a_s2, mask=cm, other=0).to(tl.float32)
+        else:
+            av = tl.load(a + flat_off(cols, a_n1, a_n2, a_s0, a_s1, a_s2), mask=cm, other=0).to(tl.float32)
+        if PRO == PRO_NORM:
+            xv = round_as(av * (xv * rstd), x.dtype.element_ty)
+        else:
+            xv = round_as(xv / (1.0 + tl.exp(-xv)) * av, x.dtype.element_ty)
+    return xv
+
+
+@device
+def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, eps,
+            w, w_rs, w_cs, b, b_n1, b_n2, b_s0, b_s1, b_s2,
+            y, y_n1, y_n2, y_s0, y_s1, y_s2, N, K,
+            PRO: tl.constexpr, HAS_BIAS: tl.constexpr, X_CONTIG: tl.constexpr, W_CONTIG: tl.constexpr,
+            W_ALIGN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """y[N] = W[N, K] @ f(x)[K] (+ b), fp32 accumulation, with a fused prologue f (``PRO``):
+
+    * PRO_PLAIN: f(x) = x (gemv; ``a`` and ``eps`` unused).
+    * PRO_NORM: f(x) = round(a * (x * rsqrt(mean(x^2) + eps))), a = the RMSNorm weight
+      (norm_gemv). Every call first sums x^2 over all K (one pass over x, fp32), then
+      streams W; ``round`` is to x's dtype, as the unfused rmsnorm's stored output.
+    * PRO_SWIGLU: f(x) = round(silu(x) * a), x = gate, a = up (swiglu_gemv).
+
+    ``b`` (HAS_BIAS) is added in the epilogue: the bias of gemv / norm_gemv or the residual
+    of gemv_res / swiglu_gemv (y = W @ f(x) + r). Streams W in [BLOCK_N, BLOCK_K] tiles and
+    accumulates a 2-D fp32 tile, reduced once per row block, so loads stay wide and
+    independent (batch-1 decode is bound by weight bandwidth). ``W_CONTIG``: columns have
+    stride 1 (w_cs ignored). ``W_ALIGN`` (0 or a power of two, in elements): the caller
+    guarantees w, w_rs and K are multiples of it (16-byte vector loads). ``X_CONTIG``: x
+    (and a) have one strided axis. The epilogue reads b before y is written, row block by
+    row block, so y may be b (an in-place residual) but must not overlap x, a or W.
     """
     if W_ALIGN > 1:
         w_rs = tl.multiple_of(w_rs, W_ALIGN)
         K = tl.multiple_of(K, W_ALIGN)
-    for n0 in range(0, N, BLOCK_N):
-        rows = n0 + tl.arange(0, BLOCK_N)
-        rm = rows < N
-        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    rstd = tl.full([], 1.0, dtype=tl.float32)
+    if PRO == PRO_NORM:
+        sq = tl.zeros([BLOCK_K], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             cols = k0 + tl.arange(0, BLOCK_K)
             cm = cols < K
@@ -156,6 +206,17 @@ def gemv(x, x_n1, x_n2, x_s0, x_s1, x_s2, w, w_rs, w_cs, b, b_n1, b_n2, b_s0, b_
                 xv = tl.load(x + cols * x_s2, mask=cm, other=0).to(tl.float32)
             else:
                 xv = tl.load(x + flat_off(cols, x_n1, x_n2, x_s0, x_s1, x_s2), mask=cm, other=0).to(tl.float32)
+            sq += xv * xv
+        rstd = tl.rsqrt(tl.sum(sq, axis=0) / K + eps)
+    for n0 in range(0, N, BLOCK_N):
+        rows = n0 + tl.arange(0, BLOCK_N)
+        rm = rows < N
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            cols = k0 + tl.arange(0, BLOCK_K)
+            cm = cols < K
+            xv = _gemv_x(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, cols, cm, rstd,
+                         PRO, X_CONTIG)
             if W_CONTIG:
                 wp = w + rows[:, None] * w_rs + cols[None, :]
             else:
@@ -169,6 +230,17 @@ def gemv(x, x_n1, x_n2, x_s0, x_s1, x_s2, w, w_rs, w_cs, b, b_n1, b_n2, b_s0, b_
 
 
 @device
+def gemv(x, x_n1, x_n2, x_s0, x_s1, x_s2, w, w_rs, w_cs, b, b_n1, b_n2, b_s0, b_s1, b_s2,
+         y, y_n1, y_n2, y_s0, y_s1, y_s2, N, K,
+         HAS_BIAS: tl.constexpr, X_CONTIG: tl.constexpr, W_CONTIG: tl.constexpr,
+         W_ALIGN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """y[N] = W[N, K] @ x[K] (+ bias), fp32 accumulation (``gemv_ex`` without prologue)."""
+    gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, x, x_n1, x_n2, x_s0, x_s1, x_s2, 0.0,
+            w, w_rs, w_cs, b, b_n1, b_n2, b_s0, b_s1, b_s2, y, y_n1, y_n2, y_s0, y_s1, y_s2, N, K,
+            PRO_PLAIN, HAS_BIAS, X_CONTIG, W_CONTIG, W_ALIGN, BLOCK_N, BLOCK_K)
+
+
+@device
 def _cos_sin(a):
     if INTERPRET:
         c = tl.cos(a)
@@ -177,6 +249,13 @@ def _cos_sin(a):
         c = libdevice.cos(a)
         s = libdevice.sin(a)
     return c, s
+
+
+@device
+def rope_cs(f, f_n1, f_n2, f_s0, f_s1, f_s2, j, m, p):
+    """cos and sin of ``p * inv_freq[j]`` (fp32; p = float(pos)), HF LlamaRotaryEmbedding."""
+    fr = tl.load(f + flat_off(j, f_n1, f_n2, f_s0, f_s1, f_s2), mask=m, other=0).to(tl.float32)
+    return _cos_sin(p * fr)
 
 
 @device
@@ -193,16 +272,24 @@ def rope(x, x_n1, x_n2, x_s0, x_s1, x_s2, f, f_n1, f_n2, f_s0, f_s1, f_s2, pos,
         for j0 in range(0, half, BLOCK):
             j = j0 + tl.arange(0, BLOCK)
             m = j < half
-            fr = tl.load(f + flat_off(j, f_n1, f_n2, f_s0, f_s1, f_s2), mask=m, other=0).to(tl.float32)
-            c, s = _cos_sin(p * fr)
+            c, s = rope_cs(f, f_n1, f_n2, f_s0, f_s1, f_s2, j, m, p)
             i1 = base + j
             i2 = i1 + half
             x1 = tl.load(x + flat_off(i1, x_n1, x_n2, x_s0, x_s1, x_s2), mask=m, other=0).to(tl.float32)
             x2 = tl.load(x + flat_off(i2, x_n1, x_n2, x_s0, x_s1, x_s2), mask=m, other=0).to(tl.float32)
-            y1 = x1 * c + (-x2) * s
-            y2 = x2 * c + x1 * s
-            store(y + flat_off(i1, y_n1, y_n2, y_s0, y_s1, y_s2), y1, m)
-            store(y + flat_off(i2, y_n1, y_n2, y_s0, y_s1, y_s2), y2, m)
+            store(y + flat_off(i1, y_n1, y_n2, y_s0, y_s1, y_s2), x1 * c + (-x2) * s, m)
+            store(y + flat_off(i2, y_n1, y_n2, y_s0, y_s1, y_s2), x2 * c + x1 * s, m)
+
+
+@device
+def _append_rows(k, k_n1, k_n2, k_s0, k_s1, k_s2, dst, d_g, d_d, G, D, BLOCK: tl.constexpr):
+    """dst[g, :] = k[g*D:(g+1)*D] for g < G (dst already points at the cache row pos)."""
+    for g in range(0, G):
+        for d0 in range(0, D, BLOCK):
+            d = d0 + tl.arange(0, BLOCK)
+            m = d < D
+            kv = tl.load(k + flat_off(g * D + d, k_n1, k_n2, k_s0, k_s1, k_s2), mask=m, other=0)
+            store(dst + (g * d_g + d * d_d), kv, m)
 
 
 @device
@@ -211,24 +298,46 @@ def kv_append(k, k_n1, k_n2, k_s0, k_s1, k_s2, v, v_n1, v_n2, v_s0, v_s1, v_s2, 
     """kc[g, pos, :] = k[g*D:(g+1)*D], vc[g, pos, :] = v[g*D:(g+1)*D] for g < G.
     ``pos`` is range-checked by the caller."""
     p = pos.to(tl.int64)
+    _append_rows(k, k_n1, k_n2, k_s0, k_s1, k_s2, kc + p * kc_t, kc_g, kc_d, G, D, BLOCK)
+    _append_rows(v, v_n1, v_n2, v_s0, v_s1, v_s2, vc + p * vc_t, vc_g, vc_d, G, D, BLOCK)
+
+
+@device
+def rope_append(k, k_n1, k_n2, k_s0, k_s1, k_s2, v, v_n1, v_n2, v_s0, v_s1, v_s2,
+                f, f_n1, f_n2, f_s0, f_s1, f_s2, pos,
+                kc, kc_g, kc_t, kc_d, vc, vc_g, vc_t, vc_d, G, D, BLOCK: tl.constexpr):
+    """kc[g, pos, :] = rope(k[g*D:(g+1)*D], pos), vc[g, pos, :] = v[g*D:(g+1)*D] for g < G
+    (rope as in ``rope``, rounded once, to the cache dtype). ``pos`` is range-checked by the
+    caller; D is even."""
+    p = pos.to(tl.int64)
+    pf = pos.to(tl.float32)
+    half = D // 2
+    kr = kc + p * kc_t
     for g in range(0, G):
-        for d0 in range(0, D, BLOCK):
-            d = d0 + tl.arange(0, BLOCK)
-            m = d < D
-            i = g * D + d
-            kv = tl.load(k + flat_off(i, k_n1, k_n2, k_s0, k_s1, k_s2), mask=m, other=0)
-            vv = tl.load(v + flat_off(i, v_n1, v_n2, v_s0, v_s1, v_s2), mask=m, other=0)
-            store(kc + p * kc_t + (g * kc_g + d * kc_d), kv, m)
-            store(vc + p * vc_t + (g * vc_g + d * vc_d), vv, m)
+        for j0 in range(0, half, BLOCK):
+            j = j0 + tl.arange(0, BLOCK)
+            m = j < half
+            c, s = rope_cs(f, f_n1, f_n2, f_s0, f_s1, f_s2, j, m, pf)
+            i1 = g * D + j
+            x1 = tl.load(k + flat_off(i1, k_n1, k_n2, k_s0, k_s1, k_s2), mask=m, other=0).to(tl.float32)
+            x2 = tl.load(k + flat_off(i1 + half, k_n1, k_n2, k_s0, k_s1, k_s2), mask=m, other=0).to(tl.float32)
+            store(kr + (g * kc_g + j * kc_d), x1 * c + (-x2) * s, m)
+            store(kr + (g * kc_g + (j + half) * kc_d), x2 * c + x1 * s, m)
+    _append_rows(v, v_n1, v_n2, v_s0, v_s1, v_s2, vc + p * vc_t, vc_g, vc_d, G, D, BLOCK)
 
 
 @device
 def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, vc_t, vc_d, pos,
               o, o_n1, o_n2, o_s0, o_s1, o_s2, HQ, G, D, scale,
+              f, f_n1, f_n2, f_s0, f_s1, f_s2, ROPE: tl.constexpr,
               BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr):
     """Decode GQA attention over cache positions 0..pos (inclusive), fp32:
     for query head h < HQ (q is [HQ, D]) and g = h // (HQ / G):
     o[h] = softmax(q[h] . kc[g, :pos+1]^T * scale) @ vc[g, :pos+1].
+
+    ``ROPE`` (rope_attention): q is first rotated by RoPE at ``pos`` with frequencies
+    ``f`` (inv_freq[D/2]) and rounded to q's dtype, the value the unfused rope op would
+    have stored; otherwise ``f`` is unused.
 
     The HQ/G query heads of one kv head are processed together (the cache is read once per
     kv head), with an online softmax (running max and sum) over BLOCK_T positions at a time.
@@ -239,10 +348,20 @@ def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, v
     dd = tl.arange(0, BLOCK_D)
     qm = qh < grp
     dm = dd < D
+    if ROPE:
+        half = D // 2
+        lo = dd < half
+        pd = tl.where(lo, dd + half, dd - half)  # the rotate-half partner of each lane
+        c, s = rope_cs(f, f_n1, f_n2, f_s0, f_s1, f_s2, tl.where(lo, dd, dd - half), dm, pos.to(tl.float32))
+        s = tl.where(lo, -s, s)
     for g in range(0, G):
         qi = (g * grp + qh)[:, None] * D + dd[None, :]
         qmask = qm[:, None] & dm[None, :]
         qv = tl.load(q + flat_off(qi, q_n1, q_n2, q_s0, q_s1, q_s2), mask=qmask, other=0).to(tl.float32)
+        if ROPE:
+            qpi = (g * grp + qh)[:, None] * D + pd[None, :]
+            qp = tl.load(q + flat_off(qpi, q_n1, q_n2, q_s0, q_s1, q_s2), mask=qmask, other=0).to(tl.float32)
+            qv = round_as(qv * c[None, :] + qp * s[None, :], q.dtype.element_ty)
         m_i = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_Q], dtype=tl.float32)
         acc = tl.zeros([BLOCK_Q, BLOCK_D], dtype=tl.float32)
@@ -253,11 +372,11 @@ def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, v
             tm = t < T
             kvm = tm[:, None] & dm[None, :]
             kt = tl.load(kb + t[:, None] * kc_t + dd[None, :] * kc_d, mask=kvm, other=0).to(tl.float32)
-            s = tl.sum(qv[:, None, :] * kt[None, :, :], axis=2) * scale  # [BQ, BT]
-            s = tl.where(tm[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            sc = tl.sum(qv[:, None, :] * kt[None, :, :], axis=2) * scale  # [BQ, BT]
+            sc = tl.where(tm[None, :], sc, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(sc, axis=1))
             alpha = tl.exp(m_i - m_new)
-            pr = tl.exp(s - m_new[:, None])
+            pr = tl.exp(sc - m_new[:, None])
             l_i = l_i * alpha + tl.sum(pr, axis=1)
             vt = tl.load(vb + t[:, None] * vc_t + dd[None, :] * vc_d, mask=kvm, other=0).to(tl.float32)
             acc = acc * alpha[:, None] + tl.sum(pr[:, :, None] * vt[None, :, :], axis=1)
@@ -311,23 +430,31 @@ def reduce(p, p_rs, p_cs, KP, r, r_n1, r_n2, r_s0, r_s1, r_s2, y, y_n1, y_n2, y_
 def argmax(x, x_n1, x_n2, x_s0, x_s1, x_s2, n, offset, y, y_n1, y_n2, y_s0, y_s1, y_s2,
            BLOCK: tl.constexpr):
     """y = (max(x), offset + i) as two fp32, i the first index of the maximum; a NaN counts
-    as the maximum (torch.argmax; reference.py)."""
-    best_v = tl.full([], float("-inf"), dtype=tl.float32)
-    best_i = tl.full([], 0, dtype=tl.int32) + n  # n = "none yet" (a tensor even if n is a
-    nan_i = tl.full([], 0, dtype=tl.int32) + n   # compile-time 1: it is loop-carried)
+    as the maximum (torch.argmax; reference.py).
+
+    One pass with no cross-thread work in the loop: every lane keeps its own running
+    (max, first index of it) and first NaN index over the elements it visits (lane l sees
+    l, l + BLOCK, ... in increasing order, so a strict ``>`` keeps the lane's first
+    maximum); the lanes are combined once at the end (three reductions in all, where a
+    per-block combine costs three per block)."""
+    lane = tl.arange(0, BLOCK)
+    best_v = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
+    best_i = tl.zeros([BLOCK], dtype=tl.int32) + n  # n = "none yet"
+    nan_i = tl.zeros([BLOCK], dtype=tl.int32) + n
     for i0 in range(0, n, BLOCK):
-        i = i0 + tl.arange(0, BLOCK)
+        i = i0 + lane
         m = i < n
         v = tl.load(x + flat_off(i, x_n1, x_n2, x_s0, x_s1, x_s2), mask=m, other=0).to(tl.float32)
         isn = (v != v) & m
-        nan_i = tl.minimum(nan_i, tl.min(tl.where(isn, i, n), axis=0))
-        vv = tl.where(isn | (m == 0), float("-inf"), v)
-        bv = tl.max(vv, axis=0)
-        bi = tl.min(tl.where((vv == bv) & m & (isn == 0), i, n), axis=0)
-        upd = (bv > best_v) | ((best_i == n) & (bi < n))
-        best_i = tl.where(upd, bi, best_i)
-        best_v = tl.where(upd, bv, best_v)
-    idx = tl.where(nan_i < n, nan_i, best_i)
+        nan_i = tl.minimum(nan_i, tl.where(isn, i, n))
+        ok = m & (isn == 0)
+        upd = ok & ((v > best_v) | (best_i == n))
+        best_i = tl.where(upd, i, best_i)
+        best_v = tl.where(upd, v, best_v)
+    bv = tl.max(best_v, axis=0)
+    bi = tl.min(tl.where((best_v == bv) & (best_i < n), best_i, n), axis=0)
+    ni = tl.min(nan_i, axis=0)
+    idx = tl.where(ni < n, ni, bi)
     val = tl.load(x + flat_off(idx, x_n1, x_n2, x_s0, x_s1, x_s2)).to(tl.float32)
     store(y + flat_off(0, y_n1, y_n2, y_s0, y_s1, y_s2), val, None)
     store(y + flat_off(1, y_n1, y_n2, y_s0, y_s1, y_s2), (offset + idx).to(tl.float32), None)
@@ -407,6 +534,25 @@ def _k_gemv(x, x_n1, x_n2, x_s0, x_s1, x_s2, w, w_rs, w_cs, b, b_n1, b_n2, b_s0,
 
 
 @triton.jit
+def _k_gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, eps,
+               w, w_rs, w_cs, b, b_n1, b_n2, b_s0, b_s1, b_s2, y, y_n1, y_n2, y_s0, y_s1, y_s2, N, K,
+               PRO: tl.constexpr, HAS_BIAS: tl.constexpr, X_CONTIG: tl.constexpr, W_CONTIG: tl.constexpr,
+               W_ALIGN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, eps,
+            w, w_rs, w_cs, b, b_n1, b_n2, b_s0, b_s1, b_s2, y, y_n1, y_n2, y_s0, y_s1, y_s2, N, K,
+            PRO, HAS_BIAS, X_CONTIG, W_CONTIG, W_ALIGN, BLOCK_N, BLOCK_K)
+
+
+@triton.jit
+def _k_rope_append(k, k_n1, k_n2, k_s0, k_s1, k_s2, v, v_n1, v_n2, v_s0, v_s1, v_s2,
+                   f, f_n1, f_n2, f_s0, f_s1, f_s2, posp,
+                   kc, kc_g, kc_t, kc_d, vc, vc_g, vc_t, vc_d, G, D, BLOCK: tl.constexpr):
+    rope_append(k, k_n1, k_n2, k_s0, k_s1, k_s2, v, v_n1, v_n2, v_s0, v_s1, v_s2,
+                f, f_n1, f_n2, f_s0, f_s1, f_s2, tl.load(posp),
+                kc, kc_g, kc_t, kc_d, vc, vc_g, vc_t, vc_d, G, D, BLOCK)
+
+
+@triton.jit
 def _k_rope(x, x_n1, x_n2, x_s0, x_s1, x_s2, f, f_n1, f_n2, f_s0, f_s1, f_s2, posp,
             y, y_n1, y_n2, y_s0, y_s1, y_s2, n, head_dim, BLOCK: tl.constexpr):
     rope(x, x_n1, x_n2, x_s0, x_s1, x_s2, f, f_n1, f_n2, f_s0, f_s1, f_s2, tl.load(posp),
@@ -422,10 +568,11 @@ def _k_kv_append(k, k_n1, k_n2, k_s0, k_s1, k_s2, v, v_n1, v_n2, v_s0, v_s1, v_s
 
 @triton.jit
 def _k_attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, vc_t, vc_d, posp,
-                 o, o_n1, o_n2, o_s0, o_s1, o_s2, HQ, G, D, scale,
-                 BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr):
+                 o, o_n1, o_n2, o_s0, o_s1, o_s2, HQ, G, D, scale, f, f_n1, f_n2, f_s0, f_s1, f_s2,
+                 ROPE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr):
     attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, vc_t, vc_d, tl.load(posp),
-              o, o_n1, o_n2, o_s0, o_s1, o_s2, HQ, G, D, scale, BLOCK_T, BLOCK_D, BLOCK_Q)
+              o, o_n1, o_n2, o_s0, o_s1, o_s2, HQ, G, D, scale, f, f_n1, f_n2, f_s0, f_s1, f_s2, ROPE,
+              BLOCK_T, BLOCK_D, BLOCK_Q)
 
 
 @triton.jit
@@ -520,6 +667,29 @@ def run_gemv(x, w, y, bias=None, block_n: int = 16, block_k: int = 64, w_align: 
                   W_CONTIG=cs == 1, W_ALIGN=w_align, BLOCK_N=block_n, BLOCK_K=block_k)
 
 
+def _xcontig(*descs) -> bool:
+    return all(d[0] == 1 and d[2] == 0 and d[3] == 0 for d in descs)
+
+
+def run_gemv_ex(x, a, w, y, pro: int, eps: float = 0.0, bias=None, block_n: int = 16,
+                block_k: int = 64, w_align: int = 0) -> None:
+    """y = w @ f(x) (+ bias) with prologue ``pro`` (PRO_NORM: a = norm weight; PRO_SWIGLU:
+    x = gate, a = up); see ``gemv_ex``. norm_gemv, gemv_res and swiglu_gemv in one."""
+    n, k, rs, cs = _matrix(w)
+    b = bias if bias is not None else y
+    xd, ad = flat_desc(x), flat_desc(a)
+    _k_gemv_ex[(1,)](x, *xd, a, *ad, eps, w, rs, cs, b, *flat_desc(b), y, *flat_desc(y), n, k,
+                     PRO=pro, HAS_BIAS=bias is not None, X_CONTIG=_xcontig(xd, ad), W_CONTIG=cs == 1,
+                     W_ALIGN=w_align, BLOCK_N=block_n, BLOCK_K=block_k)
+
+
+def run_rope_append(k, v, inv_freq, pos, kc, vc, block: int = 64) -> None:
+    g, _, d, *kst = _cache(kc)
+    _, _, _, *vst = _cache(vc)
+    _k_rope_append[(1,)](k, *flat_desc(k), v, *flat_desc(v), inv_freq, *flat_desc(inv_freq), pos,
+                         kc, *kst, vc, *vst, g, d, BLOCK=block)
+
+
 def run_rope(x, inv_freq, pos, y, head_dim: int, block: int = 64) -> None:
     _k_rope[(1,)](x, *flat_desc(x), inv_freq, *flat_desc(inv_freq), pos, y, *flat_desc(y), x.numel(),
                   head_dim, BLOCK=block)
@@ -531,12 +701,14 @@ def run_kv_append(k, v, pos, kc, vc, block: int = 64) -> None:
     _k_kv_append[(1,)](k, *flat_desc(k), v, *flat_desc(v), pos, kc, *kst, vc, *vst, g, d, BLOCK=block)
 
 
-def run_attention(q, kc, vc, pos, o, scale: float, block_t: int = 16) -> None:
+def run_attention(q, kc, vc, pos, o, scale: float, block_t: int = 16, inv_freq=None) -> None:
+    """attention, or rope_attention when ``inv_freq`` is given."""
     g, _, d, *kst = _cache(kc)
     _, _, _, *vst = _cache(vc)
     hq = q.numel() // d
+    f = inv_freq if inv_freq is not None else q
     _k_attention[(1,)](q, *flat_desc(q), kc, *kst, vc, *vst, pos, o, *flat_desc(o), hq, g, d, scale,
-                       BLOCK_T=block_t, BLOCK_D=triton.next_power_of_2(d),
+                       f, *flat_desc(f), ROPE=inv_freq is not None, BLOCK_T=block_t, BLOCK_D=triton.next_power_of_2(d),
                        BLOCK_Q=triton.next_power_of_2(max(1, hq // g)))
 
 

@@ -141,7 +141,7 @@ class TritonExecutor:
     def __init__(self, program: ScheduleProgram, init_fn: InitFn | None = None, *, check: bool = True,
                  device: str | torch.device | None = None, linear: bool | None = None,
                  timeout_s: float = 2.0, interpret_polls: int = 2, blocks: Blocks | None = None,
-                 num_warps: int = 4, cooperative: bool = True):
+                 num_warps: int = 4, cooperative: bool = True, profile: bool = False):
         if check:
             self._check(program)
         if program.ranks != 1:
@@ -197,6 +197,10 @@ class TritonExecutor:
         self._sigs = torch.from_numpy(self.table.signals).to(dev)
         self._qstart = torch.from_numpy(self.table.qstart).to(dev)
         self._err = torch.zeros(self.workers * MK.ERR_W + 1, dtype=torch.int64, device=dev)
+        # Profile: per task row, %globaltimer (ns) at wait start, op start and end (GPU only).
+        self.profile = bool(profile) and not self.interpret
+        self._prof = torch.zeros(max(1, self.table.n_tasks) * 3 if self.profile else 1,
+                                 dtype=torch.int64, device=dev)
         self._epoch = torch.zeros(1, dtype=torch.int64, device=dev)
         self._qlen = [int(self.table.qstart[w + 1] - self.table.qstart[w]) for w in range(self.workers)]
         self._next_epoch = 0
@@ -254,6 +258,8 @@ class TritonExecutor:
         )
         if not self.interpret:
             kw["num_warps"] = self.num_warps
+            if self.profile:
+                kw["PROFILE"] = True
             if self.cooperative and _supports_cooperative_launch():
                 kw["launch_cooperative_grid"] = True
         return kw
@@ -262,7 +268,7 @@ class TritonExecutor:
         a = self.arena
         return (a.view(torch.bfloat16), a.view(torch.float16), a.view(torch.float32), a.view(torch.int32),
                 self._rows, self._waits, self._sigs, self._qstart, self._err, self._epoch, self.slots,
-                self.timeout)
+                self.timeout, self._prof)
 
     def _check_coresidency(self) -> None:
         """Refuse a launch whose W workers cannot all be resident at once (they would spin on

@@ -39,6 +39,8 @@ row field             meaning
                       j=1 element offset added per slot (regions affine in ``s``),
                       j=2..4 extents (n0, n1, n2), j=5..7 strides (s0, s1, s2) in elements
 ``F_FLAGS``           bit 0: the task signals another rank (fence at system scope first)
+``F_W0C .. F_W0B``    copy of the first wait: counter index, N(c), offset * N(c) + threshold
+``F_S0C .. F_S0S``    copy of the first signal: counter index, amount, scope
 ====================  =====================================================================
 
 ``waits[NW, 4]``: (counter element index in the i32 view, N(c) = signals per epoch,
@@ -96,8 +98,17 @@ F_OPND = F_P0 + N_PARAMS
 OPND_W = 8
 MAX_OPNDS = 6
 F_FLAGS = F_OPND + MAX_OPNDS * OPND_W  # bit 0: the task has a system-scope (remote) signal
-ROW = 64  # F_FLAGS + 1 = 58 fields, padded
-assert F_FLAGS < ROW
+# The first wait and the first signal are copied into the row (also kept in ``waits`` /
+# ``signals``) so the kernel reads them with the row's other header fields in one round of
+# independent loads instead of a dependent chain row -> waits[] -> counter.
+F_W0C = F_FLAGS + 1  # first wait: counter element index (i32 view); 0 when none
+F_W0N = F_FLAGS + 2  # first wait: N(c)
+F_W0B = F_FLAGS + 3  # first wait: offset * N(c) + threshold (need = epoch * N + this)
+F_S0C = F_FLAGS + 4  # first signal: counter element index (peer delta included)
+F_S0A = F_FLAGS + 5  # first signal: amount
+F_S0S = F_FLAGS + 6  # first signal: scope
+ROW = 64  # F_S0S + 1 = 64 fields
+assert F_S0S < ROW
 FLAG_SYS_SIGNAL = 1
 
 WAIT_W = 4
@@ -115,7 +126,12 @@ MAX_BUFFER_ELEMS = 2**31 - 1
 ROLE_VIEWS: dict[str, tuple[str, ...]] = {
     "embed": ("matrix", "flat", "flat"),
     "rmsnorm": ("flat", "flat", "flat"),
-    "gemv": ("flat", "matrix", "flat", "flat"),  # x, W, [bias], y -- fixed up for arity
+    "gemv": ("flat", "matrix", "flat", "flat"),  # x, W, [bias], y
+    "norm_gemv": ("flat", "flat", "matrix", "flat", "flat"),  # x, norm_w, W, [bias], y
+    "gemv_res": ("flat", "matrix", "flat", "flat"),  # x, W, r, y
+    "swiglu_gemv": ("flat", "flat", "matrix", "flat", "flat"),  # g, u, W, [r], y
+    "rope_append": ("flat", "flat", "flat", "flat", "cache", "cache"),
+    "rope_attention": ("flat", "cache", "cache", "flat", "flat", "flat"),
     "rope": ("flat", "flat", "flat", "flat"),
     "kv_append": ("flat", "flat", "flat", "cache", "cache"),
     "attention": ("flat", "cache", "cache", "flat", "flat"),
@@ -138,6 +154,18 @@ PARAM_SLOTS: dict[str, tuple[tuple[str, str], ...]] = {
     "kv_append": (("head_dim", "i"),),
     "attention": (("head_dim", "i"), ("scale", "f")),
     "argmax": (("offset", "i"),),
+    "norm_gemv": (("eps", "f"),),
+    "rope_append": (("head_dim", "i"),),
+    "rope_attention": (("head_dim", "i"), ("scale", "f")),
+}
+
+#: The GEMV family: op -> (operand index of x, of the prologue's second vector or None,
+#: of W); the optional / residual operand after W is the epilogue's added vector.
+GEMV_OPS: dict[str, tuple[int, int | None, int]] = {
+    "gemv": (0, None, 1),
+    "norm_gemv": (0, 1, 2),
+    "gemv_res": (0, None, 1),
+    "swiglu_gemv": (0, 1, 2),
 }
 
 
@@ -151,17 +179,12 @@ def f32_bits(x: float) -> int:
 
 
 def _views_for(task: Task) -> tuple[str, ...]:
-    """Operand views for a task, accounting for optional ins (gemv bias, reduce residual)."""
+    """Operand views for a task, accounting for optional ins (gemv bias, reduce residual):
+    ``ROLE_VIEWS`` lists every role, optional ins included."""
     v = ROLE_VIEWS[task.op]
     spec = OPS[task.op]
-    n_in = len(task.ins)
-    if task.op == "gemv":
-        ins = v[:n_in]
-        return ins + ("flat",)
-    if task.op == "reduce":
-        return v[:n_in] + ("flat",)
-    assert len(v) == spec.max_ins + len(spec.outs)
-    return v
+    assert len(v) == spec.max_ins + len(spec.outs), task.op
+    return v[:len(task.ins)] + v[spec.max_ins:]
 
 
 # ---------------------------------------------------------------- variants
@@ -425,6 +448,10 @@ def _check_task(task: Task, program: ScheduleProgram, bufs: dict[str, Buffer], r
 #: before it is written, by the same thread); any other overlap is refused.
 IN_PLACE_OPS = frozenset({"rmsnorm", "rope", "silu_mul", "add", "reduce", "copy", "put"})
 
+#: GEMV ops whose output may BE their epilogue vector (the residual r, last input): the
+#: epilogue reads r[i] and writes y[i] in the same thread, after the whole of x and W.
+RESIDUAL_IN_PLACE_OPS = frozenset({"gemv_res", "swiglu_gemv"})
+
 
 def _boxes_overlap(a: Region, b: Region, slot: int) -> bool:
     if a.buffer != b.buffer or a.rank != b.rank:
@@ -443,6 +470,9 @@ def _check_alias(task: Task, slots: int) -> None:
                     continue
                 if task.op in IN_PLACE_OPS and o.concrete(s) == i.concrete(s):
                     continue
+                if (task.op in RESIDUAL_IN_PLACE_OPS and i is task.ins[-1]
+                        and len(task.ins) > GEMV_OPS[task.op][2] + 1 and o.concrete(s) == i.concrete(s)):
+                    continue
                 raise TableError(f"task {task.id}: output {o.buffer}{list(o.concrete(s))} overlaps input "
                                  f"{i.buffer}{list(i.concrete(s))} (slot {s}); the triton {task.op} kernel "
                                  "supports only " + ("identical in-place regions" if task.op in IN_PLACE_OPS
@@ -454,8 +484,9 @@ def _check_descs(task: Task, descs: list[Desc]) -> None:
     (lowering/reference.py), beyond ir/ops.py's squeezed-shape checks."""
     where = f"task {task.id}"
     op = task.op
-    if op == "gemv":
-        x, w, y = descs[0], descs[1], descs[-1]
+    if op in GEMV_OPS:
+        xi, ai, wi = GEMV_OPS[op]
+        x, w, y = descs[xi], descs[wi], descs[-1]
         if w.n[1] != y.numel or w.n[2] != x.numel:
             raise TableError(f"{where}: weight region viewed as [{w.n[1]}, {w.n[2]}] does not match "
                              f"[N={y.numel}, K={x.numel}]")
@@ -470,9 +501,11 @@ def _check_descs(task: Task, descs: list[Desc]) -> None:
     elif op == "argmax_combine":
         if descs[0].n[2] != 2:
             raise TableError(f"{where}: pairs viewed as [{descs[0].n[1]}, {descs[0].n[2]}], not [k, 2]")
-    elif op in ("kv_append", "attention"):
+    elif op in ("kv_append", "attention", "rope_append", "rope_attention"):
         hd = int(task.params["head_dim"])
-        caches = descs[3:5] if op == "kv_append" else descs[1:3]
+        caches = {"kv_append": descs[3:5], "rope_append": descs[4:6]}.get(op, descs[1:3])
+        if op.startswith("rope_") and hd % 2:
+            raise TableError(f"{where}: head_dim={hd} must be even for RoPE")
         for c in caches:
             if c.n[2] != hd:
                 raise TableError(f"{where}: cache head axis has {c.n[2]} elements, head_dim={hd}")
@@ -480,7 +513,7 @@ def _check_descs(task: Task, descs: list[Desc]) -> None:
             raise TableError(f"{where}: k and v cache regions differ: {caches[0].n} vs {caches[1].n}")
         src = descs[0]
         g = caches[0].n[0]
-        if op == "kv_append":
+        if op in ("kv_append", "rope_append"):
             for d in descs[:2]:
                 if d.numel != g * hd:
                     raise TableError(f"{where}: cache holds {g} heads, source has {d.numel} elements")
@@ -492,12 +525,14 @@ def _check_descs(task: Task, descs: list[Desc]) -> None:
 def _variant(task: Task, bufs: dict[str, Buffer], descs: list[Desc], slots: int) -> Variant:
     dtypes = tuple(bufs[r.buffer].dtype for r in (*task.ins, *task.outs))
     flags: dict[str, bool] = {}
-    if task.op == "gemv":
-        w = descs[1]
-        esize = DTYPE_BYTES[dtypes[1]]
-        flags["bias"] = len(task.ins) > 2
+    if task.op in GEMV_OPS:
+        xi, ai, wi = GEMV_OPS[task.op]
+        w = descs[wi]
+        esize = DTYPE_BYTES[dtypes[wi]]
+        flags["bias"] = len(task.ins) > wi + 1  # bias / residual added in the epilogue
         flags["contig"] = w.s[2] == 1 or w.n[2] == 1
-        flags["xcontig"] = descs[0].n[0] == 1 and descs[0].n[1] == 1
+        flags["xcontig"] = all(descs[j].n[0] == 1 and descs[j].n[1] == 1
+                               for j in (xi, ai) if j is not None)
         vec = 16 // esize  # elements per 16 bytes
         offsets = {w.off + w.coef * s for s in range(slots)}
         flags["aligned"] = (flags["contig"] and all(o % vec == 0 for o in offsets)
@@ -566,7 +601,7 @@ def build_table(program: ScheduleProgram, rank: int, order: Sequence[Sequence[Ta
             for j, (name, kind) in enumerate(PARAM_SLOTS.get(t.op, ())):
                 v = t.params[name]
                 row[F_P0 + j] = int(v) if kind == "i" else f32_bits(v)
-            if t.op == "attention":
+            if t.op in ("attention", "rope_attention"):
                 hd = int(t.params["head_dim"])
                 dims["head_dim"] = max(dims["head_dim"], hd)
                 dims["group"] = max(dims["group"], descs[0].numel // hd // descs[1].n[0])
@@ -588,6 +623,9 @@ def build_table(program: ScheduleProgram, rank: int, order: Sequence[Sequence[Ta
                     raise TableError(f"task {t.id}: wait offset {wt.offset} is not 0 or -1")
                 waits.append([layout.counters_offset // 4 + layout.counter_index[c.name],
                               n_epoch[c.name], wt.offset, wt.threshold])
+                if len(waits) - 1 == row[F_WAIT0]:  # the first: also inline in the row
+                    row[F_W0C], row[F_W0N] = waits[-1][0], waits[-1][1]
+                    row[F_W0B] = wt.offset * n_epoch[c.name] + wt.threshold
                 wait_counters.append(c.name)
             row[F_NSIG], row[F_SIG0] = len(t.signals), len(sigs)
             for sg in t.signals:
@@ -605,6 +643,8 @@ def build_table(program: ScheduleProgram, rank: int, order: Sequence[Sequence[Ta
                 else:
                     raise TableError(f"task {t.id}: signals counter {c.name} of rank {c.rank}, but no "
                                      f"peer pointer for rank {c.rank} is known")
+                if len(sigs) - 1 == row[F_SIG0]:  # the first: also inline in the row
+                    row[F_S0C], row[F_S0A], row[F_S0S] = sigs[-1]
             rows.append(row)
             task_ids.append(t.id)
             task_ops.append(t.op)
