@@ -23,6 +23,16 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+# Triton picks interpreter or compiler when each @triton.jit function is created, including
+# its own standard library (tl.zeros, ...) at the first `import triton`. Any test may import
+# triton first (amk doctor reads its version), so the choice is made here, before any import:
+# the CPU interpreter unless a CUDA driver is present.
+if "TRITON_INTERPRET" not in os.environ and not os.path.exists("/dev/nvidiactl"):
+    import shutil
+
+    if shutil.which("nvidia-smi") is None:
+        os.environ["TRITON_INTERPRET"] = "1"
+
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped without one)")

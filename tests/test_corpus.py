@@ -130,7 +130,6 @@ def test_small_corpus_report(tmp_path):
     assert json.loads((tmp_path / "report.json").read_text())["total"] == report["total"]
 
 
-@pytest.mark.slow
 def test_ci_sized_corpus_has_no_false_accepts():
     """The CI-sized corpus (600 schedules, real lowerings included when they exist)."""
     report, records = corpus.run_corpus(count=600, seed=0, jobs=2)

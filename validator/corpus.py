@@ -1285,6 +1285,10 @@ def build_report(records: list[dict[str, Any]], *, seed: int, count: int, runs: 
         "false_accepts": total["false_accepts"], "false_rejects": total["false_rejects"],
         "true_accepts": total["true_accepts"], "true_rejects": total["true_rejects"],
         "unexplained_false_rejects": frr.get("unexplained", 0),
+        # the validator failing on its own (a bug to fix; counted as rejects, never accepts)
+        "validator_internal_errors": sum(
+            any(c in ("InternalError", "ValidatorCrash") for c in r["validator_classes"])
+            for r in records),
         "classes": classes,
         "false_reject_reasons": {k: {"count": n, **FR_REASONS.get(k, {"kind": "unexplained",
                                                                       "explanation": "no named reason covers it"})}
@@ -1395,10 +1399,12 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"oracle: {s['oracle_runs']} random interleavings per schedule, {s['oracle_epochs']}, "
         f"{s['oracle_exhaustive_items']} schedules explored exhaustively; validator: `{s['validator']}`.",
         "",
-        "| total | unsafe (oracle) | safe (oracle) | false accepts | false rejects | unexplained false rejects |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| total | unsafe (oracle) | safe (oracle) | false accepts | false rejects | "
+        "unexplained false rejects | validator internal errors |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
         f"| {report['total']} | {report['unsafe']} | {report['safe']} | {report['false_accepts']} | "
-        f"{report['false_rejects']} | {report['unexplained_false_rejects']} |",
+        f"{report['false_rejects']} | {report['unexplained_false_rejects']} | "
+        f"{report.get('validator_internal_errors', 0)} |",
         "",
         "| class | intent | count | unsafe | false accepts | false rejects | false-reject reasons | mutation |",
         "|---|---|---:|---:|---:|---:|---|---|",

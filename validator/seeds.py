@@ -195,7 +195,11 @@ def mini_block(ranks: int = 2, workers: int = 2, hidden: int = 8, tile: int = 4,
 def allgather(ranks: int = 3, workers: int = 2, n: int = 4, reuse: str = "slots") -> ScheduleProgram:
     """All-gather of one ``n``-vector per rank into ``y.rR[ranks, n]`` on every rank.
     ``slots``: double-buffered gather slots with per-source counters, the copy-out of row
-    ``p`` waits only for source ``p``. ``credit``: one slot, one arrival counter, credits."""
+    ``p`` waits only for source ``p``. ``credit``: one slot, one arrival counter, and one
+    credit counter per (writer, reader) pair: reader r returns the credit for p's row to p
+    once it copied that row out. Per-pair credits matter: with one credit counter per writer,
+    a fast reader's next-step credit (its self copy needs nothing remote) could stand in for a
+    slow reader's missing one, and the writer would overwrite a row still being read."""
     R, W = ranks, workers
     slots = 2 if reuse == "slots" else 1
     b = ProgramBuilder(f"allgather-{R}r{W}w-{reuse}", R, W, target=_TARGET, slots=slots,
@@ -212,11 +216,13 @@ def allgather(ranks: int = 3, workers: int = 2, n: int = 4, reuse: str = "slots"
                     b.counter(f"c.ag.r{r}.f{p}", r)
         else:
             b.counter(f"c.ag.r{r}", r)
-            b.counter(f"c.cr.r{r}", r)
+            for p in range(R):
+                if p != r:
+                    b.counter(f"c.cr.r{r}.f{p}", r)
     for r in range(R):
         peers = [p for p in range(R) if p != r]
         for i, p in enumerate(peers):
-            waits = [f"c.cr.r{r}>={R * (R - 1)}@prev"] if reuse == "credit" else []
+            waits = [f"c.cr.r{r}.f{p}>=1@prev"] if reuse == "credit" else []
             sig = f"c.ag.r{p}.f{r}+=1" if reuse == "slots" else f"c.ag.r{p}+=1"
             b.task(f"put.r{r}.to{p}", r, i % W, "put", ins=[f"x.r{r}[0:{n}]"],
                    outs=[f"ag@{p}[{sl}{r}:{r + 1}, 0:{n}]"], waits=waits, signals=[sig], group="ag")
@@ -229,7 +235,7 @@ def allgather(ranks: int = 3, workers: int = 2, n: int = 4, reuse: str = "slots"
                 waits = [f"c.ag.r{r}.f{p}>=1"]
             else:
                 waits = [f"c.ag.r{r}>={R - 1}"]
-            sig = [f"c.cr.r{q}+=1" for q in peers] if reuse == "credit" else []
+            sig = [f"c.cr.r{p}.f{r}+=1"] if reuse == "credit" and p != r else []
             b.task(f"out.r{r}.{p}", r, p % W, "copy", ins=[f"ag[{sl}{p}:{p + 1}, 0:{n}]"],
                    outs=[f"y.r{r}[{p}:{p + 1}, 0:{n}]"], waits=waits, signals=sig, group="ag")
     return b.build()

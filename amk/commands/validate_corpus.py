@@ -114,6 +114,9 @@ def run(args: argparse.Namespace) -> int:
         corpus.update_markdown(args.markdown, report)
     console.print(_table(report))
     console.print(f"report: {os.path.join(args.out, 'report.json')}")
+    if report.get("validator_internal_errors"):
+        console.print(f"[yellow]the validator failed internally on "
+                      f"{report['validator_internal_errors']} schedules (counted as rejects)[/]")
     if report["unexplained_false_rejects"]:
         console.print(f"[yellow]{report['unexplained_false_rejects']} false rejects have no named "
                       f"reason: see {os.path.join(args.out, 'false_rejects')}[/]")
