@@ -97,6 +97,17 @@ def kitchen_sink() -> ScheduleProgram:
            params={"offset": 0, "mode": "first", "flag": True, "neg": -7, "f": -2.5e-10})
     b.task("amc", r, 0, "argmax_combine", ins=["pairs[0:3, 0:2]"], outs=["y.r0[0:1]"])
     b.task("cp", r, 0, "copy", ins=["x.r0[0:64]"], outs=["h.r0[0:64]"])
+    b.task("ngemv", r, 1, "norm_gemv", ins=["x.r0[0:64]", "norm.r0[0:64]", "emb.r0[0:16, 0:64]"],
+           outs=["h.r0[0:16]"], params={"eps": 1e-05})
+    b.task("gres", r, 1, "gemv_res", ins=["x.r0[0:64]", "emb.r0[0:16, 0:64]", "h.r0[0:16]"],
+           outs=["h.r0[0:16]"])
+    b.task("sw", r, 1, "swiglu_gemv",
+           ins=["x.r0[0:64]", "h.r0[0:64]", "emb.r0[0:16, 0:64]", "h.r0[16:32]"], outs=["x.r0[0:16]"])
+    b.task("rapp", r, 0, "rope_append", ins=["h.r0[0:32]", "h.r0[32:64]", "inv.r0[0:8]", "pos.r0[0:1]"],
+           outs=["kc.r0[0:2, 0:128, 0:16]", "vc.r0[0:2, 0:128, 0:16]"], params={"head_dim": 16})
+    b.task("ratt", r, 0, "rope_attention",
+           ins=["h.r0[0:64]", "kc.r0[0:2, 0:128, 0:16]", "vc.r0[0:2, 0:128, 0:16]", "pos.r0[0:1]",
+                "inv.r0[0:8]"], outs=["x.r0[0:64]"], params={"head_dim": 16, "scale": 0.25})
     b.task("put", r, 0, "put", ins=["h.r0[0:64]"], outs=["rx@2[2*s:2*s+1, 0:1, 0:64]"],
            signals=["c.r2+=1"], group="ar.l0")
     b.task("q", r, 0, "quiet")
