@@ -86,14 +86,38 @@ def _signallers(ix: Index, c: int, limit: int = 20) -> list[str]:
     return [ix.task_ids[int(ix.s_task[k])] for k in ks]
 
 
+def _rank_finished(cptr: np.ndarray, lo: np.ndarray, per_epoch: np.ndarray, R: int,
+                   W: int) -> np.ndarray:
+    """Per rank, the number of whole epochs all of its queues (chains) have completed."""
+    fin = np.full(len(cptr), np.iinfo(np.int64).max // 4, dtype=np.int64)
+    nz = per_epoch > 0
+    fin[nz] = (cptr[nz] - lo[nz]) // per_epoch[nz]
+    return fin.reshape(R, W).min(axis=1)
+
+
+def _segments_ready(win: Window, cand: np.ndarray, seg_rank: np.ndarray, rfin: np.ndarray,
+                    V0: np.ndarray) -> np.ndarray:
+    """For each candidate segment: its kernel boundary has passed (a segment that opens an
+    epoch runs only once its rank finished the previous one) and every wait of the segment
+    holds against the counter values ``V0`` at the start of the round."""
+    ok = np.ones(len(cand), dtype=bool)
+    kern = win.seg_kernel[cand] == 1
+    if kern.any():
+        ok &= ~kern | (rfin[seg_rank[cand]] >= win.seg_epoch[cand])
+    wl, wh = win.seg_wi_lo[cand], win.seg_wi_hi[cand]
+    if (wh > wl).any():
+        idx, own = _ranges(wl, wh)
+        unsat = V0[win.wi_ctr[idx]] < win.wi_abs[idx]
+        ok &= ~(np.bincount(own[unsat], minlength=len(cand)) > 0)
+    return ok
+
+
 def simulate(ix: Index, win: Window) -> SimResult:
     """Greedy round-based run of all queues over the window's epochs (see module doc)."""
-    C = win.n_chains
     R, W = ix.ranks, ix.workers
     lo, hi = win.chain_seg_lo, win.chain_seg_hi
     cm = win.cm_order
     per_epoch = (hi - lo) // win.E  # segments per chain per epoch
-    big = np.iinfo(np.int64).max // 4
     V = np.zeros(len(ix.ctr_names), dtype=np.int64)
     cptr = lo.copy()
     seg_round = np.full(win.n_seg, -1, dtype=np.int64)
@@ -101,10 +125,7 @@ def simulate(ix: Index, win: Window) -> SimResult:
     seg_rank = win.chain_rank[win.seg_chain]
 
     def rank_finished() -> np.ndarray:
-        fin = np.full(C, big, dtype=np.int64)
-        nz = per_epoch > 0
-        fin[nz] = (cptr[nz] - lo[nz]) // per_epoch[nz]
-        return fin.reshape(R, W).min(axis=1)
+        return _rank_finished(cptr, lo, per_epoch, R, W)
 
     for allowed in range(win.E):  # stage: a launch of allowed+1 steps
         while True:
@@ -114,16 +135,7 @@ def simulate(ix: Index, win: Window) -> SimResult:
             ran = []
             while len(active):
                 cand = cm[cptr[active]]
-                ok = win.seg_epoch[cand] <= allowed
-                kern = win.seg_kernel[cand] == 1
-                if kern.any():
-                    ok &= ~kern | (rfin[seg_rank[cand]] >= win.seg_epoch[cand])
-                wl, wh = win.seg_wi_lo[cand], win.seg_wi_hi[cand]
-                if (wh > wl).any():
-                    idx, own = _ranges(wl, wh)
-                    unsat = V0[win.wi_ctr[idx]] < win.wi_abs[idx]
-                    bad = np.bincount(own[unsat], minlength=len(cand)) > 0
-                    ok &= ~bad
+                ok = (win.seg_epoch[cand] <= allowed) & _segments_ready(win, cand, seg_rank, rfin, V0)
                 if not ok.any():
                     break
                 adv = active[ok]
@@ -329,7 +341,6 @@ def cut_run(ix: Index, win: Window, stop_pos: np.ndarray, drop_si: np.ndarray
     lo, hi = win.chain_seg_lo, win.chain_seg_hi
     cm = win.cm_order
     per_epoch = (hi - lo) // win.E
-    big = np.iinfo(np.int64).max // 4
     V = np.zeros(len(ix.ctr_names), dtype=np.int64)
     cptr = lo.copy()
     dead = np.zeros(C, dtype=bool)
@@ -337,10 +348,7 @@ def cut_run(ix: Index, win: Window, stop_pos: np.ndarray, drop_si: np.ndarray
     amt = np.where(drop_si, 0, win.si_amt)
 
     def rank_finished() -> np.ndarray:
-        fin = np.full(C, big, dtype=np.int64)
-        nz = per_epoch > 0
-        fin[nz] = (cptr[nz] - lo[nz]) // per_epoch[nz]
-        return fin.reshape(R, W).min(axis=1)
+        return _rank_finished(cptr, lo, per_epoch, R, W)
 
     while True:
         V0 = V.copy()
@@ -349,15 +357,8 @@ def cut_run(ix: Index, win: Window, stop_pos: np.ndarray, drop_si: np.ndarray
         ran, partial = [], []
         while len(active):
             cand = cm[cptr[active]]
-            ok = win.seg_start[cand] < stop_pos[active]
-            kern = win.seg_kernel[cand] == 1
-            if kern.any():
-                ok &= ~kern | (rfin[seg_rank[cand]] >= win.seg_epoch[cand])
-            wl, wh = win.seg_wi_lo[cand], win.seg_wi_hi[cand]
-            if (wh > wl).any():
-                idx, own = _ranges(wl, wh)
-                unsat = V0[win.wi_ctr[idx]] < win.wi_abs[idx]
-                ok &= ~(np.bincount(own[unsat], minlength=len(cand)) > 0)
+            ok = ((win.seg_start[cand] < stop_pos[active])
+                  & _segments_ready(win, cand, seg_rank, rfin, V0))
             # a runnable segment that contains the stop runs only up to it
             cut = ok & (win.seg_end[cand] > stop_pos[active])
             if cut.any():
