@@ -82,8 +82,12 @@ def measure_hbm_bandwidth(device: torch.device | str = "cuda", nbytes: int = 1 <
     src = torch.empty(nbytes // 4, dtype=torch.float32, device=dev).uniform_()
     dst = torch.empty_like(src)
     t = time_per_call(lambda: dst.copy_(src), iters=iters, warmup=3, device=dev)
-    del src, dst
     return 2 * nbytes / (t.median_ms * 1e-3)
+
+
+def _element_size(t: torch.Tensor, dtype: torch.dtype | None) -> int:
+    """Bytes per element of ``t``, or of ``dtype`` when given (a size override)."""
+    return torch.empty(0, dtype=dtype).element_size() if dtype else t.element_size()
 
 
 def weight_bytes(model: torch.nn.Module, dtype: torch.dtype | None = None) -> int:
@@ -97,8 +101,7 @@ def weight_bytes(model: torch.nn.Module, dtype: torch.dtype | None = None) -> in
         if p.data_ptr() in seen:
             continue
         seen.add(p.data_ptr())
-        size = torch.tensor([], dtype=dtype).element_size() if dtype else p.element_size()
-        total += p.numel() * size
+        total += p.numel() * _element_size(p, dtype)
     return total
 
 
@@ -112,8 +115,7 @@ def decode_weight_bytes(model: torch.nn.Module, dtype: torch.dtype | None = None
     emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if emb is not None and out is not None and emb.weight.data_ptr() != out.weight.data_ptr():
-        size = torch.tensor([], dtype=dtype).element_size() if dtype else emb.weight.element_size()
-        total -= (emb.weight.shape[0] - 1) * emb.weight.shape[1] * size
+        total -= (emb.weight.shape[0] - 1) * emb.weight.shape[1] * _element_size(emb.weight, dtype)
     return total
 
 

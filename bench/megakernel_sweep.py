@@ -31,9 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from amk.baselines import make_reference
-    from amk.commands.bench import measure_megakernel
+    from amk.commands.bench import cuda_target, measure_megakernel
     from amk.timing import decode_weight_bytes, measure_hbm_bandwidth, roofline_ms
-    from ir.program import Target
     from lowering.config import LoweringConfig
     from lowering.triton.runtime import Blocks
     from models.sources import resolve_model
@@ -47,8 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     prompt = torch.randint(0, model.config.vocab_size, (1, args.prompt_len), generator=g)
     ref = make_reference(model, prompt.to(dev), args.tokens)
     floor = roofline_ms(decode_weight_bytes(model), bw)
-    target = Target(name=props.name, sms=props.multi_processor_count,
-                    max_workers=props.multi_processor_count, backend="triton")
+    target = cuda_target(props)
     rows = []
     print(f"{args.model} on {props.name}: HBM {bw / 1e12:.2f} TB/s, roofline {floor:.4f} ms")
     for w, t, pol, nw, gb, fuse in itertools.product([int(x) for x in args.workers.split(",")],

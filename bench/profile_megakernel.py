@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from amk import pipeline
-    from ir.program import Target
+    from amk.commands.bench import cuda_target
     from lowering.config import LoweringConfig
     from lowering.triton.runtime import Blocks
     from models.sources import resolve_model
@@ -43,8 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     resolved = resolve_model(args.model, dtype="bf16")
     cfg = LoweringConfig(tile=args.tile, workers=args.workers, policy=args.policy, dtype="bf16",
                          max_seq=256, fuse=args.fuse).validate()
-    target = Target(name=props.name, sms=props.multi_processor_count,
-                    max_workers=props.multi_processor_count, backend="triton")
+    target = cuda_target(props)
     session = pipeline.Session.build(args.model, 1, cfg, target, resolved=resolved)
     bn, bk = (int(v) for v in args.gemv_block.split("x"))
     dec = session.decoder("triton", backend_options={

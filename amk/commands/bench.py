@@ -66,8 +66,6 @@ def run(args: argparse.Namespace) -> int:
     from amk import pipeline
     from amk.baselines import BaselineResult, hf_compiled_graph, hf_eager, judge, make_reference
     from amk.timing import decode_weight_bytes, measure_hbm_bandwidth, roofline_ms
-    from ir.program import Target
-
     con = Console(stderr=True)
     if args.tp != 1:
         raise AmkError("amk bench --tp > 1 needs the multi-GPU runtime (issue 6), not built yet")
@@ -78,8 +76,7 @@ def run(args: argparse.Namespace) -> int:
     dev = torch.device("cuda")
     props = torch.cuda.get_device_properties(dev)
     cfg = _config(args, props.multi_processor_count)
-    target = Target(name=props.name, sms=props.multi_processor_count,
-                    max_workers=props.multi_processor_count, backend="triton")
+    target = cuda_target(props)
 
     with con.status("measuring HBM bandwidth"):
         bw = measure_hbm_bandwidth(dev)
@@ -149,6 +146,15 @@ def run(args: argparse.Namespace) -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=1, default=str))
     return 0 if ours.correct else 1
+
+
+def cuda_target(props):
+    """The Target of a schedule for the Triton backend on a CUDA device described by
+    ``props`` (torch.cuda.get_device_properties): one worker per SM at most."""
+    from ir.program import Target
+
+    return Target(name=props.name, sms=props.multi_processor_count,
+                  max_workers=props.multi_processor_count, backend="triton")
 
 
 def measure_megakernel(model_arg, resolved, cfg, target, prompt, ref, n_tokens: int,
