@@ -25,13 +25,9 @@ if ROOT not in sys.path:
 
 # Triton picks interpreter or compiler when each @triton.jit function is created, including
 # its own standard library (tl.zeros, ...) at the first `import triton`. Any test may import
-# triton first (amk doctor reads its version), so the choice is made here, before any import:
-# the CPU interpreter unless a CUDA driver is present.
-if "TRITON_INTERPRET" not in os.environ and not os.path.exists("/dev/nvidiactl"):
-    import shutil
-
-    if shutil.which("nvidia-smi") is None:
-        os.environ["TRITON_INTERPRET"] = "1"
+# triton first (amk doctor reads its version), so lowering.triton, which makes that choice
+# (the CPU interpreter unless torch sees a CUDA GPU), is imported before any test module.
+import lowering.triton  # noqa: E402,F401
 
 
 def pytest_configure(config: pytest.Config) -> None:
