@@ -16,7 +16,7 @@ from amk import __version__
 from amk.errors import AmkError
 
 # Subcommand modules, in the order `amk --help` lists them.
-COMMANDS = ["doctor", "info", "compile", "generate", "validate", "validate_corpus", "bench", "search"]
+COMMANDS = ["doctor", "info", "compile", "generate", "validate", "validate_corpus", "run", "bench", "search"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -100,6 +100,11 @@ class Decoder:
         self.program = program
         self.ex = executor
         self.R = program.ranks
+        # A distributed executor (one rank per process, ``executor.dist`` set) holds only its
+        # own ranks; every process runs this same decoder (SPMD) and host-side values of
+        # other ranks arrive through ``dist.all_gather_object``.
+        self.local = list(getattr(executor, "local_ranks", range(self.R)))
+        self.dist = getattr(executor, "dist", None)
         self.epoch = 0
         self.max_seq = max_seq or int(program.config.get("max_seq", 0)) or None
         self.steps = 0
@@ -118,7 +123,7 @@ class Decoder:
         """Run one decode step for ``token`` at ``pos``; returns the greedy next token.
         Raises AmkError if the ranks disagree on the next token."""
         self._check_pos(pos)
-        for r in range(self.R):
+        for r in self.local:
             self._write_inputs(r, token, pos)
         t0 = time.perf_counter()
         self.ex.step(self.epoch)
@@ -127,17 +132,30 @@ class Decoder:
         self.steps += 1
         return self.next_token()
 
+    def _gather(self, local: dict) -> dict:
+        """Merge per-rank dicts from every process (identity without ``dist``)."""
+        if self.dist is None:
+            return local
+        out: dict = {}
+        for part in self.dist.all_gather_object(local):
+            out.update(part)
+        return out
+
     def next_token(self) -> int:
-        toks = [int(self.ex.read(f"next.r{r}", r).reshape(-1)[0]) for r in range(self.R)]
+        mine = {r: int(self.ex.read(f"next.r{r}", r).reshape(-1)[0]) for r in self.local}
+        got = self._gather(mine)
+        toks = [got[r] for r in range(self.R)]
         if len(set(toks)) != 1:
             raise AmkError(f"ranks disagree on the next token: {toks}", exit_code=1)
         return toks[0]
 
     def logits(self, rank_logits: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
         """The full fp32 logits vector [vocab], gathered from every rank's slice in order."""
-        parts = [(rank_logits or {}).get(r) for r in range(self.R)]
-        parts = [p if p is not None else self.ex.read(f"logits.r{r}", r)
-                 for r, p in enumerate(parts)]
+        have = dict(rank_logits or {})
+        if len(have) < self.R:
+            mine = {r: self.ex.read(f"logits.r{r}", r) for r in self.local if r not in have}
+            have.update(self._gather(mine))
+        parts = [have[r] for r in range(self.R)]
         return torch.cat([p.reshape(-1).float() for p in parts])
 
     def teacher_forced(self, tokens: Sequence[int], keep: Sequence[int]) -> dict[int, torch.Tensor]:
@@ -168,12 +186,14 @@ class Decoder:
             self.epoch += n
         else:
             for pos in range(n):
-                for r in range(self.R):
+                for r in self.local:
                     self._write_inputs(r, int(tokens[pos]), pos)
                 self.ex.step(self.epoch)
                 self.epoch += 1
                 if pos in keep_set:
-                    out[pos] = {r: self.ex.read(f"logits.r{r}", r) for r in range(self.R)}
+                    out[pos] = {r: self.ex.read(f"logits.r{r}", r) for r in self.local}
+        if self.dist is not None:
+            out = {p: self._gather({r: v.cpu() for r, v in d.items()}) for p, d in out.items()}
         self.seconds += time.perf_counter() - t0
         self.steps += n
         return {p: self.logits(out[p]) for p in sorted(keep_set)}

@@ -175,13 +175,17 @@ def build_config(name: str):
     return recipe.make_config()
 
 
-def build_model(name: str, dtype: Any = None, seed: int = DEFAULT_SEED, device: Any = "cpu"):
+def build_model(name: str, dtype: Any = None, seed: int = DEFAULT_SEED, device: Any = "cpu",
+                init_on_device: bool = False):
     """A random-weight ``AutoModelForCausalLM`` for recipe ``name``, in eval mode.
 
     dtype: a torch dtype (default torch.float32); weights are drawn in fp32 then cast.
     seed: RNG seed; the same (name, seed) gives bitwise-identical fp32 weights on one torch
     version. device: where the model lives; "meta" builds shapes only (no storage, no init),
     which is how ``amk info`` handles recipes like llama-3.1-8b (~32 GB of fp32 weights).
+    init_on_device: draw the weights on ``device`` itself with its RNG (a GPU draws an 8B
+    model in seconds); the weights then differ from the CPU-drawn ones of the same seed but
+    are the same for every process drawing them on the same kind of device.
     """
     import torch
     from transformers import AutoModelForCausalLM
@@ -192,6 +196,14 @@ def build_model(name: str, dtype: Any = None, seed: int = DEFAULT_SEED, device: 
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config, dtype=dtype)
         return model.eval()
+    if init_on_device:
+        dev = torch.device(device)
+        with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+            torch.manual_seed(seed)
+            with dev:
+                model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+            _randomize_bias_and_norms(model, std=float(config.initializer_range))
+        return model.to(dtype=dtype).eval()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

@@ -324,20 +324,24 @@ def _load_tokenizer_cached(path: str, gguf_file: str | None):
 
 
 def load_model(source: ModelSource, dtype: Any = None, *, weights: bool = True,
-               seed: int = recipes.DEFAULT_SEED, cache: bool = True):
-    """An ``AutoModelForCausalLM`` for ``source`` in eval mode, on the CPU.
+               seed: int = recipes.DEFAULT_SEED, cache: bool = True, device: Any = None):
+    """An ``AutoModelForCausalLM`` for ``source`` in eval mode, on the CPU (or ``device``).
 
     dtype: torch dtype or name (default fp32). weights=False builds the architecture on the
     ``meta`` device (shapes and parameter counts, no storage). seed: recipes only.
-    cache: share one loaded model per (source, dtype, seed) within the process.
-    Raises AmkError when the checkpoint cannot be loaded.
+    cache: share one loaded model per (source, dtype, seed, device) within the process.
+    device: a recipe's weights are drawn directly on this device (a CUDA device draws an 8B
+    model in seconds where the CPU takes minutes; its RNG gives different, equally seeded
+    weights, identical for the same seed on the same kind of GPU); a checkpoint is loaded
+    on the CPU and moved. Raises AmkError when the checkpoint cannot be loaded.
     """
     torch_dtype = parse_dtype(dtype)
     if not weights:
         return _meta_model(load_config(source), torch_dtype)
+    dev = None if device is None else str(device)
     if cache:
-        return _load_model_cached(source, torch_dtype, seed)
-    return _load_model(source, torch_dtype, seed)
+        return _load_model_cached(source, torch_dtype, seed, dev)
+    return _load_model(source, torch_dtype, seed, dev)
 
 
 def _meta_model(config: Any, torch_dtype: Any):
@@ -354,12 +358,15 @@ def _meta_model(config: Any, torch_dtype: Any):
 
 
 @functools.lru_cache(maxsize=4)
-def _load_model_cached(source: ModelSource, torch_dtype: Any, seed: int):
-    return _load_model(source, torch_dtype, seed)
+def _load_model_cached(source: ModelSource, torch_dtype: Any, seed: int, device: str | None = None):
+    return _load_model(source, torch_dtype, seed, device)
 
 
-def _load_model(source: ModelSource, torch_dtype: Any, seed: int):
+def _load_model(source: ModelSource, torch_dtype: Any, seed: int, device: str | None = None):
     if source.kind == "recipe":
+        if device is not None and device != "cpu":
+            return recipes.build_model(source.recipe, dtype=torch_dtype, seed=seed, device=device,
+                                       init_on_device=True)
         return recipes.build_model(source.recipe, dtype=torch_dtype, seed=seed)
     from transformers import AutoModelForCausalLM
 
@@ -370,18 +377,23 @@ def _load_model(source: ModelSource, torch_dtype: Any, seed: int):
         model = AutoModelForCausalLM.from_pretrained(str(source.path), **kwargs)
     except Exception as err:
         raise AmkError(f"cannot load {source.describe()}: {_one_line(err)}") from None
+    if device is not None:
+        model = model.to(device)
     return model.eval()
 
 
 def resolve_model(arg: str, dtype: Any = None, *, weights: bool = True,
-                  seed: int = recipes.DEFAULT_SEED, cache: bool = True) -> ResolvedModel:
+                  seed: int = recipes.DEFAULT_SEED, cache: bool = True,
+                  device: Any = None) -> ResolvedModel:
     """Resolve a MODEL argument (see module docstring) to config, model and tokenizer.
 
     dtype: weights' torch dtype or name ("fp32" default, "bf16", "fp16").
     weights=False: the model is built on the meta device (no weights read or allocated), for
     shape/parameter questions on models too big to load (``amk info config:llama-3.1-8b``).
     The tokenizer is loaded on first access of ``.tokenizer``. Raises AmkError on bad input.
+    device: where the model lives (default the CPU); recipes draw their weights there (see
+    ``load_model``).
     """
     source = parse_model_arg(arg)
-    model = load_model(source, dtype, weights=weights, seed=seed, cache=cache)
+    model = load_model(source, dtype, weights=weights, seed=seed, cache=cache, device=device)
     return ResolvedModel(source=source, config=model.config, model=model)

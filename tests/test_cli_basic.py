@@ -181,9 +181,11 @@ def test_gpu_markers_skip_without_gpus(tmp_path):
         def test_slow_still_runs():
             pass
     """))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(  # conftest imports lowering.triton
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
     r = subprocess.run([sys.executable, "-m", "pytest", "-ra", "-p", "no:cacheprovider",
                         str(tmp_path)], capture_output=True, text=True, cwd=tmp_path,
-                       timeout=300)
+                       timeout=300, env=env)
     out = r.stdout
     assert r.returncode == 0, out
     assert "SKIPPED" in out and "multigpu: needs 64 CUDA GPUs" in out

@@ -337,9 +337,7 @@ def test_position_and_token_are_checked():
         ex.step(0)
 
 
-def test_refuses_multi_rank_and_bad_worker_count():
-    with pytest.raises(TritonError, match="2 ranks"):
-        TritonExecutor(allreduce(ranks=2), None, check=False)
+def test_refuses_bad_worker_count():
     p = pipeline_program()
     p.target.max_workers = 2
     with pytest.raises(TritonError, match="3 workers per rank"):

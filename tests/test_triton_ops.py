@@ -10,7 +10,12 @@ the flat / matrix / cache addressing is exercised, not just contiguous vectors.
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -27,6 +32,10 @@ DEVICES = [
                                                    reason="needs compiled Triton on a CUDA GPU")]),
 ]
 F32, BF16 = torch.float32, torch.bfloat16
+#: GEMV pipeline depths (ops.gemv_ex STAGES): 1 = one block in flight; 2 and 3 = the
+#: pipelined loop (Triton's cp.async pipeline on the GPU; the interpreter runs it as a plain
+#: loop, which still checks the one-block-ahead x / a prefetch and its masks).
+STAGES = [1, 2, 3]
 
 
 def ref(op, params, ins, outs_like):
@@ -89,7 +98,8 @@ def test_rmsnorm(device, dt):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dt", [F32, BF16])
-def test_gemv(device, dt):
+@pytest.mark.parametrize("stages", STAGES)
+def test_gemv(device, dt, stages):
     g = gen(3)
     W = torch.randn(48, 80, generator=g).to(dt).to(device)
     x = torch.randn(80, generator=g).to(dt).to(device)
@@ -103,13 +113,13 @@ def test_gemv(device, dt):
     for w, xv, bias in cases:
         n = w.shape[0]
         y = torch.empty(n, dtype=dt, device=device)
-        O.run_gemv(xv, w, y, bias=bias, block_n=8, block_k=32)
+        O.run_gemv(xv, w, y, bias=bias, block_n=8, block_k=32, stages=stages)
         ins = [xv, w] + ([bias] if bias is not None else [])
         (want,) = ref("gemv", {}, ins, [y])
         close(y, want, dt, rtol=1e-4 if dt == F32 else None, atol=1e-4 if dt == F32 else None)
     # the aligned fast path (row stride and K multiples of 16 bytes)
     y = torch.empty(48, dtype=dt, device=device)
-    O.run_gemv(x, W, y, block_n=16, block_k=64, w_align=16 // W.element_size())
+    O.run_gemv(x, W, y, block_n=16, block_k=64, w_align=16 // W.element_size(), stages=stages)
     (want,) = ref("gemv", {}, [x, W], [y])
     close(y, want, dt, rtol=1e-4 if dt == F32 else None, atol=1e-4 if dt == F32 else None)
 
@@ -271,7 +281,8 @@ def test_copy_rounding(device):
 # ---------------------------------------------------------------- fused ops (issue 5)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dt", [F32, BF16])
-def test_norm_gemv(device, dt):
+@pytest.mark.parametrize("stages", STAGES)
+def test_norm_gemv(device, dt, stages):
     """RMSNorm fused into the GEMV prologue: every tile normalises the whole x first."""
     g = gen(11)
     W = torch.randn(40, 96, generator=g).to(dt).to(device)
@@ -280,21 +291,22 @@ def test_norm_gemv(device, dt):
     b = torch.randn(40, generator=g).to(dt).to(device)
     for w, bias, bk in ((W[3:29], None, 32), (W[:9], b[:9], 64), (W[:, :], b, 128)):
         y = torch.empty(w.shape[0], dtype=dt, device=device)
-        O.run_gemv_ex(x, nw, w, y, pro=1, eps=1e-5, bias=bias, block_n=8, block_k=bk)
+        O.run_gemv_ex(x, nw, w, y, pro=1, eps=1e-5, bias=bias, block_n=8, block_k=bk, stages=stages)
         ins = [x, nw, w] + ([bias] if bias is not None else [])
         (want,) = ref("norm_gemv", {"eps": 1e-5}, ins, [y])
         close(y, want, dt, rtol=1e-4 if dt == F32 else None, atol=1e-4 if dt == F32 else None)
     # a strided x (a column of a matrix) and norm weight
     X = torch.randn(96, 3, generator=g).to(dt).to(device)
     y = torch.empty(40, dtype=dt, device=device)
-    O.run_gemv_ex(X[:, 1], X[:, 2], W, y, pro=1, eps=1e-6, block_n=16, block_k=32)
+    O.run_gemv_ex(X[:, 1], X[:, 2], W, y, pro=1, eps=1e-6, block_n=16, block_k=32, stages=stages)
     (want,) = ref("norm_gemv", {"eps": 1e-6}, [X[:, 1], X[:, 2], W], [y])
     close(y, want, dt, rtol=1e-4 if dt == F32 else None, atol=1e-4 if dt == F32 else None)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dt", [F32, BF16])
-def test_gemv_res_and_swiglu_gemv(device, dt):
+@pytest.mark.parametrize("stages", STAGES)
+def test_gemv_res_and_swiglu_gemv(device, dt, stages):
     g = gen(12)
     W = torch.randn(36, 64, generator=g).to(dt).to(device)
     x = torch.randn(64, generator=g).to(dt).to(device)
@@ -302,19 +314,62 @@ def test_gemv_res_and_swiglu_gemv(device, dt):
     r = torch.randn(36, generator=g).to(dt).to(device)
     tol = dict(rtol=1e-4, atol=1e-4) if dt == F32 else {}
     y = torch.empty(36, dtype=dt, device=device)
-    O.run_gemv_ex(x, x, W, y, pro=0, bias=r, block_n=8, block_k=32)  # gemv_res
+    O.run_gemv_ex(x, x, W, y, pro=0, bias=r, block_n=8, block_k=32, stages=stages)  # gemv_res
     (want,) = ref("gemv_res", {}, [x, W, r], [y])
     close(y, want, dt, **tol)
     for res in (None, r):
         y = torch.empty(36, dtype=dt, device=device)
-        O.run_gemv_ex(x, u, W, y, pro=2, bias=res, block_n=16, block_k=64)
+        O.run_gemv_ex(x, u, W, y, pro=2, bias=res, block_n=16, block_k=64, stages=stages)
         (want,) = ref("swiglu_gemv", {}, [x, u, W] + ([res] if res is not None else []), [y])
         close(y, want, dt, **tol)
     # in place over the residual (y IS r), as the table allows for gemv_res / swiglu_gemv
     rr = r.clone()
     (want,) = ref("gemv_res", {}, [x, W, rr], [rr])
-    O.run_gemv_ex(x, x, W, rr, pro=0, bias=rr, block_n=8, block_k=32)
+    O.run_gemv_ex(x, x, W, rr, pro=0, bias=rr, block_n=8, block_k=32, stages=stages)
     close(rr, want, dt, **tol)
+
+
+#: (N, K, BLOCK_N, BLOCK_K): ragged last row block and K block; K shorter than one block;
+#: K an exact multiple of BLOCK_K (the prefetch past the last block is fully masked); a
+#: single row block with N < BLOCK_N; more than 2 K blocks (the pipeline's steady state).
+ODD_GEMV = [(37, 203, 16, 64), (5, 19, 8, 32), (24, 128, 8, 32), (3, 96, 16, 256), (9, 520, 8, 64)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dt", [F32, BF16])
+@pytest.mark.parametrize("stages", STAGES)
+@pytest.mark.parametrize("pro", [0, 1, 2], ids=["plain", "norm", "swiglu"])
+def test_gemv_ex_odd_sizes_every_prologue(device, dt, stages, pro):
+    """gemv_ex at every STAGES with sizes that are not multiples of the blocks, every
+    prologue (gemv / norm_gemv / swiglu_gemv) with and without the epilogue vector (bias or
+    residual: gemv_res), contiguous and strided x, plain and 16-byte aligned W, against
+    reference.py."""
+    g = gen(20 + pro)
+    tol = dict(rtol=1e-4, atol=1e-4) if dt == F32 else {}
+    for n, k, bn, bk in ODD_GEMV:
+        W = torch.randn(n, k, generator=g).to(dt).to(device)
+        X = (torch.randn(k, 2, generator=g) * 2).to(dt).to(device)
+        a = torch.randn(k, generator=g).to(dt).to(device)
+        r = torch.randn(n, generator=g).to(dt).to(device)
+        vec = 16 // W.element_size()
+        align = vec if k % vec == 0 else 0
+        for x, bias in ((X[:, 0].contiguous(), None), (X[:, 1], r)):
+            y = torch.full((n,), float("nan"), dtype=dt, device=device)
+            if pro == 0:
+                op, params, ins = ("gemv_res" if bias is not None else "gemv"), {}, [x, W]
+                O.run_gemv_ex(x, x, W, y, pro=0, bias=bias, block_n=bn, block_k=bk, w_align=align,
+                              stages=stages)
+            elif pro == 1:
+                op, params, ins = "norm_gemv", {"eps": 1e-5}, [x, a, W]
+                O.run_gemv_ex(x, a, W, y, pro=1, eps=1e-5, bias=bias, block_n=bn, block_k=bk,
+                              w_align=align, stages=stages)
+            else:
+                op, params, ins = "swiglu_gemv", {}, [x, a, W]
+                O.run_gemv_ex(x, a, W, y, pro=2, bias=bias, block_n=bn, block_k=bk, w_align=align,
+                              stages=stages)
+            (want,) = ref(op, params, ins + ([bias] if bias is not None else []), [y])
+            assert not torch.isnan(y.cpu()).any(), (n, k, bn, bk)  # every row written
+            close(y, want, dt, **tol)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -374,3 +429,132 @@ def test_argmax_wide_block(device):
     O.run_argmax(x2, y, offset=0, block=128)
     (want,) = ref("argmax", {"offset": 0}, [x2], [y])
     assert torch.equal(y.cpu(), want)
+
+
+# ---------------------------------------------------------------- GEMV pipeline, compiled offline
+_COMPILE_GEMV = r"""
+import json, os, re, subprocess, sys, tempfile
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from lowering.triton import ops as O
+
+stages, bn, bk, warps = (int(v) for v in sys.argv[1:5])
+fn = O._k_gemv_ex
+ptrs = {"x", "a", "w", "b", "y"}
+cx = dict(PRO=1, HAS_BIAS=True, X_CONTIG=True, W_CONTIG=True, W_ALIGN=8, BLOCK_N=bn, BLOCK_K=bk,
+          GEMV_STAGES=stages)
+sig = {n: "constexpr" if n in cx else "*bf16" if n in ptrs else "fp32" if n == "eps" else "i32"
+       for n in fn.arg_names}
+# what the jit's specialisation gives a launch with 16-aligned pointers, row stride and K
+attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n in ptrs | {"w_rs", "K"}}
+k = triton.compile(ASTSource(fn, sig, constexprs=cx, attrs=attrs), target=GPUTarget("cuda", 90, 32),
+                   options=dict(num_warps=warps))
+ptx = k.asm["ptx"]
+out = dict(cp_async=ptx.count("cp.async.cg.shared.global"), wait_group="cp.async.wait_group" in ptx,
+           v4=len(re.findall(r"ld\.global(\.\w+)*\.v4", ptx)), shared=int(k.metadata.shared), local=None)
+tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+if os.path.exists(tool):
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        m = re.search(r"REG:(\d+).*?LOCAL:(\d+)", subprocess.run([tool, "--dump-resource-usage", f.name],
+                                                                   capture_output=True, text=True).stdout)
+    if m:
+        out["regs"], out["local"] = int(m.group(1)), int(m.group(2))
+print(json.dumps(out))
+"""
+
+
+def _offline(code: str, *args) -> dict:
+    """Run ``code`` (an offline sm_90 compile that prints one JSON line) in a subprocess with
+    TRITON_INTERPRET=0: Triton's own LLVM and ptxas, no GPU needed."""
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(root), TRITON_DEFAULT_FP_FUSION="1")
+    res = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,
+                         env=env, cwd=root, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def _compile_gemv(stages: int, bn: int, bk: int, warps: int = 8) -> dict:
+    """The standalone norm_gemv kernel (bf16, 16-byte aligned W) compiled for sm_90: async
+    copies, 16-byte loads, shared memory, registers and local (spill) bytes."""
+    return _offline(_COMPILE_GEMV, stages, bn, bk, warps)
+
+
+@pytest.mark.skipif(not INTERP, reason="the offline compile runs where the tests use the interpreter")
+def test_gemv_stages_compile_for_sm90():
+    """STAGES = 1 streams W with 16-byte register loads and no async copies; STAGES = 3 makes
+    Triton's pipeliner stream W with cp.async.cg (16 B) into 2 shared-memory buffers of one
+    [BLOCK_N, BLOCK_K] block each; neither spills registers (8 warps, 32 x 512 bf16)."""
+    one = _compile_gemv(1, 32, 512)
+    three = _compile_gemv(3, 32, 512)
+    assert one["cp_async"] == 0 and one["v4"] >= 8, one
+    assert three["cp_async"] > 0 and three["wait_group"], three
+    assert three["shared"] >= 2 * 32 * 512 * 2, three  # two bf16 blocks in flight
+    for rep in (one, three):
+        if rep["local"] is not None:
+            assert rep["local"] == 0 and rep["regs"] <= 255, rep
+
+
+@pytest.mark.skipif(not INTERP, reason="interpreter mode not active")
+def test_megakernel_fused_gemvs_pipelined():
+    """The megakernel with Blocks(gemv_stages=S) runs the fused GEMVs (norm_gemv prologue,
+    swiglu_gemv, gemv_res epilogue) of a lowered tiny Llama and matches the sim backend for
+    S = 3 (S = 1 is test_triton_megakernel.py's fused test), with GEMV_K = 64 below the
+    model's K (96 hidden: one full and one ragged block; the MLP's K: several blocks)."""
+    from lowering.sim import SimExecutor
+    from lowering.triton import TritonExecutor
+    from lowering.triton.runtime import Blocks
+    from tests.test_triton_megakernel import TOKENS, lowered, run_decode
+
+    prog, init, _ = lowered("tiny-llama", workers=3, dtype="f32", fuse=True)
+    assert {"norm_gemv", "gemv_res", "swiglu_gemv"} <= {t.op for t in prog.tasks}
+    want = run_decode(SimExecutor(prog, init, check=False, policy="in_order"), TOKENS[:2])
+    ex = TritonExecutor(prog, init, check=False, blocks=Blocks(gemv_n=32, gemv_k=64, gemv_stages=3))
+    assert ex._launch_options()["GEMV_STAGES"] == 3
+    for (lg, nt), (ls, ns) in zip(run_decode(ex, TOKENS[:2]), want):
+        torch.testing.assert_close(lg, ls, rtol=1e-4, atol=2e-5)
+        assert nt == ns
+
+
+_COMPILE_MEGAKERNEL = r"""
+import json, re, sys
+import triton
+from lowering.triton import megakernel as M
+
+seen = {}
+_compile = triton.compile
+def spy(*a, **kw):
+    k = _compile(*a, **kw)
+    seen["ptx"] = k.asm["ptx"]
+    return k
+M.triton.compile = spy
+cx = json.loads(sys.argv[2])
+text = open(sys.argv[1]).read()
+meta = json.loads([l for l in text.splitlines() if l.startswith("# amk-launch: ")][0][len("# amk-launch: "):])
+rep = M.compile_offline(text, {**meta["constexprs"], **cx}, 90, int(sys.argv[3]))
+rep["cp_async"] = seen["ptx"].count("cp.async.cg.shared.global")
+print(json.dumps(rep))
+"""
+
+
+@pytest.mark.skipif(not INTERP, reason="the offline compile runs where the tests use the interpreter")
+def test_megakernel_gemv_stages_compile_for_sm90(tmp_path):
+    """GEMV_STAGES reaches every GEMV variant of the generated megakernel: a fused bf16
+    tiny Llama (norm_gemv, gemv_res, swiglu_gemv) compiled for sm_90 at 8 warps and 32 x 512
+    blocks has async weight copies with GEMV_STAGES = 3 and none with 1, and no spills."""
+    from lowering.triton import TritonExecutor
+    from tests.test_triton_megakernel import lowered
+
+    prog, init, _ = lowered("tiny-llama", workers=3, dtype="bf16", fuse=True)
+    src = TritonExecutor(prog, init, check=False).emit_source(tmp_path / "kernel.py")
+    reps = {s: _offline(_COMPILE_MEGAKERNEL, src, json.dumps({"GEMV_N": 32, "GEMV_K": 512, "GEMV_STAGES": s}), 8)
+            for s in (1, 3)}
+    assert reps[1]["cp_async"] == 0 and reps[1]["vector_loads"], reps[1]
+    # 3 GEMV variants, each with a prologue and a steady-state copy of its W block
+    assert reps[3]["cp_async"] >= 3 * 2, reps[3]
+    for rep in reps.values():
+        if rep["regs"] is not None:
+            assert rep["regs"] <= 255 and rep["local_bytes"] == 0, rep

@@ -24,7 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "and HF baselines (needs a GPU)",
                        description=__doc__.split("\n\n")[0])
     p.add_argument("model", metavar="MODEL")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (1 for now)")
+    p.add_argument("--tp", type=int, default=1,
+                   help="tensor-parallel degree: R > 1 runs one process per GPU over NVSHMEM")
     p.add_argument("--tokens", type=int, default=128, help="decode steps timed (default 128)")
     p.add_argument("--prompt-len", type=int, default=8, help="random prompt tokens (default 8)")
     p.add_argument("--config", metavar="FILE", help="lowering config JSON (knobs)")
@@ -33,7 +34,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-warps", type=int, default=8, help="warps per worker CTA (default 8)")
     p.add_argument("--gemv-block", default="32x512", metavar="NxK",
                    help="GEMV block: rows x columns streamed per iteration (default 32x512)")
+    p.add_argument("--gemv-stages", type=int, default=1, metavar="S",
+                   help="GEMV weight pipeline depth: 1 = one block in flight (default); S >= 2 = "
+                        "S-1 blocks in flight via cp.async into S-1 shared-memory buffers")
     p.add_argument("--no-baselines", action="store_true", help="skip the HF baselines")
+    p.add_argument("--tp-checkpoint-dir", metavar="DIR", default=None,
+                   help="--tp R: where rank 0 writes a random-weight model as safetensors for the HF "
+                        "tensor-parallel baselines (default: a folder in the temp dir)")
     p.add_argument("--json", metavar="FILE", help="write the result object to FILE")
     p.set_defaults(func=run)
 
@@ -67,10 +74,15 @@ def run(args: argparse.Namespace) -> int:
     from amk.baselines import BaselineResult, hf_compiled_graph, hf_eager, judge, make_reference
     from amk.timing import decode_weight_bytes, measure_hbm_bandwidth, roofline_ms
     con = Console(stderr=True)
-    if args.tp != 1:
-        raise AmkError("amk bench --tp > 1 needs the multi-GPU runtime (issue 6), not built yet")
+    if args.tp < 1:
+        raise AmkError(f"--tp must be >= 1, got {args.tp}")
     if not torch.cuda.is_available():
         raise AmkError("amk bench needs a CUDA GPU; none is visible here (see `amk doctor`)")
+    if args.tp > 1:
+        from amk import launch
+        from amk.bench_tp import run_tp
+        code, ctx = launch.tp_entry(args.tp, "triton")
+        return code if code is not None else run_tp(args, ctx)
     if args.tokens < 4:
         raise AmkError("--tokens must be at least 4")
     dev = torch.device("cuda")
@@ -194,7 +206,8 @@ def measure_megakernel(model_arg, resolved, cfg, target, prompt, ref, n_tokens: 
 
 
 def backend_options(args) -> dict:
-    """TritonExecutor options from --num-warps and --gemv-block NxK. Raises AmkError."""
+    """TritonExecutor options from --num-warps, --gemv-block NxK and --gemv-stages. Raises
+    AmkError."""
     from lowering.triton.runtime import Blocks
 
     try:
@@ -204,7 +217,10 @@ def backend_options(args) -> dict:
     for v, what in ((n, "N"), (k, "K"), (args.num_warps, "--num-warps")):
         if v < 1 or v & (v - 1):
             raise AmkError(f"{what} must be a power of two, got {v}")
-    return {"num_warps": args.num_warps, "blocks": Blocks(gemv_n=n, gemv_k=k)}
+    stages = getattr(args, "gemv_stages", 1)
+    if not 1 <= stages <= 8:
+        raise AmkError(f"--gemv-stages must be in 1..8, got {stages}")
+    return {"num_warps": args.num_warps, "blocks": Blocks(gemv_n=n, gemv_k=k, gemv_stages=stages)}
 
 
 def _resolve_bf16(model_arg: str):

@@ -44,6 +44,9 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
                    help="interleaving seed of the sim backend (default 0)")
     p.add_argument("--policy", choices=("random", "in_order", "adversarial"), default="random",
                    help="interleaving policy of the sim backend (default random)")
+    p.add_argument("--colocate", action="store_true",
+                   help="triton with --tp R > 1: run all R ranks' workers on one GPU in one process "
+                        "(testing) instead of one process per GPU over NVSHMEM")
 
 
 def config_from_args(args: argparse.Namespace):

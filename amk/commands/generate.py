@@ -42,11 +42,15 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markup import escape
 
-    from amk import pipeline
+    from amk import launch, pipeline
 
     if args.max_new_tokens < 1:
         raise AmkError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     cfg = config_from_args(args)
+    code, ctx = launch.tp_entry(args.tp, args.backend, args.colocate)
+    if code is not None:
+        return code
+    lead = ctx is None or ctx.rank == 0  # the rank that verifies and reports
     err = Console(stderr=True, highlight=False)
     with err.status(f"resolving {args.model}"):
         resolved = pipeline.resolve(args.model)
@@ -67,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
         f = session.verdict.errors[0]
         err.print(f"[bold red]error:[/] the validator rejected the schedule: {f.cls}: {f.message}")
         return 1
-    dec = session.decoder(args.backend, seed=args.seed, policy=args.policy)
+    dec = session.decoder(args.backend, seed=args.seed, policy=args.policy,
+                          backend_options={"dist": ctx} if ctx is not None else None)
     eos = pipeline.eos_ids(resolved.model)
     t0 = time.perf_counter()
     with err.status(f"decoding on {args.backend} ({len(prompt_ids)} prompt tokens, one step each)"):
@@ -78,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
            "backend": args.backend, "prompt": args.prompt, "prompt_tokens": prompt_ids,
            "text": text, "tokens": new, "steps": dec.steps, "seconds": round(seconds, 3)}
     rc = 0
-    if args.verify:
+    if args.verify and lead:
         with err.status("HF generate (greedy) for --verify"):
             ref = pipeline.hf_generate(resolved.model, prompt_ids, args.max_new_tokens)
         div = pipeline.first_divergence(new, ref)
@@ -86,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
                     "reference_text": tok.decode(ref, skip_special_tokens=True),
                     "match": div is None, "first_divergence": div})
         rc = 0 if div is None else 1
+    if not lead:
+        return 0
     if args.json:
         print(json.dumps(out))
     else:

@@ -1,4 +1,4 @@
-"""Autoregressive decoding with one CUDA-graph replay per token (R = 1).
+"""Autoregressive decoding with one CUDA-graph replay per token.
 
 The graph holds the megakernel launch followed by the step's bookkeeping, all on the device:
 ``epoch += 1``, ``pos += 1``, ``token <- next`` and ``history[pos] <- next``. A replay is
@@ -17,8 +17,10 @@ from amk.timing import Timing, time_per_call
 class DecodeGraph:
     """Capture ``executor``'s decode step in a CUDA graph; see the module docstring.
 
-    ``executor``: a compiled-mode ``TritonExecutor`` (R = 1) whose program has io buffers
-    ``token.r0``, ``pos.r0`` and ``next.r0`` (int32 [1]); ``max_tokens``: history length.
+    ``executor``: a compiled-mode ``TritonExecutor`` whose program has io buffers
+    ``token.r{r}``, ``pos.r{r}`` and ``next.r{r}`` (int32 [1]) for each of its local ranks
+    (all ranks when co-located; this process's rank in a distributed run, where every rank
+    process captures and replays its own graph); ``max_tokens``: history length.
     The executor must be at a step boundary; capturing runs no step. Raises RuntimeError
     without CUDA.
     """
@@ -27,9 +29,11 @@ class DecodeGraph:
         if executor.device.type != "cuda":
             raise RuntimeError("DecodeGraph needs the compiled (CUDA) Triton backend")
         self.ex = executor
-        self.token = executor._view("token.r0", 0)
-        self.pos = executor._view("pos.r0", 0)
-        self.next = executor._view("next.r0", 0)
+        ranks = list(getattr(executor, "local_ranks", [0]))
+        self.tokens = [executor._view(f"token.r{r}", r) for r in ranks]
+        self.positions = [executor._view(f"pos.r{r}", r) for r in ranks]
+        self.nexts = [executor._view(f"next.r{r}", r) for r in ranks]
+        self.token, self.pos, self.next = self.tokens[0], self.positions[0], self.nexts[0]
         self.hist = torch.zeros(max_tokens + 1, dtype=torch.int32, device=executor.device)
         self.max_tokens = max_tokens
         # The kernel must be compiled (and its co-residency checked) by a normal step first:
@@ -48,13 +52,15 @@ class DecodeGraph:
         ex._epoch.add_(1)
         idx = self.pos.long()
         self.hist.index_copy_(0, idx.clamp_(0, self.max_tokens), self.next)
-        self.pos.add_(1)
-        self.token.copy_(self.next)
+        for tok, pos, nxt in zip(self.tokens, self.positions, self.nexts):
+            pos.add_(1)
+            tok.copy_(nxt)
 
     def feed(self, token: int, pos: int) -> None:
         """Set the next step's input token and position (prompt feeding)."""
-        self.token.fill_(token)
-        self.pos.fill_(pos)
+        for t, p in zip(self.tokens, self.positions):
+            t.fill_(token)
+            p.fill_(pos)
 
     def replay(self) -> None:
         """One decode step. Advances the executor's epoch bookkeeping too."""

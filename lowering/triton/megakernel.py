@@ -6,7 +6,8 @@ task table (table.py), in order:
 
 1. **Waits.** For each wait ``(counter, N, offset, t)``: spin until
    ``counter - need >= 0`` in wrapping int32, ``need = (epoch + offset) * N + t``. On the GPU
-   every thread polls with ``ld.acquire.gpu.global.b32`` (inline PTX): a plain load with
+   every thread polls with ``ld.acquire.gpu.global.b32`` (``.sys`` for multi-rank programs;
+   inline PTX): a plain load with
    acquire semantics, no read-modify-write, so pollers do not serialise on the line and each
    thread's later loads are ordered after its own acquire. The outcome (satisfied, timed
    out, aborted) is reduced over the CTA (``cta_max``) so all threads branch alike. Under
@@ -93,11 +94,17 @@ _KIND_ABORTED = tl.constexpr(KIND_ABORTED)
 
 # ---------------------------------------------------------------- sync primitives
 @device
-def acquire_load(p):
-    """int32 at ``p`` with acquire semantics at GPU scope (``ld.acquire.gpu``), executed by
-    every thread. Interpreter: a volatile load."""
+def acquire_load(p, SYS: tl.constexpr):
+    """int32 at ``p`` with acquire semantics, executed by every thread: at GPU scope
+    (``ld.acquire.gpu``) for single-rank programs, at system scope (``ld.acquire.sys``) when
+    ``SYS`` (multi-rank programs: the releasing signal may come from a peer GPU, and an
+    acquire synchronises with a release only at a scope that contains both threads; PTX ISA,
+    memory consistency model). Interpreter: a volatile load."""
     if INTERPRET:
         v = tl.load(p, volatile=True)
+    elif SYS:
+        v = tl.inline_asm_elementwise("ld.acquire.sys.global.b32 $0, [$1];", "=r,l", [p],
+                                      dtype=tl.int32, is_pure=False, pack=1)
     else:
         v = tl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [p],
                                       dtype=tl.int32, is_pure=False, pack=1)
@@ -142,7 +149,7 @@ def cta_all(p):
 
 
 @device
-def wait_counter(ctr, need, abort_ptr, abort_tag, timeout):
+def wait_counter(ctr, need, abort_ptr, abort_tag, timeout, SYS: tl.constexpr):
     """Spin until ``*ctr - need >= 0`` (wrapping int32). Returns (value seen, kind):
     kind 0 = satisfied, 1 = timed out, 4 = another worker aborted this epoch.
     ``timeout``: ns on the GPU, number of polls under the interpreter.
@@ -151,11 +158,11 @@ def wait_counter(ctr, need, abort_ptr, abort_tag, timeout):
     (``cta_all``); when it already satisfies the wait in all threads -- the common case
     once a worker trails its producers -- the timer, the abort word and ``cta_max`` are
     skipped. Otherwise the watched spin loop below runs as before."""
-    v = acquire_load(ctr)
+    v = acquire_load(ctr, SYS)
     if INTERPRET:
         it = 0
         while ((v - need) < 0) & (it < timeout):
-            v = acquire_load(ctr)
+            v = acquire_load(ctr, SYS)
             it += 1
         kind = tl.where((v - need) < 0, _KIND_TIMEOUT, 0)
     else:
@@ -165,7 +172,7 @@ def wait_counter(ctr, need, abort_ptr, abort_tag, timeout):
             now = t0
             ab = abort_tag - 1
             while ((v - need) < 0) & ((now - t0) < timeout) & (ab != abort_tag):
-                v = acquire_load(ctr)
+                v = acquire_load(ctr, SYS)
                 now = global_timer()
                 ab = tl.load(abort_ptr, volatile=True)
             kind = tl.where((v - need) < 0, tl.where(ab == abort_tag, _KIND_ABORTED, _KIND_TIMEOUT), 0)
@@ -262,9 +269,10 @@ def t_rmsnorm(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DW:
 def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl.constexpr,
            DW: tl.constexpr, DB: tl.constexpr, DY: tl.constexpr, PRO: tl.constexpr, HAS_BIAS: tl.constexpr,
            X_CONTIG: tl.constexpr, W_CONTIG: tl.constexpr, W_ALIGN: tl.constexpr, BLOCK_N: tl.constexpr,
-           BLOCK_K: tl.constexpr):
-    """gemv, norm_gemv, gemv_res, swiglu_gemv (ops.gemv_ex; ``PRO`` the prologue). Operands:
-    x, [a (norm weight / up) when PRO != plain], W, [b (bias / residual)], y."""
+           BLOCK_K: tl.constexpr, STAGES: tl.constexpr = 1):
+    """gemv, norm_gemv, gemv_res, swiglu_gemv (ops.gemv_ex; ``PRO`` the prologue, ``STAGES``
+    its weight-streaming pipeline depth). Operands: x, [a (norm weight / up) when PRO != plain],
+    W, [b (bias / residual)], y."""
     xo, xn0, xn1, xn2, xs0, xs1, xs2 = _opnd(row, 0, slot)
     if PRO == K.PRO_PLAIN:
         ao, an1, an2, as0, as1, as2 = xo, xn1, xn2, xs0, xs1, xs2
@@ -292,7 +300,7 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
     K.gemv_ex(_ptr(A_BF16, A_F16, A_F32, A_I32, DX) + xo, xn1, xn2, xs0, xs1, xs2, ap, an1, an2, as0, as1, as2,
               eps, _ptr(A_BF16, A_F16, A_F32, A_I32, DW) + wo, ws1, ws2, bp, bn1, bn2, bs0, bs1, bs2,
               _ptr(A_BF16, A_F16, A_F32, A_I32, DY) + yo, yn1, yn2, ys0, ys1, ys2, wn1, wn2,
-              PRO, HAS_BIAS, X_CONTIG, W_CONTIG, W_ALIGN, BLOCK_N, BLOCK_K)
+              PRO, HAS_BIAS, X_CONTIG, W_CONTIG, W_ALIGN, BLOCK_N, BLOCK_K, STAGES)
     return _ok()
 
 
@@ -507,7 +515,7 @@ def task_header(row):
 
 
 @device
-def run_waits(nw, w0, wc, wn, wb, WAITS, A_I32, err, i, epoch, abort_ptr, timeout):
+def run_waits(nw, w0, wc, wn, wb, WAITS, A_I32, err, i, epoch, abort_ptr, timeout, SYS: tl.constexpr):
     """Run every wait of a row; returns 1 if they all held, 0 after recording a failure.
     The first wait comes from the row header (wc, wn, wb: need = epoch * wn + wb), the
     others from ``WAITS``."""
@@ -520,7 +528,7 @@ def run_waits(nw, w0, wc, wn, wb, WAITS, A_I32, err, i, epoch, abort_ptr, timeou
             wp = WAITS + (w0 + j) * _WAIT_W
             ctr = tl.load(wp)
             need = ((epoch + tl.load(wp + 2)) * tl.load(wp + 1) + tl.load(wp + 3)).to(tl.int32)
-        v, kind = wait_counter(A_I32 + ctr, need, abort_ptr, epoch + 1, timeout)
+        v, kind = wait_counter(A_I32 + ctr, need, abort_ptr, epoch + 1, timeout, SYS)
         if kind != 0:
             tl.store(err + 1, i.to(tl.int64))
             tl.store(err + 2, (w0 + j).to(tl.int64))
@@ -580,7 +588,7 @@ def _call(v: T.Variant) -> str:
         db = d[wi + 1] if bias else d[-1]
         align = 16 // {"bf16": 2, "f16": 2, "f32": 4, "i32": 4}[v.dtypes[wi]] if v.flag("aligned") else 0
         return (f"t_gemv({_COMMON}, {d[xi]}, {da}, {d[wi]}, {db}, {d[-1]}, {pro}, {bias}, "
-                f"{v.flag('xcontig')}, {v.flag('contig')}, {align}, GEMV_N, GEMV_K)")
+                f"{v.flag('xcontig')}, {v.flag('contig')}, {align}, GEMV_N, GEMV_K, GEMV_STAGES)")
     if op == "rope":
         return f"t_rope({_COMMON}, {d[0]}, {d[1]}, {d[2]}, {d[3]}, ROPE_BLOCK)"
     if op == "kv_append":
@@ -631,7 +639,8 @@ from lowering.triton.megakernel import (
 def amk_megakernel(A_BF16, A_F16, A_F32, A_I32, TASKS, WAITS, SIGS, QSTART, ERR, EPOCH, slots, timeout,
                    PROF, BLOCK: tl.constexpr, GEMV_N: tl.constexpr, GEMV_K: tl.constexpr,
                    ROPE_BLOCK: tl.constexpr, ATT_T: tl.constexpr, ATT_D: tl.constexpr,
-                   ATT_Q: tl.constexpr, PAIR_BLOCK: tl.constexpr, PROFILE: tl.constexpr = False):
+                   ATT_Q: tl.constexpr, PAIR_BLOCK: tl.constexpr, GEMV_STAGES: tl.constexpr = 1,
+                   PROFILE: tl.constexpr = False):
     w, i, end, err, epoch, slot, abort_ptr = worker_loop_prologue(ERR, EPOCH, QSTART, slots)
     ok = tl.full([], 1, dtype=tl.int32)
     done = epoch * 0
@@ -640,7 +649,7 @@ def amk_megakernel(A_BF16, A_F16, A_F32, A_I32, TASKS, WAITS, SIGS, QSTART, ERR,
         if PROFILE:
             tl.store(PROF + i.to(tl.int64) * 3, global_timer())
         op, nw, w0, wc, wn, wb, ns, s0, sc, sa, ss, fl = task_header(row)
-        ok = run_waits(nw, w0, wc, wn, wb, WAITS, A_I32, err, i, epoch, abort_ptr, timeout)
+        ok = run_waits(nw, w0, wc, wn, wb, WAITS, A_I32, err, i, epoch, abort_ptr, timeout, {sys_waits})
         if ok != 0:
             if PROFILE:
                 tl.store(PROF + i.to(tl.int64) * 3 + 1, global_timer())
@@ -655,8 +664,9 @@ def amk_megakernel(A_BF16, A_F16, A_F32, A_I32, TASKS, WAITS, SIGS, QSTART, ERR,
 '''
 
 
-def generate_source(tab: T.TaskTable, name: str) -> str:
-    """The Python/Triton source of the megakernel for one task table (see module doc)."""
+def generate_source(tab: T.TaskTable, name: str, sys_waits: bool = False) -> str:
+    """The Python/Triton source of the megakernel for one task table (see module doc).
+    ``sys_waits``: poll counters with system-scope acquires (multi-rank programs)."""
     lines, disp = [], []
     for code, v in enumerate(tab.variants):
         lines.append(f"#   {code}: {v.describe()}")
@@ -664,7 +674,7 @@ def generate_source(tab: T.TaskTable, name: str) -> str:
         disp.append(f"            {kw} op == {code}:\n                st = {_call(v)}")
     return _TEMPLATE.format(name=name, rank=tab.rank, ntasks=tab.n_tasks, workers=tab.workers,
                             variant_lines="\n".join(lines) or "#   (none)", row=T.ROW,
-                            dispatch="\n".join(disp) or "            pass")
+                            dispatch="\n".join(disp) or "            pass", sys_waits=bool(sys_waits))
 
 
 def cache_dir() -> Path:
@@ -721,7 +731,7 @@ def compile_offline(source: str, constexprs: dict[str, int], arch: int = 90, num
     from triton.compiler import ASTSource
 
     fn = load_kernel(source)
-    constexprs = {"PROFILE": False, **constexprs}
+    constexprs = {"PROFILE": False, "GEMV_STAGES": 1, **constexprs}
     sig = {n: ("constexpr" if n in constexprs else _ARG_TYPES[n]) for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if _ARG_TYPES.get(n, "")[:1] == "*"}
     k = triton.compile(ASTSource(fn, sig, constexprs=dict(constexprs), attrs=attrs),

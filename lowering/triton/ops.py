@@ -150,24 +150,41 @@ PRO_SWIGLU = tl.constexpr(2)
 
 
 @device
-def _gemv_x(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, cols, cm, rstd,
-            PRO: tl.constexpr, X_CONTIG: tl.constexpr):
-    """The fp32 GEMV input at ``cols``: x itself, or the fused prologue's value rounded to
-    x's dtype (what the unfused rmsnorm / silu_mul would have stored)."""
+def _gemv_xload(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, cols, cm,
+                PRO: tl.constexpr, X_CONTIG: tl.constexpr):
+    """The raw GEMV inputs at ``cols`` as fp32: (x, a); a is x itself for PRO_PLAIN."""
     if X_CONTIG:
         xv = tl.load(x + cols * x_s2, mask=cm, other=0).to(tl.float32)
     else:
         xv = tl.load(x + flat_off(cols, x_n1, x_n2, x_s0, x_s1, x_s2), mask=cm, other=0).to(tl.float32)
+    av = xv
     if PRO != PRO_PLAIN:
         if X_CONTIG:
             av = tl.load(a + cols * a_s2, mask=cm, other=0).to(tl.float32)
         else:
             av = tl.load(a + flat_off(cols, a_n1, a_n2, a_s0, a_s1, a_s2), mask=cm, other=0).to(tl.float32)
-        if PRO == PRO_NORM:
-            xv = round_as(av * (xv * rstd), x.dtype.element_ty)
-        else:
-            xv = round_as(xv / (1.0 + tl.exp(-xv)) * av, x.dtype.element_ty)
+    return xv, av
+
+
+@device
+def _gemv_xfn(x, xv, av, rstd, PRO: tl.constexpr):
+    """The fused prologue f on loaded values: xv itself, or f(xv, av) rounded to x's dtype
+    (what the unfused rmsnorm / silu_mul would have stored). ``x`` only gives the dtype."""
+    if PRO == PRO_NORM:
+        xv = round_as(av * (xv * rstd), x.dtype.element_ty)
+    elif PRO == PRO_SWIGLU:
+        xv = round_as(xv / (1.0 + tl.exp(-xv)) * av, x.dtype.element_ty)
     return xv
+
+
+@device
+def _gemv_wload(w, w_rs, w_cs, rows, rm, cols, cm, W_CONTIG: tl.constexpr):
+    """The fp32 weight block W[rows, cols] (zeros outside the masks)."""
+    if W_CONTIG:
+        wp = w + rows[:, None] * w_rs + cols[None, :]
+    else:
+        wp = w + rows[:, None] * w_rs + cols[None, :] * w_cs
+    return tl.load(wp, mask=rm[:, None] & cm[None, :], other=0).to(tl.float32)
 
 
 @device
@@ -175,7 +192,7 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
             w, w_rs, w_cs, b, b_n1, b_n2, b_s0, b_s1, b_s2,
             y, y_n1, y_n2, y_s0, y_s1, y_s2, N, K,
             PRO: tl.constexpr, HAS_BIAS: tl.constexpr, X_CONTIG: tl.constexpr, W_CONTIG: tl.constexpr,
-            W_ALIGN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+            W_ALIGN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr = 1):
     """y[N] = W[N, K] @ f(x)[K] (+ b), fp32 accumulation, with a fused prologue f (``PRO``):
 
     * PRO_PLAIN: f(x) = x (gemv; ``a`` and ``eps`` unused).
@@ -192,15 +209,31 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
     guarantees w, w_rs and K are multiples of it (16-byte vector loads). ``X_CONTIG``: x
     (and a) have one strided axis. The epilogue reads b before y is written, row block by
     row block, so y may be b (an in-place residual) but must not overlap x, a or W.
+
+    ``STAGES`` (weight-streaming pipeline depth, >= 1; same result for every value):
+
+    * 1: each iteration loads its W block and x block and consumes them; the next block's
+      loads issue only after that (one block in flight per CTA).
+    * S >= 2: the K loop is ``tl.range(..., num_stages=S)``: Triton's software pipeliner
+      turns the W loads into asynchronous global->shared copies (``cp.async.cg``, L1
+      bypassed), issued S - 1 blocks ahead, so (S - 1) * BLOCK_N * BLOCK_K weight elements
+      are in flight while a block is consumed (Little's law: bytes in flight = bandwidth x
+      latency; ~32-64 KB per SM on an H200). Costs (S - 1) blocks of shared memory. The x
+      (and a) block for the next iteration is loaded into registers one iteration ahead
+      (too narrow per thread for cp.async), so its L2 latency is hidden too. Under the
+      interpreter the loop is an ordinary loop.
     """
     if W_ALIGN > 1:
         w_rs = tl.multiple_of(w_rs, W_ALIGN)
         K = tl.multiple_of(K, W_ALIGN)
     rstd = tl.full([], 1.0, dtype=tl.float32)
     if PRO == PRO_NORM:
-        sq = tl.zeros([BLOCK_K], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            cols = k0 + tl.arange(0, BLOCK_K)
+        # STAGES >= 2: x in blocks of BLOCK_N * BLOCK_K (the registers of one W block), so a
+        # K <= BLOCK_N * BLOCK_K costs one round trip instead of K / BLOCK_K dependent ones.
+        NB: tl.constexpr = BLOCK_K if STAGES <= 1 else BLOCK_N * BLOCK_K
+        sq = tl.zeros([NB], dtype=tl.float32)
+        for k0 in range(0, K, NB):
+            cols = k0 + tl.arange(0, NB)
             cm = cols < K
             if X_CONTIG:
                 xv = tl.load(x + cols * x_s2, mask=cm, other=0).to(tl.float32)
@@ -212,17 +245,30 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
         rows = n0 + tl.arange(0, BLOCK_N)
         rm = rows < N
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            cols = k0 + tl.arange(0, BLOCK_K)
-            cm = cols < K
-            xv = _gemv_x(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, cols, cm, rstd,
-                         PRO, X_CONTIG)
-            if W_CONTIG:
-                wp = w + rows[:, None] * w_rs + cols[None, :]
-            else:
-                wp = w + rows[:, None] * w_rs + cols[None, :] * w_cs
-            wv = tl.load(wp, mask=rm[:, None] & cm[None, :], other=0).to(tl.float32)
-            acc += wv * xv[None, :]
+        if STAGES <= 1:
+            for k0 in range(0, K, BLOCK_K):
+                cols = k0 + tl.arange(0, BLOCK_K)
+                cm = cols < K
+                xv, av = _gemv_xload(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2,
+                                     cols, cm, PRO, X_CONTIG)
+                xv = _gemv_xfn(x, xv, av, rstd, PRO)
+                wv = _gemv_wload(w, w_rs, w_cs, rows, rm, cols, cm, W_CONTIG)
+                acc += wv * xv[None, :]
+        else:
+            cols = tl.arange(0, BLOCK_K)
+            xv, av = _gemv_xload(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2,
+                                 cols, cols < K, PRO, X_CONTIG)
+            for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+                cols = k0 + tl.arange(0, BLOCK_K)
+                cm = cols < K
+                # next iteration's x / a (all masked off after the last block: no traffic)
+                xn, an = _gemv_xload(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2,
+                                     cols + BLOCK_K, (cols + BLOCK_K) < K, PRO, X_CONTIG)
+                f = _gemv_xfn(x, xv, av, rstd, PRO)
+                wv = _gemv_wload(w, w_rs, w_cs, rows, rm, cols, cm, W_CONTIG)
+                acc += wv * f[None, :]
+                xv = xn
+                av = an
         out = tl.sum(acc, axis=1)
         if HAS_BIAS:
             out += tl.load(b + flat_off(rows, b_n1, b_n2, b_s0, b_s1, b_s2), mask=rm, other=0).to(tl.float32)
@@ -233,11 +279,11 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
 def gemv(x, x_n1, x_n2, x_s0, x_s1, x_s2, w, w_rs, w_cs, b, b_n1, b_n2, b_s0, b_s1, b_s2,
          y, y_n1, y_n2, y_s0, y_s1, y_s2, N, K,
          HAS_BIAS: tl.constexpr, X_CONTIG: tl.constexpr, W_CONTIG: tl.constexpr,
-         W_ALIGN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+         W_ALIGN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr = 1):
     """y[N] = W[N, K] @ x[K] (+ bias), fp32 accumulation (``gemv_ex`` without prologue)."""
     gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, x, x_n1, x_n2, x_s0, x_s1, x_s2, 0.0,
             w, w_rs, w_cs, b, b_n1, b_n2, b_s0, b_s1, b_s2, y, y_n1, y_n2, y_s0, y_s1, y_s2, N, K,
-            PRO_PLAIN, HAS_BIAS, X_CONTIG, W_CONTIG, W_ALIGN, BLOCK_N, BLOCK_K)
+            PRO_PLAIN, HAS_BIAS, X_CONTIG, W_CONTIG, W_ALIGN, BLOCK_N, BLOCK_K, STAGES)
 
 
 @device
@@ -528,19 +574,21 @@ def _k_rmsnorm(x, x_n1, x_n2, x_s0, x_s1, x_s2, w, w_n1, w_n2, w_s0, w_s1, w_s2,
 @triton.jit
 def _k_gemv(x, x_n1, x_n2, x_s0, x_s1, x_s2, w, w_rs, w_cs, b, b_n1, b_n2, b_s0, b_s1, b_s2,
             y, y_n1, y_n2, y_s0, y_s1, y_s2, N, K, HAS_BIAS: tl.constexpr, X_CONTIG: tl.constexpr,
-            W_CONTIG: tl.constexpr, W_ALIGN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+            W_CONTIG: tl.constexpr, W_ALIGN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+            GEMV_STAGES: tl.constexpr = 1):
     gemv(x, x_n1, x_n2, x_s0, x_s1, x_s2, w, w_rs, w_cs, b, b_n1, b_n2, b_s0, b_s1, b_s2,
-         y, y_n1, y_n2, y_s0, y_s1, y_s2, N, K, HAS_BIAS, X_CONTIG, W_CONTIG, W_ALIGN, BLOCK_N, BLOCK_K)
+         y, y_n1, y_n2, y_s0, y_s1, y_s2, N, K, HAS_BIAS, X_CONTIG, W_CONTIG, W_ALIGN, BLOCK_N, BLOCK_K,
+         GEMV_STAGES)
 
 
 @triton.jit
 def _k_gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, eps,
                w, w_rs, w_cs, b, b_n1, b_n2, b_s0, b_s1, b_s2, y, y_n1, y_n2, y_s0, y_s1, y_s2, N, K,
                PRO: tl.constexpr, HAS_BIAS: tl.constexpr, X_CONTIG: tl.constexpr, W_CONTIG: tl.constexpr,
-               W_ALIGN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+               W_ALIGN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GEMV_STAGES: tl.constexpr = 1):
     gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, eps,
             w, w_rs, w_cs, b, b_n1, b_n2, b_s0, b_s1, b_s2, y, y_n1, y_n2, y_s0, y_s1, y_s2, N, K,
-            PRO, HAS_BIAS, X_CONTIG, W_CONTIG, W_ALIGN, BLOCK_N, BLOCK_K)
+            PRO, HAS_BIAS, X_CONTIG, W_CONTIG, W_ALIGN, BLOCK_N, BLOCK_K, GEMV_STAGES)
 
 
 @triton.jit
@@ -657,14 +705,15 @@ def run_rmsnorm(x, w, y, dim: int, eps: float, block: int = _EW) -> None:
                      BLOCK=block)
 
 
-def run_gemv(x, w, y, bias=None, block_n: int = 16, block_k: int = 64, w_align: int = 0) -> None:
-    """y = w @ x (+ bias); w a [N, K] view (any strides)."""
+def run_gemv(x, w, y, bias=None, block_n: int = 16, block_k: int = 64, w_align: int = 0,
+             stages: int = 1) -> None:
+    """y = w @ x (+ bias); w a [N, K] view (any strides); ``stages``: gemv_ex's STAGES."""
     n, k, rs, cs = _matrix(w)
     b = bias if bias is not None else y
     xd = flat_desc(x)
     _k_gemv[(1,)](x, *xd, w, rs, cs, b, *flat_desc(b), y, *flat_desc(y), n, k,
                   HAS_BIAS=bias is not None, X_CONTIG=(xd[0] == 1 and xd[2] == 0 and xd[3] == 0),
-                  W_CONTIG=cs == 1, W_ALIGN=w_align, BLOCK_N=block_n, BLOCK_K=block_k)
+                  W_CONTIG=cs == 1, W_ALIGN=w_align, BLOCK_N=block_n, BLOCK_K=block_k, GEMV_STAGES=stages)
 
 
 def _xcontig(*descs) -> bool:
@@ -672,15 +721,16 @@ def _xcontig(*descs) -> bool:
 
 
 def run_gemv_ex(x, a, w, y, pro: int, eps: float = 0.0, bias=None, block_n: int = 16,
-                block_k: int = 64, w_align: int = 0) -> None:
+                block_k: int = 64, w_align: int = 0, stages: int = 1) -> None:
     """y = w @ f(x) (+ bias) with prologue ``pro`` (PRO_NORM: a = norm weight; PRO_SWIGLU:
-    x = gate, a = up); see ``gemv_ex``. norm_gemv, gemv_res and swiglu_gemv in one."""
+    x = gate, a = up); see ``gemv_ex`` (``stages``: its STAGES). norm_gemv, gemv_res and
+    swiglu_gemv in one."""
     n, k, rs, cs = _matrix(w)
     b = bias if bias is not None else y
     xd, ad = flat_desc(x), flat_desc(a)
     _k_gemv_ex[(1,)](x, *xd, a, *ad, eps, w, rs, cs, b, *flat_desc(b), y, *flat_desc(y), n, k,
                      PRO=pro, HAS_BIAS=bias is not None, X_CONTIG=_xcontig(xd, ad), W_CONTIG=cs == 1,
-                     W_ALIGN=w_align, BLOCK_N=block_n, BLOCK_K=block_k)
+                     W_ALIGN=w_align, BLOCK_N=block_n, BLOCK_K=block_k, GEMV_STAGES=stages)
 
 
 def run_rope_append(k, v, inv_freq, pos, kc, vc, block: int = 64) -> None:

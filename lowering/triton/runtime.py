@@ -100,7 +100,10 @@ class TritonStats:
 @dataclass
 class Blocks:
     """Compile-time block sizes of the megakernel (elements). ``attention_d`` and
-    ``attention_q`` are raised to cover the program's head_dim and GQA group if smaller."""
+    ``attention_q`` are raised to cover the program's head_dim and GQA group if smaller.
+    ``gemv_stages``: the GEMV weight pipeline depth (ops.gemv_ex ``STAGES``: 1 = one
+    [gemv_n, gemv_k] block in flight; S >= 2 = S - 1 blocks in flight through cp.async into
+    S - 1 shared-memory buffers). Raises TritonError (exit code 2) if it is not 1..8."""
 
     elementwise: int = 1024
     gemv_n: int = 16
@@ -110,6 +113,11 @@ class Blocks:
     attention_d: int = 64
     attention_q: int = 1
     pairs: int = 64
+    gemv_stages: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.gemv_stages, int) or not 1 <= self.gemv_stages <= 8:
+            raise TritonError(f"gemv_stages must be an integer in 1..8, got {self.gemv_stages!r}", exit_code=2)
 
 
 def _pow2(x: int) -> int:
@@ -141,15 +149,24 @@ class TritonExecutor:
     def __init__(self, program: ScheduleProgram, init_fn: InitFn | None = None, *, check: bool = True,
                  device: str | torch.device | None = None, linear: bool | None = None,
                  timeout_s: float = 2.0, interpret_polls: int = 2, blocks: Blocks | None = None,
-                 num_warps: int = 4, cooperative: bool = True, profile: bool = False):
+                 num_warps: int = 4, cooperative: bool = True, profile: bool = False,
+                 dist: Any = None):
         if check:
             self._check(program)
-        if program.ranks != 1:
-            raise TritonError(f"program {program.name!r} has {program.ranks} ranks; the triton backend "
-                              "runs single-rank programs until the NVSHMEM runtime (issue 6) lands",
-                              exit_code=2)
         self.program = program
+        self.dist = dist
         self.interpret = interpreting()
+        if dist is not None:
+            if self.interpret:
+                raise TritonError("a distributed (NVSHMEM) run needs GPUs, not the Triton interpreter",
+                                  exit_code=2)
+            if dist.world != program.ranks:
+                raise TritonError(f"program {program.name!r} has {program.ranks} ranks but the run has "
+                                  f"{dist.world} processes", exit_code=2)
+            device = dist.device
+            self.local_ranks = [dist.rank]
+        else:
+            self.local_ranks = list(range(program.ranks))
         if device is None:
             device = "cpu" if self.interpret else "cuda"
         self.device = torch.device(device)
@@ -164,7 +181,7 @@ class TritonExecutor:
         if program.workers > program.target.max_workers:
             raise TritonError(f"program has {program.workers} workers per rank, target "
                               f"{program.target.name} allows {program.target.max_workers}", exit_code=2)
-        self.rank = 0
+        self.rank = self.local_ranks[0]
         self.slots = max(1, program.slots)
         self.num_warps = int(num_warps)
         self.cooperative = bool(cooperative)
@@ -172,13 +189,26 @@ class TritonExecutor:
         if self.timeout < 1:
             raise ValueError("the watchdog bound must be positive")
 
-        self.layout = T.build_layout(program, self.rank)
-        if self.linear:
-            order = [T.linearize(program, self.rank, strict=check)]
+        # One arena slice of ``arena_bytes`` per rank, the same size on every rank (a
+        # symmetric allocation must be). Co-located ranks share one allocation (slice r at
+        # r * arena_bytes); a distributed rank's slice is its NVSHMEM symmetric tensor.
+        base_layouts = {r: T.build_layout(program, r) for r in range(program.ranks)}
+        self.arena_bytes = max(lay.nbytes for lay in base_layouts.values())
+        if dist is not None:
+            from lowering.triton.dist import init_nvshmem
+            init_nvshmem(dist, self.arena_bytes)
+            self.arena = dist.symmetric_bytes(self.arena_bytes)
+            self.base = {dist.rank: 0}
+            peer = dist.peer_deltas(self.arena)
+            deltas = {dist.rank: peer}
         else:
-            q = program.queues()
-            order = [q[(self.rank, w)] for w in range(program.workers)]
-        self.table = T.build_table(program, self.rank, order, self.layout)
+            self.arena = torch.zeros(self.arena_bytes * program.ranks, dtype=torch.uint8, device=self.device)
+            self.base = {r: r * self.arena_bytes for r in self.local_ranks}
+            deltas = {r: {q: (q - r) * self.arena_bytes for q in range(program.ranks) if q != r}
+                      for r in self.local_ranks}
+        self.layouts = {r: T.shift_layout(base_layouts[r], self.base[r]) for r in self.local_ranks}
+        self.layout = self.layouts[self.rank]
+        self.table = self._build_table(deltas, strict=check)
         self.workers = self.table.workers
         b = blocks or Blocks()
         b.attention_d = max(b.attention_d, _pow2(self.table.dims["head_dim"]))
@@ -187,7 +217,7 @@ class TritonExecutor:
         while b.attention_t > 1 and b.attention_q * b.attention_t * b.attention_d > 8192:
             b.attention_t //= 2
         self.blocks = b
-        self.source = MK.generate_source(self.table, program.name)
+        self.source = MK.generate_source(self.table, program.name, sys_waits=program.ranks > 1)
         self._kernel = MK.load_kernel(self.source)
 
         self._alloc(init_fn)
@@ -209,6 +239,37 @@ class TritonExecutor:
         self.compiled = None  # the CompiledKernel after the first GPU launch
         self.occupancy: dict[str, Any] = {}
 
+    def _build_table(self, deltas: dict[int, dict[int, int]], strict: bool) -> T.TaskTable:
+        """The task table of every local rank, merged into one grid: rank r's W queues are
+        workers r*W .. r*W+W-1 (in local-rank order); in linear mode, one worker runs a
+        topological order of all local ranks' tasks (the interpreter runs programs one
+        after another, so the ranks must interleave inside one queue)."""
+        program = self.program
+        tables: list[T.TaskTable] = []
+        variants: list[T.Variant] = []
+        if self.linear:
+            everything = T.linearize(program, None, strict=strict)
+            order = [t for t in everything if t.rank in self.base]
+            pos: dict[str, tuple[int, int]] = {}
+            for ri, r in enumerate(self.local_ranks):
+                mine = [t for t in order if t.rank == r]
+                tab = T.build_table(program, r, [mine], self.layouts[r], deltas[r], variants)
+                variants = tab.variants
+                tables.append(tab)
+                pos.update({t.id: (ri, i) for i, t in enumerate(mine)})
+            queues = [[pos[t.id] for t in order]]
+        else:
+            q = program.queues()
+            queues = []
+            for ri, r in enumerate(self.local_ranks):
+                tab = T.build_table(program, r, [q.get((r, w), []) for w in range(program.workers)],
+                                    self.layouts[r], deltas[r], variants)
+                variants = tab.variants
+                tables.append(tab)
+                queues += [[(ri, i) for i in range(int(tab.qstart[w]), int(tab.qstart[w + 1]))]
+                           for w in range(tab.workers)]
+        return T.merge_tables(tables, queues)
+
     # ------------------------------------------------------------------ setup
     @staticmethod
     def _check(program: ScheduleProgram) -> None:
@@ -226,35 +287,40 @@ class TritonExecutor:
             raise TritonRefused(verdict)
 
     def _alloc(self, init_fn: InitFn | None) -> None:
-        lay = self.layout
-        self.arena = torch.zeros(lay.nbytes, dtype=torch.uint8, device=self.device)
-        self._views: dict[str, torch.Tensor] = {}
-        for b in self.program.buffers:
-            if b.name not in lay.offsets:
-                continue
-            off = lay.offsets[b.name]
-            dt = TORCH_DTYPES[b.dtype]
-            v = self.arena[off:off + b.nbytes].view(dt).view(b.shape)
-            self._views[b.name] = v
-            init = init_fn(b, self.rank) if init_fn is not None else None
-            if init is None:
-                v.fill_(float("nan") if b.dtype in FLOAT_DTYPES else INT_POISON)
-            else:
-                if not isinstance(init, torch.Tensor):
-                    raise TritonError(f"init_fn returned {type(init).__name__} for buffer {b.name}; "
-                                      "expected a torch.Tensor or None", exit_code=2)
-                if init.numel() != b.numel:
-                    raise TritonError(f"init_fn gave {tuple(init.shape)} ({init.numel()} elements) for "
-                                      f"buffer {b.name} of shape {b.shape}", exit_code=2)
-                v.copy_(init.detach().reshape(b.shape).to(device=self.device, dtype=dt))
-        c0 = lay.counters_offset
-        self._counters = self.arena[c0:c0 + 4 * len(self.program.counters)].view(torch.int32)
+        self._views: dict[tuple[int, str], torch.Tensor] = {}
+        self._counters: dict[int, torch.Tensor] = {}
+        for r in self.local_ranks:
+            lay = self.layouts[r]
+            for b in self.program.buffers:
+                if b.name not in lay.offsets:
+                    continue
+                off = lay.offsets[b.name]
+                dt = TORCH_DTYPES[b.dtype]
+                v = self.arena[off:off + b.nbytes].view(dt).view(b.shape)
+                self._views[(r, b.name)] = v
+                init = init_fn(b, r) if init_fn is not None else None
+                if init is None:
+                    v.fill_(float("nan") if b.dtype in FLOAT_DTYPES else INT_POISON)
+                else:
+                    if not isinstance(init, torch.Tensor):
+                        raise TritonError(f"init_fn returned {type(init).__name__} for buffer {b.name}; "
+                                          "expected a torch.Tensor or None", exit_code=2)
+                    if init.numel() != b.numel:
+                        raise TritonError(f"init_fn gave {tuple(init.shape)} ({init.numel()} elements) for "
+                                          f"buffer {b.name} of shape {b.shape}", exit_code=2)
+                    v.copy_(init.detach().reshape(b.shape).to(device=self.device, dtype=dt))
+            c0 = lay.counters_offset
+            self._counters[r] = self.arena[c0:c0 + 4 * len(self.program.counters)].view(torch.int32)
+        if self.dist is not None:
+            torch.cuda.synchronize(self.device)
+            self.dist.barrier()  # every rank's counters are zero before any kernel signals them
 
     def _launch_options(self) -> dict[str, Any]:
         b = self.blocks
         kw: dict[str, Any] = dict(
             BLOCK=b.elementwise, GEMV_N=b.gemv_n, GEMV_K=b.gemv_k, ROPE_BLOCK=b.rope,
             ATT_T=b.attention_t, ATT_D=b.attention_d, ATT_Q=b.attention_q, PAIR_BLOCK=b.pairs,
+            GEMV_STAGES=b.gemv_stages,
         )
         if not self.interpret:
             kw["num_warps"] = self.num_warps
@@ -318,9 +384,10 @@ class TritonExecutor:
         v.copy_(value.detach().reshape(v.shape).to(device=self.device, dtype=v.dtype))
 
     def counter_values(self) -> dict[str, int]:
-        """Current value of every counter (int32, wrapping; monotone across steps)."""
-        vals = self._counters.to("cpu").tolist()
-        return {c.name: vals[i] for i, c in enumerate(self.program.counters)}
+        """Current value of every counter of the local ranks (int32, wrapping; monotone
+        across steps)."""
+        vals = {r: c.to("cpu").tolist() for r, c in self._counters.items()}
+        return {c.name: vals[c.rank][i] for i, c in enumerate(self.program.counters) if c.rank in vals}
 
     @property
     def next_epoch(self) -> int:
@@ -355,7 +422,8 @@ class TritonExecutor:
         t0 = time.perf_counter()
         for e in range(first, first + count):
             if on_start is not None:
-                on_start(e, self.rank)
+                for r in self.local_ranks:
+                    on_start(e, r)
             try:
                 self._launch(e)
             except BaseException as exc:
@@ -365,7 +433,8 @@ class TritonExecutor:
             stats.tasks += self.table.n_tasks
             stats.launches += 1
             if on_end is not None:
-                on_end(e, self.rank)
+                for r in self.local_ranks:
+                    on_end(e, r)
         stats.seconds = time.perf_counter() - t0
         return stats
 
@@ -381,9 +450,9 @@ class TritonExecutor:
 
     # ------------------------------------------------------------- internals
     def _view(self, buffer: str, rank: int) -> torch.Tensor:
-        if rank != self.rank:
-            raise TritonError(f"rank {rank}: this executor runs rank {self.rank} only", exit_code=2)
-        v = self._views.get(buffer)
+        if rank not in self.base:
+            raise TritonError(f"rank {rank}: this process runs rank(s) {self.local_ranks} only", exit_code=2)
+        v = self._views.get((rank, buffer))
         if v is None:
             raise TritonError(f"unknown buffer {buffer!r} (not held by rank {rank})", exit_code=2)
         return v
@@ -407,6 +476,8 @@ class TritonExecutor:
                                       f"{self._qlen[w]} tasks without reporting an error")
                 continue
             tid, op = self.table.task_ids[row], self.table.task_ops[row]
+            if self.program.ranks > 1:
+                tid = f"{tid} (rank {self.table.task_ranks[row]})"
             qi = row - int(self.table.qstart[w])
             if kind in (MK.KIND_TIMEOUT, MK.KIND_ABORTED):
                 stuck.append(dict(worker=w, task=tid, op=op, queue_index=qi,

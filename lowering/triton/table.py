@@ -383,6 +383,7 @@ class TaskTable:
     layout: ArenaLayout
     order: list[list[Task]]
     dims: dict[str, int] = field(default_factory=dict)
+    task_ranks: list[int] = field(default_factory=list)
 
     @property
     def n_tasks(self) -> int:
@@ -663,6 +664,71 @@ def build_table(program: ScheduleProgram, rank: int, order: Sequence[Sequence[Ta
         layout=layout,
         order=[list(q) for q in order],
         dims=dims,
+        task_ranks=[rank] * len(task_ids),
+    )
+
+
+def shift_layout(layout: ArenaLayout, base: int) -> ArenaLayout:
+    """``layout`` with every byte offset moved by ``base`` (a multiple of ``ALIGN``): rank r's
+    slice of an arena that holds several ranks' slices (co-located ranks on one device)."""
+    if base % ALIGN:
+        raise TableError(f"arena slice base {base} is not a multiple of {ALIGN} bytes")
+    return ArenaLayout(rank=layout.rank, offsets={k: v + base for k, v in layout.offsets.items()},
+                       counter_index=dict(layout.counter_index),
+                       counters_offset=layout.counters_offset + base, nbytes=layout.nbytes)
+
+
+def merge_tables(tables: Sequence[TaskTable], queues: Sequence[Sequence[tuple[int, int]]]) -> TaskTable:
+    """One task table for one kernel launch from several tables (several ranks run by one
+    process). ``queues[w]`` lists worker w's rows as (table index, row index). Every table
+    must have been built with the previous one's ``variants`` (``build_table(...,
+    variants=)``), so opcodes agree; the last table's list is the merged one. Wait and
+    signal indices in the rows are rebased onto the concatenated ``waits`` / ``signals``.
+    """
+    if len(tables) == 1 and [list(q) for q in queues] == [
+            [(0, i) for i in range(int(tables[0].qstart[w]), int(tables[0].qstart[w + 1]))]
+            for w in range(tables[0].workers)]:
+        return tables[0]
+    wbase, sbase, nw, ns = [], [], 0, 0
+    for t in tables:
+        wbase.append(nw)
+        sbase.append(ns)
+        nw += len(t.wait_counters)
+        ns += int(t.rows[:, F_NSIG].sum()) if t.n_tasks else 0
+    flat = [[task for wq in t.order for task in wq] for t in tables]
+    rows, ids, ops, ranks, order, qstart = [], [], [], [], [], [0]
+    for q in queues:
+        worker_tasks = []
+        for ti, i in q:
+            t = tables[ti]
+            row = t.rows[i].copy()
+            row[F_WAIT0] += wbase[ti]
+            row[F_SIG0] += sbase[ti]
+            rows.append(row)
+            ids.append(t.task_ids[i])
+            ops.append(t.task_ops[i])
+            ranks.append(t.rank)
+            worker_tasks.append(flat[ti][i])
+        order.append(worker_tasks)
+        qstart.append(len(rows))
+    waits = [t.waits[:len(t.wait_counters)] for t in tables]
+    sigs = [t.signals[:int(t.rows[:, F_NSIG].sum())] if t.n_tasks else t.signals[:0] for t in tables]
+    dims = {k: max(t.dims.get(k, 1) for t in tables) for k in ("head_dim", "group")}
+    return TaskTable(
+        rank=tables[0].rank,
+        workers=len(queues),
+        rows=np.asarray(rows, dtype=np.int64).reshape(-1, ROW),
+        qstart=np.asarray(qstart, dtype=np.int32),
+        waits=np.concatenate(waits) if nw else np.zeros((1, WAIT_W), dtype=np.int64),
+        signals=np.concatenate(sigs) if ns else np.zeros((1, SIG_W), dtype=np.int64),
+        variants=list(tables[-1].variants),
+        task_ids=ids,
+        task_ops=ops,
+        wait_counters=[c for t in tables for c in t.wait_counters],
+        layout=tables[0].layout,
+        order=order,
+        dims=dims,
+        task_ranks=ranks,
     )
 
 

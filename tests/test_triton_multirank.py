@@ -1,0 +1,164 @@
+"""Multi-rank programs on the Triton backend with every rank in one process.
+
+``TritonExecutor`` without a ``dist`` context runs all R ranks of a program in this process:
+one arena slice per rank in one allocation, remote puts and signals resolved through the
+slice distance (the same peer-delta mechanism the NVSHMEM runtime uses with real peer
+pointers). Under the interpreter one worker runs a topological order of all ranks' tasks;
+on a GPU (``gpu`` marker) the R x W queues run as R x W persistent CTAs. Each must match
+the sim backend, and tensor-parallel lowered models must match HF.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import lowering.triton  # noqa: F401  (sets TRITON_INTERPRET=1 without a GPU)
+from ir.examples import allreduce
+from ir.program import Target
+from lowering.sim import SimExecutor
+from lowering.triton import TritonExecutor, TritonWatchdogError
+from lowering.triton import table as T
+from lowering.triton.ops import interpreting
+
+INTERP = interpreting()
+DEV = "cpu" if INTERP else "cuda"
+needs_device = pytest.mark.skipif(not INTERP and not torch.cuda.is_available(),
+                                  reason="needs the interpreter or a CUDA GPU")
+
+
+def gpu(fn):
+    fn = pytest.mark.skipif(INTERP or not torch.cuda.is_available(),
+                            reason="needs compiled Triton on a CUDA GPU")(fn)
+    return pytest.mark.gpu(fn)
+
+
+@needs_device
+@pytest.mark.parametrize("ranks,reuse", [(2, "slots"), (3, "slots"), (2, "credit"), (4, "credit")])
+def test_allreduce_across_colocated_ranks(ranks, reuse):
+    p = allreduce(ranks=ranks, n=8, workers=2, reuse=reuse)
+    ex = TritonExecutor(p, None, check=False, device=DEV)
+    assert ex.local_ranks == list(range(ranks))
+    for e in range(4):
+        xs = [torch.arange(8, dtype=torch.float32) * (r + 1) + e for r in range(ranks)]
+        for r in range(ranks):
+            ex.write(f"x.r{r}", r, xs[r])
+        ex.step(e)
+        want = sum(xs)
+        for r in range(ranks):
+            assert torch.equal(ex.read(f"y.r{r}", r), want), (e, r)
+
+
+def test_merge_tables_rebases_waits_and_signals():
+    p = allreduce(ranks=2, n=8, workers=2, reuse="slots")
+    lay = {r: T.shift_layout(T.build_layout(p, r), r * 4096 * 16) for r in range(2)}
+    q = p.queues()
+    tabs, variants = [], []
+    for r in range(2):
+        t = T.build_table(p, r, [q.get((r, w), []) for w in range(2)], lay[r],
+                          {1 - r: (1 - 2 * r) * 4096 * 16}, variants)
+        variants = t.variants
+        tabs.append(t)
+    queues = [[(ti, i) for i in range(int(t.qstart[w]), int(t.qstart[w + 1]))]
+              for ti, t in enumerate(tabs) for w in range(2)]
+    m = T.merge_tables(tabs, queues)
+    assert m.workers == 4 and m.n_tasks == sum(t.n_tasks for t in tabs)
+    assert m.task_ranks == [0] * tabs[0].n_tasks + [1] * tabs[1].n_tasks
+    # every row's wait / signal index points at the same entry as in its own table
+    for row, (ti, i) in zip(m.rows, [x for qq in queues for x in qq]):
+        src = tabs[ti].rows[i]
+        for k in range(int(src[T.F_NWAIT])):
+            assert (m.waits[row[T.F_WAIT0] + k] == tabs[ti].waits[src[T.F_WAIT0] + k]).all()
+        for k in range(int(src[T.F_NSIG])):
+            assert (m.signals[row[T.F_SIG0] + k] == tabs[ti].signals[src[T.F_SIG0] + k]).all()
+    # remote signals of rank 0 land in rank 1's slice (and back), scoped sys
+    remote = [s for s in m.signals.tolist() if s[2] == T.SCOPE_SYS]
+    assert remote, "the all-reduce signals peers"
+
+
+def _tp_program(name: str, ranks: int, dtype: str = "f32", fuse: bool = False, workers: int = 2):
+    from lowering.config import LoweringConfig
+    from lowering.lower import lower
+    from lowering.weights import make_init_fn, state_dict_of
+    from models.graph import import_model
+    from models.recipes import build_model
+
+    model = build_model(name)
+    graph = import_model(model, model.config, name=name)
+    cfg = LoweringConfig(max_seq=16, workers=workers, tile=32, dtype=dtype, fuse=fuse)
+    prog = lower(graph, ranks, config=cfg, target=Target(name="test", sms=132, max_workers=132,
+                                                             backend="triton"))
+    weights = make_init_fn(state_dict_of(model), graph.spec)
+
+    def init(buf, rank):
+        t = weights(buf, rank)
+        if t is None and buf.kind == "kv_cache":
+            return torch.zeros(buf.shape)
+        return t
+
+    return prog, init, model
+
+
+def _decode(ex, ranks, tokens):
+    out = []
+    for e, tok in enumerate(tokens):
+        for r in range(ranks):
+            ex.write(f"token.r{r}", r, torch.tensor([tok], dtype=torch.int32))
+            ex.write(f"pos.r{r}", r, torch.tensor([e], dtype=torch.int32))
+        ex.step(e)
+        logits = torch.cat([ex.read(f"logits.r{r}", r).float().reshape(-1) for r in range(ranks)])
+        nxt = {int(ex.read(f"next.r{r}", r).item()) for r in range(ranks)}
+        assert len(nxt) == 1, f"ranks disagree on the next token: {nxt}"
+        out.append((logits, nxt.pop()))
+    return out
+
+
+@needs_device
+@pytest.mark.parametrize("name,ranks,fuse", [("tiny-llama", 2, False), ("tiny-qwen2", 3, True),
+                                             ("tiny-llama", 4, True)])
+def test_tensor_parallel_model_matches_sim_and_hf(name, ranks, fuse):
+    prog, init, model = _tp_program(name, ranks, fuse=fuse)
+    ex = TritonExecutor(prog, init, check=False, device=DEV)
+    sim = SimExecutor(prog, init, check=False, policy="in_order")
+    toks = [5, 17, 33]
+    got, want = _decode(ex, ranks, toks), _decode(sim, ranks, toks)
+    from transformers import DynamicCache
+    cache = DynamicCache()
+    with torch.no_grad():
+        for (lg, nt), (ls, ns), (pos, tok) in zip(got, want, enumerate(toks)):
+            ref = model(input_ids=torch.tensor([[tok]]), position_ids=torch.tensor([[pos]]),
+                        past_key_values=cache, use_cache=True)
+            cache = ref.past_key_values
+            lh = ref.logits[0, -1].float()
+            torch.testing.assert_close(lg.cpu(), ls, rtol=1e-4, atol=2e-5)
+            torch.testing.assert_close(lg.cpu(), lh, rtol=1e-4, atol=2e-5)
+            assert nt == ns == int(torch.argmax(lh))
+
+
+@needs_device
+def test_watchdog_names_the_rank_of_a_stuck_task():
+    """Drop one rank's signal from the all-reduce: the peer's wait must time out, and the
+    report must name the task and its rank."""
+    p = allreduce(ranks=2, n=8, workers=1, reuse="slots")
+    victim = next(t for t in p.tasks if t.rank == 0 and any(
+        p.counter_map()[s.counter].rank == 1 for s in t.signals))
+    victim.signals = [s for s in victim.signals if p.counter_map()[s.counter].rank != 1]
+    ex = TritonExecutor(p, None, check=False, device=DEV, timeout_s=0.5)
+    for r in range(2):
+        ex.write(f"x.r{r}", r, torch.ones(8))
+    with pytest.raises(TritonWatchdogError) as e:
+        ex.step(0)
+    assert any(s["task"].endswith("(rank 1)") for s in e.value.stuck), e.value.stuck
+
+
+@gpu
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_gpu_colocated_ranks_with_worker_queues(ranks):
+    prog, init, model = _tp_program("tiny-llama", ranks, dtype="bf16", fuse=True, workers=4)
+    ex = TritonExecutor(prog, init, check=False, num_warps=4)
+    assert not ex.linear and ex.workers == 4 * ranks
+    sim = SimExecutor(prog, init, check=False, policy="in_order")
+    toks = [5, 17, 33, 2]
+    for (lg, nt), (ls, ns) in zip(_decode(ex, ranks, toks), _decode(sim, ranks, toks)):
+        assert (lg.cpu() - ls).abs().max() <= 0.02 * ls.abs().max()
+        assert nt == int(torch.argmax(lg))
