@@ -77,6 +77,53 @@ def hf_eager(model, prompt_ids: torch.Tensor, n_tokens: int, warmup: int = 3) ->
     return BaselineResult("hf_eager", [int(t) for t in toks][:n_tokens], timing)
 
 
+class StaticDecode:
+    """One greedy decode step of an HF model over a ``StaticCache``, as device-side state a
+    CUDA graph can capture: ``body(step)`` runs ``step(tok, pos)`` (the model forward plus
+    argmax, possibly compiled), records the token in ``hist`` (``hist[i]`` is the token
+    after position i) and bumps ``pos`` / ``tok`` in place. ``prompt_ids``: int64 [1, P] on
+    the model's device; the cache holds ``max_cache_len`` (default P + n_tokens + 8)
+    positions. Shared by the single-GPU baseline (b) and the tensor-parallel baselines."""
+
+    def __init__(self, model, prompt_ids: torch.Tensor, n_tokens: int, device,
+                 max_cache_len: int | None = None):
+        from transformers import StaticCache
+
+        self.model, self.prompt = model, prompt_ids
+        self.p = prompt_ids.shape[1]
+        self.max_len = max_cache_len or (self.p + n_tokens + 8)
+        self.cache = StaticCache(config=model.config, max_cache_len=self.max_len)
+        self.tok = prompt_ids[:, :1].clone()
+        self.pos = torch.zeros(1, dtype=torch.long, device=device)
+        self.nxt = torch.zeros(1, 1, dtype=torch.long, device=device)
+        self.hist = torch.zeros(self.max_len + 1, dtype=torch.long, device=device)
+
+    def decode_step(self, tok_in, pos_in):
+        """Forward one token at ``pos_in`` and return its greedy next token [1, 1]."""
+        logits = self.model(input_ids=tok_in, cache_position=pos_in, past_key_values=self.cache,
+                            use_cache=True).logits
+        return logits[:, -1:].argmax(-1)
+
+    def body(self, step) -> None:
+        self.nxt.copy_(step(self.tok, self.pos))
+        self.hist.index_copy_(0, self.pos, self.nxt.view(1))
+        self.pos.add_(1)
+        self.tok.copy_(self.nxt)
+
+    def feed_prompt(self, run) -> None:
+        """Reset the cache and position, then one ``run()`` per prompt token with that token
+        forced in (position = step index)."""
+        self.cache.reset()
+        self.pos.zero_()
+        for i in range(self.p):
+            self.tok.copy_(self.prompt[:, i:i + 1])
+            run()
+
+    def tokens(self, n_tokens: int) -> list[int]:
+        """The ``n_tokens`` greedy tokens after the prompt."""
+        return self.hist[self.p - 1:self.p - 1 + n_tokens].tolist()[:n_tokens]
+
+
 def hf_compiled_graph(model, prompt_ids: torch.Tensor, n_tokens: int,
                       max_cache_len: int | None = None) -> BaselineResult:
     """Baseline (b): a decode step over a StaticCache, compiled, in one CUDA graph.
@@ -85,31 +132,14 @@ def hf_compiled_graph(model, prompt_ids: torch.Tensor, n_tokens: int,
     Requires CUDA. Returns the ``n_tokens`` greedy tokens after the prompt and the per-replay
     timing of the decode steps (each replay is one whole decode step).
     """
-    from transformers import StaticCache
-
     dev = prompt_ids.device
     if dev.type != "cuda":
         raise RuntimeError("the compiled CUDA-graph baseline needs a CUDA device")
-    p = prompt_ids.shape[1]
-    max_len = max_cache_len or (p + n_tokens + 8)
-    cache = StaticCache(config=model.config, max_cache_len=max_len)
-    tok = prompt_ids[:, :1].clone()
-    pos = torch.zeros(1, dtype=torch.long, device=dev)
-    nxt = torch.zeros(1, 1, dtype=torch.long, device=dev)
-    hist = torch.zeros(max_len + 1, dtype=torch.long, device=dev)  # hist[i]: token for i+1
-
-    def decode_step(tok_in, pos_in):
-        logits = model(input_ids=tok_in, cache_position=pos_in, past_key_values=cache,
-                       use_cache=True).logits
-        return logits[:, -1:].argmax(-1)
-
-    compiled = torch.compile(decode_step)
+    st = StaticDecode(model, prompt_ids, n_tokens, dev, max_cache_len)
+    compiled = torch.compile(st.decode_step)
 
     def body():
-        nxt.copy_(compiled(tok, pos))
-        hist.index_copy_(0, pos, nxt.view(1))
-        pos.add_(1)
-        tok.copy_(nxt)
+        st.body(compiled)
 
     with torch.no_grad():
         # Warm up (compile) on a side stream, then reset the cache and capture.
@@ -122,16 +152,10 @@ def hf_compiled_graph(model, prompt_ids: torch.Tensor, n_tokens: int,
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             body()
-        cache.reset()
-        pos.zero_()
-        # Prompt: replay with the prompt's tokens forced in (position = replay index).
-        for i in range(p):
-            tok.copy_(prompt_ids[:, i:i + 1])
-            graph.replay()
+        st.feed_prompt(graph.replay)
         # Decode: each replay consumes the previous output token (copied inside the graph).
         timing = time_per_call(graph.replay, iters=n_tokens - 1, warmup=0, device=dev)
-        tokens = hist[p - 1:p - 1 + n_tokens].tolist()
-    return BaselineResult("hf_compiled_graph", tokens[:n_tokens], timing)
+    return BaselineResult("hf_compiled_graph", st.tokens(n_tokens), timing)
 
 
 @dataclass

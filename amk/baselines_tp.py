@@ -336,31 +336,16 @@ def _graph_decode(model, ctx, prompt_ids, n_tokens, max_cache_len, compile_backe
     step when a failure is symmetric (same code, inputs and versions on every rank); a
     failure on one rank only, in the middle of the warm-up's collectives, leaves its peers
     waiting in NCCL until NCCL's own timeout."""
-    from transformers import StaticCache
+    from amk.baselines import StaticDecode
 
     dev = ctx.device
-    p = prompt_ids.shape[1]
     if n_tokens < 2:
         raise ValueError(f"n_tokens={n_tokens} must be at least 2")
-    max_len = max_cache_len or (p + n_tokens + 8)
-    cache = StaticCache(config=model.config, max_cache_len=max_len)
-    tok = prompt_ids[:, :1].clone()
-    pos = torch.zeros(1, dtype=torch.long, device=dev)
-    nxt = torch.zeros(1, 1, dtype=torch.long, device=dev)
-    hist = torch.zeros(max_len + 1, dtype=torch.long, device=dev)  # hist[i]: token for i+1
-
-    def decode_step(tok_in, pos_in):
-        logits = model(input_ids=tok_in, cache_position=pos_in, past_key_values=cache,
-                       use_cache=True).logits
-        return logits[:, -1:].argmax(-1)
-
-    step = torch.compile(decode_step, backend=compile_backend) if compile_backend else decode_step
+    st = StaticDecode(model, prompt_ids, n_tokens, dev, max_cache_len)
+    step = torch.compile(st.decode_step, backend=compile_backend) if compile_backend else st.decode_step
 
     def body():
-        nxt.copy_(step(tok, pos))
-        hist.index_copy_(0, pos, nxt.view(1))
-        pos.add_(1)
-        tok.copy_(nxt)
+        st.body(step)
 
     errors: list[str] = []
 
@@ -403,18 +388,13 @@ def _graph_decode(model, ctx, prompt_ids, n_tokens, max_cache_len, compile_backe
             errs = ctx.all_gather_object(errors[0] if errors else None)
             if any(e is not None for e in errs):
                 raise _PhaseError(_by_rank(errs))
-        cache.reset()
-        pos.zero_()
-        # Prompt: one step per prompt token, its token forced in (position = step index).
-        for i in range(p):
-            tok.copy_(prompt_ids[:, i:i + 1])
-            run()
+        st.feed_prompt(run)
         # Decode: each step consumes the previous output token (copied inside the step).
         _sync(ctx)
         timing = time_per_call(run, iters=n_tokens - 1, warmup=0, device=dev)
-        tokens = hist[p - 1:p - 1 + n_tokens].tolist()
+        tokens = st.tokens(n_tokens)
     name = "hf_tp_compiled_graph" if cuda_graph else "hf_tp_compiled"
-    return BaselineResult(name, tokens[:n_tokens], timing,
+    return BaselineResult(name, tokens, timing,
                           extra={"rank": ctx.rank, "world": ctx.world, "cuda_graph": cuda_graph})
 
 

@@ -122,10 +122,44 @@ def run_tp(args, ctx) -> int:
     per_rank_bytes = weight_bytes_per_rank(session.program)
     floor = max(b / min(bws) for b in per_rank_bytes) * 1e3
 
+    def result(baselines: list, done: bool) -> dict[str, Any]:
+        return {
+            "device": f"{R} x {props.name}", "model": args.model, "tp": R, "backend": "triton",
+            "transport": "NVSHMEM symmetric heap, peer stores + system-scope release/acquire",
+            "command": "amk " + " ".join(sys.argv[1:]) if sys.argv else "amk bench",
+            "python": platform.python_version(), "torch": torch.__version__,
+            "config": cfg.to_json() if hasattr(cfg, "to_json") else cfg.__dict__,
+            "tasks": len(session.program.tasks), "workers_per_rank": session.program.workers,
+            "num_warps": ex.num_warps, "blocks": ex.blocks.__dict__, "occupancy": ex.occupancy,
+            "hbm_bytes_per_s_per_rank": bws, "weight_bytes_per_rank": per_rank_bytes,
+            "roofline_ms": floor, "roofline_note": "per rank: max over ranks of the rank's weight "
+                                                  "bytes / the slowest rank's measured bandwidth",
+            "latency_ms_median": ours.timing.median_ms, "timing": ours.timing.to_json(),
+            "roofline_pct": 100 * floor / ours.timing.median_ms,
+            "tokens_per_s": 1e3 / ours.timing.median_ms,
+            "correct": ours.correct, "verdict": ours.note, "logit_check": report.to_json(),
+            "first_divergence": first, "ranks_agree": agree, "per_rank": per_rank,
+            "reference": ref.to_json(), "tokens": toks, "timings_s": timings,
+            "baselines": [_row(b, floor) for b in baselines],
+            "complete": done,
+        }
+
+    def write(obj: dict) -> None:
+        if args.json and rank == 0:
+            import json
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(obj, indent=1, default=str))
+
+    # the megakernel's row first, so a run cut short by a baseline still leaves its result
+    write(result([], done=args.no_baselines))
+    con.print(f"{ours.name}: {ours.timing.median_ms:.4f} ms/token (max over ranks of the median), "
+              f"correct={ours.correct}: {ours.note}")
+
     # -- baselines --------------------------------------------------------------------------
     baselines: list[BaselineResult] = []
     if not args.no_baselines:
         baselines += _tp_baselines(args, ctx, model, prompt, ref, con)
+        write(result(baselines, done=False))
         ctx.barrier()
         single = None
         if rank == 0:
@@ -144,30 +178,8 @@ def run_tp(args, ctx) -> int:
     if rank != 0:
         return 0 if ours.correct else 1
 
-    result: dict[str, Any] = {
-        "device": f"{R} x {props.name}", "model": args.model, "tp": R, "backend": "triton",
-        "transport": "NVSHMEM symmetric heap, peer stores + system-scope release/acquire",
-        "command": "amk " + " ".join(sys.argv[1:]) if sys.argv else "amk bench",
-        "python": platform.python_version(), "torch": torch.__version__,
-        "config": cfg.to_json() if hasattr(cfg, "to_json") else cfg.__dict__,
-        "tasks": len(session.program.tasks), "workers_per_rank": session.program.workers,
-        "num_warps": ex.num_warps, "blocks": ex.blocks.__dict__, "occupancy": ex.occupancy,
-        "hbm_bytes_per_s_per_rank": bws, "weight_bytes_per_rank": per_rank_bytes,
-        "roofline_ms": floor, "roofline_note": "per rank: max over ranks of the rank's weight bytes / "
-                                              "the slowest rank's measured bandwidth",
-        "latency_ms_median": ours.timing.median_ms, "timing": ours.timing.to_json(),
-        "roofline_pct": 100 * floor / ours.timing.median_ms,
-        "tokens_per_s": 1e3 / ours.timing.median_ms,
-        "correct": ours.correct, "verdict": ours.note, "logit_check": report.to_json(),
-        "first_divergence": first, "ranks_agree": agree, "per_rank": per_rank,
-        "reference": ref.to_json(), "tokens": toks, "timings_s": timings,
-        "baselines": [_row(b, floor) for b in baselines],
-    }
     _print_table(args, props, R, floor, bws, ours, baselines)
-    if args.json:
-        import json
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+    write(result(baselines, done=True))
     return 0 if ours.correct else 1
 
 

@@ -30,6 +30,12 @@ BACKENDS = ("sim", "triton")
 DEFAULT_POSITIONS = (0, 7, 31)
 # Pass thresholds on max|amk - HF| / max(1, max|HF|) over the checked positions.
 REL_TOL = {"f32": 1e-4, "bf16": 5e-2}
+# bf16 with an fp32 reference (check_correctness(..., fp32_reference=True)): amk's distance
+# to the fp32 logits may be at most this many times HF bf16's own distance to them. Two
+# bf16 implementations round differently; one "within bf16 tolerance" is no further from
+# the exact result than the reference implementation is (a fixed relative bound fails
+# large random models whose logits are small: llama-3.1-8b, docs/benchmarks.md).
+BF16_NOISE_FACTOR = 2.0
 
 
 # -- stages ----------------------------------------------------------------------------------
@@ -286,6 +292,9 @@ class PositionCheck:
     argmax_amk: int
     argmax_agree: bool
     ref_margin: float   # top-1 minus top-2 of the HF logits
+    # bf16 runs with an fp32 reference: max |amk - HF fp32| and HF's own max |bf16 - fp32|
+    err_vs_fp32: float | None = None
+    hf_noise: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -314,6 +323,16 @@ class CorrectnessReport:
         HF's own top-2 margin is within twice the observed error (a numerical near-tie)."""
         out = []
         for p in self.positions:
+            if p.hf_noise is not None and math.isfinite(p.max_abs_err):
+                # bf16: as close to the fp32 truth as HF's own bf16 run, within BF16_NOISE_FACTOR
+                bound = BF16_NOISE_FACTOR * p.hf_noise + 1e-3
+                if not (p.err_vs_fp32 <= bound):
+                    out.append(f"position {p.pos}: max |amk - HF fp32| {p.err_vs_fp32:.3g} > "
+                               f"{BF16_NOISE_FACTOR:g} x HF's own bf16 error {p.hf_noise:.3g}")
+                elif not p.argmax_agree and p.ref_margin > 2 * p.max_abs_err:
+                    out.append(f"position {p.pos}: argmax {p.argmax_amk} != HF {p.argmax_ref} "
+                               f"(HF margin {p.ref_margin:.3g})")
+                continue
             if not math.isfinite(p.max_abs_err) or p.rel_err > self.rel_tol:
                 out.append(f"position {p.pos}: relative logit error {p.rel_err:.3g} > "
                            f"{self.rel_tol:g} (max abs error {p.max_abs_err:.3g})")
@@ -336,7 +355,10 @@ def check_tokens(vocab: int, n: int, seed: int = 0) -> list[int]:
 
 
 def compare(ref: dict[int, torch.Tensor], got: dict[int, torch.Tensor], dtype: str,
-            tokens: Sequence[int] = (), seconds: float = 0.0) -> CorrectnessReport:
+            tokens: Sequence[int] = (), seconds: float = 0.0,
+            ref32: dict[int, torch.Tensor] | None = None) -> CorrectnessReport:
+    """Per-position logit comparison of ``got`` with ``ref`` (HF in the run's dtype);
+    ``ref32``: fp32 HF logits, for the bf16 rule (see BF16_NOISE_FACTOR)."""
     checks = []
     for pos in sorted(ref):
         r, g = ref[pos].float(), got[pos].float()
@@ -348,9 +370,14 @@ def compare(ref: dict[int, torch.Tensor], got: dict[int, torch.Tensor], dtype: s
             err = float("nan")
         mx = float(r.abs().max())
         top2 = torch.topk(r, 2).values
-        checks.append(PositionCheck(pos, err, mx, err / max(1.0, mx), int(r.argmax()),
-                                    int(g.argmax()), int(r.argmax()) == int(g.argmax()),
-                                    float(top2[0] - top2[1])))
+        pc = PositionCheck(pos, err, mx, err / max(1.0, mx), int(r.argmax()),
+                           int(g.argmax()), int(r.argmax()) == int(g.argmax()),
+                           float(top2[0] - top2[1]))
+        if ref32 is not None and pos in ref32:
+            t = ref32[pos].float()
+            pc.err_vs_fp32 = float((t - g).abs().max()) if not torch.isnan(g).any() else float("nan")
+            pc.hf_noise = float((t - r).abs().max())
+        checks.append(pc)
     return CorrectnessReport(checks, dtype, REL_TOL.get(dtype, 5e-2), list(tokens), seconds)
 
 
@@ -359,7 +386,10 @@ def check_correctness(model: Any, decoder: Decoder, vocab: int, dtype: str = "f3
                       seed: int = 0) -> CorrectnessReport:
     """Teacher-force a token sequence through the schedule and through HF eager (DynamicCache,
     one token per step) and compare the logits at ``positions``. Tokens default to a fixed
-    pseudo-random sequence of length max(positions)+1."""
+    pseudo-random sequence of length max(positions)+1. When ``model`` holds bf16/fp16
+    weights, an fp32 copy of it also runs (one forward over the sequence) and the bf16 rule
+    applies (BF16_NOISE_FACTOR): the schedule must be about as close to the fp32 logits as
+    HF's own low-precision run is."""
     n = max(positions) + 1
     toks = list(tokens) if tokens is not None else check_tokens(vocab, n, seed)
     if len(toks) < n:
@@ -368,7 +398,25 @@ def check_correctness(model: Any, decoder: Decoder, vocab: int, dtype: str = "f3
     t0 = time.perf_counter()
     got = decoder.teacher_forced(toks, positions)
     ref = hf_tokenwise_logits(model, toks, positions)
-    return compare(ref, got, dtype, toks, time.perf_counter() - t0)
+    ref32 = None
+    if next(model.parameters()).dtype != torch.float32:
+        ref32 = fp32_logits(model, toks, positions)
+    return compare(ref, got, dtype, toks, time.perf_counter() - t0, ref32=ref32)
+
+
+def fp32_logits(model: Any, tokens: Sequence[int], keep: Sequence[int]) -> dict[int, torch.Tensor]:
+    """Logits of an fp32 copy of ``model`` (same device) at positions ``keep``, from one
+    causal forward over ``tokens``: the exact-arithmetic reference of a bf16 run."""
+    import copy
+    m32 = copy.deepcopy(model).float()
+    try:
+        with torch.no_grad():
+            lg = m32(input_ids=torch.tensor([list(tokens)], device=next(m32.parameters()).device)).logits[0]
+        return {p: lg[p].float().cpu() for p in keep}
+    finally:
+        del m32
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
 
 # -- the whole pipeline --------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Time the megakernel for several lowering configs of one model in one GPU call.
 
 Usage: python bench/megakernel_sweep.py MODEL [--workers 32,66,132] [--tile 64,128]
-           [--policy balanced] [--tokens 64] [--json FILE]
+           [--policy balanced] [--warps 4,8] [--gemv-block 16x256,32x512] [--gemv-stages 1,3]
+           [--fuse 0,1] [--wave 0,1] [--prefetch 0,1] [--tokens 64] [--json FILE]
 Each row: config, tasks, median ms/token, % of roofline, and the correctness verdict
 (greedy tokens vs HF generate with the bf16 near-tie rule, plus the logit check).
 """
@@ -24,7 +25,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policy", default="balanced,round_robin")
     ap.add_argument("--warps", default="4,8")
     ap.add_argument("--gemv-block", default="16x256,32x512")
+    ap.add_argument("--gemv-stages", default="1",
+                    help="comma list of GEMV pipeline depths (Blocks.gemv_stages), e.g. 1,2,3")
     ap.add_argument("--fuse", default="0", help="comma list of 0/1 for the fuse knob")
+    ap.add_argument("--wave", default="0", help="comma list of 0/1 for the wave knob")
+    ap.add_argument("--prefetch", default="0", help="comma list of L2 prefetch look-aheads (Blocks.prefetch)")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=8)
     ap.add_argument("--json", default=None)
@@ -49,27 +54,32 @@ def main(argv: list[str] | None = None) -> int:
     target = cuda_target(props)
     rows = []
     print(f"{args.model} on {props.name}: HBM {bw / 1e12:.2f} TB/s, roofline {floor:.4f} ms")
-    for w, t, pol, nw, gb, fuse in itertools.product([int(x) for x in args.workers.split(",")],
-                                               [int(x) for x in args.tile.split(",")],
-                                               args.policy.split(","),
-                                               [int(x) for x in args.warps.split(",")],
-                                               args.gemv_block.split(","),
-                                               [bool(int(x)) for x in args.fuse.split(",")]):
+    for w, t, pol, nw, gb, gs, fuse, pf, wave in itertools.product([int(x) for x in args.workers.split(",")],
+                                                   [int(x) for x in args.tile.split(",")],
+                                                   args.policy.split(","),
+                                                   [int(x) for x in args.warps.split(",")],
+                                                   args.gemv_block.split(","),
+                                                   [int(x) for x in args.gemv_stages.split(",")],
+                                                   [bool(int(x)) for x in args.fuse.split(",")],
+                                                   [int(x) for x in args.prefetch.split(",")],
+                                                   [bool(int(x)) for x in args.wave.split(",")]):
         bn, bk = (int(v) for v in gb.split("x"))
-        opts = {"num_warps": nw, "blocks": Blocks(gemv_n=bn, gemv_k=bk)}
-        tag = f"workers={w:<4} tile={t:<4} {pol:<12} warps={nw} gemv={gb:<7} fuse={int(fuse)}"
-        cfg = LoweringConfig(tile=t, workers=w, policy=pol, dtype="bf16", fuse=fuse,
+        opts = {"num_warps": nw, "blocks": Blocks(gemv_n=bn, gemv_k=bk, gemv_stages=gs, prefetch=pf)}
+        tag = (f"workers={w:<4} tile={t:<4} {pol:<12} warps={nw} gemv={gb:<7} stages={gs} "
+               f"fuse={int(fuse)} prefetch={pf} wave={int(wave)}")
+        cfg = LoweringConfig(tile=t, workers=w, policy=pol, dtype="bf16", fuse=fuse, wave=wave,
                              max_seq=max(256, args.prompt_len + args.tokens + 8)).validate()
         try:
             res, session, ex = measure_megakernel(args.model, resolved, cfg, target, prompt, ref,
                                                   args.tokens, opts)
         except Exception as err:
             print(f"  {tag}: FAILED {type(err).__name__}: {err}", flush=True)
-            rows.append({"config": cfg.to_json(), "num_warps": nw, "gemv_block": gb,
-                         "error": f"{type(err).__name__}: {err}"})
+            rows.append({"config": cfg.to_json(), "num_warps": nw, "gemv_block": gb, "gemv_stages": gs,
+                         "prefetch": pf, "error": f"{type(err).__name__}: {err}"})
             continue
         med = res.timing.median_ms
-        row = {"config": cfg.to_json(), "num_warps": nw, "gemv_block": gb, "tasks": res.extra["tasks"], "latency_ms_median": med,
+        row = {"config": cfg.to_json(), "num_warps": nw, "gemv_block": gb, "gemv_stages": gs,
+               "prefetch": pf, "tasks": res.extra["tasks"], "latency_ms_median": med,
                "timing": res.timing.to_json(), "roofline_pct": 100 * floor / med,
                "correct": res.correct, "note": res.note, "build_s": res.extra["build_s"],
                "occupancy": ex.occupancy,

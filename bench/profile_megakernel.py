@@ -29,6 +29,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policy", default="balanced")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--fuse", action="store_true", help="lower with the fuse knob")
+    ap.add_argument("--prefetch", type=int, default=0, help="L2 prefetch look-ahead (Blocks.prefetch)")
+    ap.add_argument("--tp", type=int, default=1,
+                    help="ranks, co-located on this one GPU (workers is then per rank: R x W <= SMs)")
+    ap.add_argument("--layer", type=int, default=None,
+                    help="also print the stage timeline of this layer (default: the middle one)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
@@ -44,10 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     cfg = LoweringConfig(tile=args.tile, workers=args.workers, policy=args.policy, dtype="bf16",
                          max_seq=256, fuse=args.fuse).validate()
     target = cuda_target(props)
-    session = pipeline.Session.build(args.model, 1, cfg, target, resolved=resolved)
+    session = pipeline.Session.build(args.model, args.tp, cfg, target, resolved=resolved)
     bn, bk = (int(v) for v in args.gemv_block.split("x"))
     dec = session.decoder("triton", backend_options={
-        "num_warps": args.warps, "blocks": Blocks(gemv_n=bn, gemv_k=bk), "profile": True})
+        "num_warps": args.warps, "blocks": Blocks(gemv_n=bn, gemv_k=bk, prefetch=args.prefetch), "profile": True})
     ex = dec.ex
     tok = 1
     for pos in range(args.steps):
@@ -68,12 +73,16 @@ def main(argv: list[str] | None = None) -> int:
     for w in range(tab.workers):
         lo, hi = int(tab.qstart[w]), int(tab.qstart[w + 1])
         busy.append(float(((prof[lo:hi, 2] - prof[lo:hi, 1]) / 1e3).sum()))
+    gaps = np.concatenate([(prof[int(tab.qstart[w]) + 1:int(tab.qstart[w + 1]), 0]
+                            - prof[int(tab.qstart[w]):int(tab.qstart[w + 1]) - 1, 2]) / 1e3
+                           for w in range(tab.workers)])
     print(f"{args.model}: {len(ops)} tasks on {tab.workers} workers; last step span "
-          f"{span_us:.1f} us; busiest worker's op time {max(busy):.1f} us")
+          f"{span_us:.1f} us; busiest worker's op time {max(busy):.1f} us; gap between a "
+          f"worker's tasks (signals done -> next stamp) mean {gaps.mean():.2f} us")
     print(f"{'op':<16}{'tasks':>7}{'op us mean':>12}{'op us p90':>11}{'op us sum':>11}"
           f"{'wait us mean':>14}")
     out = {"model": args.model, "device": props.name, "span_us": span_us,
-           "busiest_worker_op_us": max(busy), "ops": {}}
+           "busiest_worker_op_us": max(busy), "gap_us_mean": float(gaps.mean()), "ops": {}}
     for op, d in sorted(per_op.items(), key=lambda kv: -sum(kv[1]["op_us"])):
         a, wt = np.array(d["op_us"]), np.array(d["wait_us"])
         print(f"{op:<16}{d['n']:>7}{a.mean():>12.2f}{np.percentile(a, 90):>11.2f}{a.sum():>11.1f}"
@@ -81,10 +90,48 @@ def main(argv: list[str] | None = None) -> int:
         out["ops"][op] = {"tasks": d["n"], "op_us_mean": float(a.mean()),
                           "op_us_p90": float(np.percentile(a, 90)), "op_us_sum": float(a.sum()),
                           "wait_us_mean": float(wt.mean())}
+    out["stages"] = stage_timeline(tab, prof, args.layer if args.layer is not None
+                                   else session.graph.spec.layers // 2)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
     return 0
+
+
+def stage_timeline(tab, prof, layer: int) -> list[dict]:
+    """Per stage of one layer (tasks grouped by id prefix ``l{layer}.<stage>``): tasks, the
+    first op start and last op end relative to the layer's first stage start, the slowest
+    task's op time, the spread of op starts, and the hand-off: this stage's first op start
+    minus the previous stage's last op end (signal -> poll -> header -> operand loads).
+    Rank 0's tasks only when several ranks are co-located."""
+    groups: dict[str, list[int]] = {}
+    for row, tid in enumerate(tab.task_ids):
+        parts = tid.split(".")
+        if parts[0] == f"l{layer}" and tab.task_ranks[row] == 0:
+            key = parts[1]
+            if len(parts) > 3 and parts[2] in ("w", "put", "red", "ag", "rs", "add"):
+                key += "." + parts[2]  # the GEMV, put, reduce, gather parts of a row-parallel stage
+            groups.setdefault(key, []).append(row)
+    if not groups:
+        return []
+    t0 = min(prof[rows, 1].min() for rows in groups.values())
+    order = sorted(groups, key=lambda g: prof[groups[g], 1].min())
+    print(f"layer {layer} stages (us from the layer's first op start):")
+    print(f"{'stage':<14}{'tasks':>6}{'first op':>10}{'last op':>10}{'last end':>10}{'max op':>9}{'handoff':>9}")
+    out, prev_end = [], None
+    for g in order:
+        rows = groups[g]
+        s, e = prof[rows, 1], prof[rows, 2]
+        d = {"stage": g, "tasks": len(rows), "first_op_us": (s.min() - t0) / 1e3,
+             "last_op_us": (s.max() - t0) / 1e3, "last_end_us": (e.max() - t0) / 1e3,
+             "max_op_us": float((e - s).max()) / 1e3,
+             "handoff_us": None if prev_end is None else (s.min() - prev_end) / 1e3}
+        prev_end = e.max()
+        out.append(d)
+        print(f"{g:<14}{d['tasks']:>6}{d['first_op_us']:>10.2f}{d['last_op_us']:>10.2f}"
+              f"{d['last_end_us']:>10.2f}{d['max_op_us']:>9.2f}"
+              f"{'' if d['handoff_us'] is None else format(d['handoff_us'], '9.2f')}")
+    return out
 
 
 if __name__ == "__main__":

@@ -24,6 +24,11 @@ fuse       emit fused ops (ir/ops.py): RMSNorm into the following GEMVs
            rank, the residual add into the o / down GEMVs (``gemv_res`` / swiglu_gemv's
            ``r``). Fewer stages and tasks; same results (see lowering/reference.py for
            the exact rounding). Default off.
+wave       size each GEMV stage's tiles to fill one wave of workers: a stage of n rows
+           (q+k+v together, a gate/up tile pair, o, down, the LM head) gets tiles of
+           ``ceil(n / workers)`` rows rounded up to a multiple of ``tile`` (``tile`` is
+           then the granularity). Fewer, larger tasks: each worker streams one tile per
+           stage instead of paying the per-task cost several times. Default off.
 =========  =========================================================================
 """
 
@@ -53,6 +58,7 @@ class LoweringConfig:
     max_seq: int = 256
     dtype: str = "f32"
     fuse: bool = False
+    wave: bool = False
 
     def validate(self, source: str = "config") -> "LoweringConfig":
         """Return self, or raise AmkError naming the bad field and the allowed values."""
@@ -65,8 +71,9 @@ class LoweringConfig:
                 raise bad(name, f"expected an integer, got {v!r}")
             if v < 1:
                 raise bad(name, f"must be >= 1, got {v}")
-        if not isinstance(self.fuse, bool):
-            raise bad("fuse", f"expected true or false, got {self.fuse!r}")
+        for name in ("fuse", "wave"):
+            if not isinstance(getattr(self, name), bool):
+                raise bad(name, f"expected true or false, got {getattr(self, name)!r}")
         if self.workers > 1024:
             raise bad("workers", f"at most 1024 workers per rank, got {self.workers}")
         for name, allowed in (("policy", POLICIES), ("allreduce", ALLREDUCE_ALGOS),

@@ -44,6 +44,13 @@ from lowering.partition import Partition, partition, split_aligned, tiles
 from models.graph import GraphOp, ModelGraph
 
 SLOT = Range(Bound(0, 1), Bound(1, 1))  # s:s+1, the current receive slot
+#: Logits per LM-head argmax task (rounded down to whole GEMV tiles): one task over 128K
+#: logits took 221 us on an H200 (docs/benchmarks.md); chunks of 4K run in parallel, each
+#: as soon as its tiles are done.
+ARGMAX_CHUNK = 4096
+#: The ``balanced`` policy's per-task fixed cost in bytes: ~3 us of per-task overhead
+#: (docs/benchmarks.md, profiles) at the ~32 GB/s share of HBM bandwidth one H200 SM has.
+TASK_FIXED_BYTES = 96 * 1024
 
 
 def _r(a: int, b: int) -> Range:
@@ -123,7 +130,10 @@ class _Emitter:
         else:  # balanced: least bytes so far, lowest index on ties
             loads = self.load[rank]
             w = min(range(self.W), key=lambda i: (loads[i], i))
-        self.load[rank][w] += cost
+        # Every task also costs a fixed amount, charged in bytes: without it a run of tiny
+        # tasks (all-reduce reduce tiles) all lands on the one least-loaded worker and runs
+        # back to back (measured: 128 reduce tiles spread over 70 us instead of ~7 us).
+        self.load[rank][w] += cost + TASK_FIXED_BYTES
         return w
 
     def cost(self, op: str, ins: Sequence[Region], outs: Sequence[Region]) -> int:
@@ -314,17 +324,27 @@ class _Lowerer:
                               x[r].ready, H, {"eps": float(op.params["eps"])})
         return out
 
+    def stage_tile(self, rows: int) -> int:
+        """GEMV tile rows for a stage of ``rows`` rows: ``tile``, or with the ``wave`` knob
+        ceil(rows / workers) rounded up to a multiple of ``tile`` (one tile per worker)."""
+        t = self.cfg.tile
+        if not self.cfg.wave:
+            return t
+        per_worker = -(-rows // self.cfg.workers)  # ceil
+        return max(t, -(-per_worker // t) * t)
+
     def gemv_tiles(self, tag: str, r: int, x: Loc | Prologue, wbuf: str, k: int,
                    rows: tuple[int, int], y: Callable[[int, int], Region], bias: str | None,
                    counter: str, fuse: Callable[[int, int, int], None] | None = None,
-                   resid: Loc | None = None) -> int:
+                   resid: Loc | None = None, stage_rows: int | None = None) -> int:
         """GEMV tiles over local weight rows ``rows`` of ``wbuf`` ([n, k]); output rows
         [a, b) of the tile go to ``y(a, b)`` (row indices local to wbuf). ``x`` is a value
         (op ``gemv``) or a Prologue (its op: ``norm_gemv`` / ``swiglu_gemv``). ``resid``: add
         ``resid[a:b]`` in the tile's epilogue (``gemv`` becomes ``gemv_res``; swiglu_gemv
         gets its ``r``). ``fuse(worker, a, b)`` may emit follow-up tasks of the tile on the
-        same worker (it then signals). Returns the number of tiles (each signals ``counter``
-        once)."""
+        same worker (it then signals). ``stage_rows``: rows of the whole stage this call is
+        part of (for the ``wave`` tile size; default: ``rows``). Returns the number of tiles
+        (each signals ``counter`` once)."""
         src = _prologue(x)
         op = src.op
         if resid is not None:
@@ -333,7 +353,8 @@ class _Lowerer:
             op = "gemv_res" if op == "gemv" else op
         ready = tuple(src.ready) + (tuple(resid.ready) if resid is not None else ())
         n = 0
-        for a, b in tiles(rows[0], rows[1], self.cfg.tile):
+        size = self.stage_tile(stage_rows if stage_rows is not None else rows[1] - rows[0])
+        for a, b in tiles(rows[0], rows[1], size):
             ins = list(src.ins) + [Region(wbuf, r, (_r(a, b), _r(0, k)))]
             if bias:
                 ins.append(Region(bias, r, (_r(a, b),)))
@@ -394,10 +415,12 @@ class _Lowerer:
             cq = e.counter(f"c.l{i}.q.r{r}", r)
             ckv = e.counter(f"c.l{i}.kv.r{r}", r)
             nt = {}
+            qkv_rows = sum(bufs[role][2] for role in ("q", "k", "v"))
             for role, c in (("q", cq), ("k", ckv), ("v", ckv)):
                 wb, bb, n, yb = bufs[role]
                 nt[role] = self.gemv_tiles(f"l{i}.{role}", r, xn[r], wb, H, (0, n),
-                                           lambda a, b, yb=yb: Region(yb, r, (_r(a, b),)), bb, c)
+                                           lambda a, b, yb=yb: Region(yb, r, (_r(a, b),)), bb, c,
+                                           stage_rows=qkv_rows)
             if self.cfg.fuse and "q_norm" not in plan and "k_norm" not in plan:
                 out[r] = self._rope_attention(i, r, bufs, [self.ready(cq, nt["q"])],
                                               [self.ready(ckv, nt["k"] + nt["v"])])
@@ -527,7 +550,7 @@ class _Lowerer:
             cm = e.counter(f"c.l{i}.act.r{r}", r)
             nt = 0
             src = _prologue(hn[r])
-            for a, b in tiles(0, n, self.cfg.tile):
+            for a, b in tiles(0, n, self.stage_tile(n)):  # a gate tile and its up tile per worker
                 steps = []
                 for tag, wb, yb in (("gate", wg, gb), ("up", wu, ub)):
                     steps.append((src.op, list(src.ins) + [Region(wb, r, (_r(a, b), _r(0, H)))],
@@ -707,51 +730,66 @@ class _Lowerer:
 
     # -- LM head + cross-rank argmax -------------------------------------------------------
     def lm_head(self, op: GraphOp, xf: dict[int, Loc]) -> None:
+        """Vocabulary-parallel LM head and greedy token. Each rank's vocabulary rows are cut
+        into chunks of about ``ARGMAX_CHUNK`` logits (whole GEMV tiles); a chunk's ``argmax``
+        task starts as soon as that chunk's tiles are done (overlapping the rest of the LM
+        head) and writes one (max, index) pair. Rank r's pairs are rows off[r] ..
+        off[r] + n[r] of one pair table; with R > 1 each rank puts its rows to every peer
+        (one put per peer, after its last chunk) and every rank combines all pairs into the
+        same token (``argmax_combine``: largest value, smallest index among ties, so the
+        result equals one argmax over the whole vocabulary)."""
         e, H, R = self.e, self.H, self.R
         key = op.weights["w"].key
         tied = key == self.g.ops[0].weights["table"].key
-        pairs = e.buffer("am.pairs", "activation", "f32", (2, R, 2), None) if R > 1 else None
-        am_worker: dict[int, int] = {}
+        spans, lm_tile = {}, {}
+        for r in range(R):
+            v0, v1 = self.part.shards[r].vocab
+            lm_tile[r] = t = self.stage_tile(v1 - v0)
+            step = max(t, ARGMAX_CHUNK // t * t)
+            spans[r] = [(a, min(a + step, v1 - v0)) for a in range(0, v1 - v0, step)]
+        off, total = {}, 0
+        for r in range(R):
+            off[r], total = total, total + len(spans[r])
+        if R > 1:
+            pairs = e.buffer("am.pairs", "activation", "f32", (2, total, 2), None)
+            prow = lambda r, a, b: Region(pairs, r, (SLOT, _r(a, b), _r(0, 2)))  # noqa: E731
+        else:
+            pairs = e.buffer("am.pair.r0", "activation", "f32", (total, 2), 0)
+            prow = lambda r, a, b: Region(pairs, r, (_r(a, b), _r(0, 2)))  # noqa: E731
+        last_worker: dict[int, int] = {}
         for r in range(R):
             v0, v1 = self.part.shards[r].vocab
             nv = v1 - v0
             logits = e.buffer(f"logits.r{r}", "io_output", self.dt, (nv,), r)
-            c = e.counter(f"c.lm.r{r}", r)
+            done = e.counter(f"c.am.r{r}", r)
             if tied:  # read the vocabulary rows straight from the full embedding table
                 wb, base = self.table[r], v0
             else:
                 wb, base = self.weight("w.lm_head", r, key, (nv, H), ((v0, v1), (0, H))), 0
-            n = self.gemv_tiles("lm", r, xf[r], wb, H, (base, base + nv),
-                                lambda a, b, lg=logits, base=base: Region(lg, r, (_r(a - base, b - base),)),
-                                None, c)
-            # argmax -> puts -> combine on one worker (queue order links them)
-            if R > 1:
-                pair_out = Region(pairs, r, (SLOT, _r(r, r + 1), _r(0, 2)))
-            else:
-                pb = e.buffer("am.pair.r0", "activation", "f32", (1, 2), 0)
-                pair_out = Region(pb, 0, (_r(0, 1), _r(0, 2)))
-            w = e.place(r, e.cost("argmax", [Region(logits, r, (_r(0, nv),))], [pair_out]))
-            e.task(f"lm.argmax.r{r}", r, w, "argmax", [Region(logits, r, (_r(0, nv),))],
-                   [pair_out], {"offset": int(v0)}, ready=[self.ready(c, n)],
-                   group="am" if R > 1 else None)
-            am_worker[r] = w
+            for j, (a, b) in enumerate(spans[r]):
+                c = e.counter(f"c.lm.k{j}.r{r}", r)
+                n = self.gemv_tiles(f"lm.k{j}", r, xf[r], wb, H, (base + a, base + b),
+                                    lambda p, q, lg=logits, base=base: Region(lg, r, (_r(p - base, q - base),)),
+                                    None, c, stage_rows=v1 - v0)
+                src = [Region(logits, r, (_r(a, b),))]
+                dst = [prow(r, off[r] + j, off[r] + j + 1)]
+                w = e.place(r, e.cost("argmax", src, dst))
+                e.task(f"lm.argmax.k{j}.r{r}", r, w, "argmax", src, dst, {"offset": int(v0 + a)},
+                       ready=[self.ready(c, n)], signals=[done], group="am" if R > 1 else None)
+                last_worker[r] = w
+            mine = prow(r, off[r], off[r] + len(spans[r]))
             for p in range(R):
                 if p == r:
                     continue
                 ca = e.counter(f"c.am.from{r}.r{p}", p)
-                src = Region(pairs, r, (SLOT, _r(r, r + 1), _r(0, 2)))
-                dst = Region(pairs, p, (SLOT, _r(r, r + 1), _r(0, 2)))
-                e.task(f"lm.put.r{r}.to{p}", r, w, "put", [src], [dst], signals=[ca], group="am")
+                dst = prow(p, off[r], off[r] + len(spans[r]))
+                e.task(f"lm.put.r{r}.to{p}", r, last_worker[r], "put", [mine], [dst],
+                       ready=[self.ready(done, len(spans[r]))], signals=[ca], group="am")
         for r in range(R):
             nxt = e.buffer(f"next.r{r}", "io_output", "i32", (1,), r)
-            w = am_worker[r]
-            if R > 1:
-                ins = [Region(pairs, r, (SLOT, _r(0, R), _r(0, 2)))]
-                rdy = [Ready(f"c.am.from{q}.r{r}", 1, frozenset()) for q in range(R) if q != r]
-            else:
-                ins = [Region("am.pair.r0", 0, (_r(0, 1), _r(0, 2)))]
-                rdy = []
-            e.task(f"lm.combine.r{r}", r, w, "argmax_combine", ins,
+            rdy = [self.ready(f"c.am.r{r}", len(spans[r]))]
+            rdy += [Ready(f"c.am.from{q}.r{r}", 1, frozenset()) for q in range(R) if q != r]
+            e.task(f"lm.combine.r{r}", r, last_worker[r], "argmax_combine", [prow(r, 0, total)],
                    [Region(nxt, r, (_r(0, 1),))], ready=rdy, group="am" if R > 1 else None)
 
 

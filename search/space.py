@@ -276,6 +276,7 @@ SEARCHABLE = {
                  "or twoshot (reduce-scatter then all-gather)",
     "fuse": "fused ops (norm_gemv, rope_append, rope_attention, gemv_res, swiglu_gemv) "
             "instead of separate rmsnorm / rope / silu_mul / add stages",
+    "wave": "size each GEMV stage's tiles to one per worker (tile is then the granularity)",
 }
 # Fixed for a whole search: they change what is computed or how much can be decoded, not
 # how the step is scheduled (the user picks them with --dtype / --max-seq).
@@ -302,7 +303,7 @@ def space_for(spec: Any, ranks: int, max_workers: int, fixed: dict[str, Any] | N
     workers: powers of two up to ``max_workers`` and up to the number of tiles of the
     largest stage at the smallest tile (more workers would idle). policy, allreduce: the
     lowering's own enumerations; allreduce only when ranks > 1 (R = 1 has no all-reduce).
-    fuse: False, True.
+    fuse, wave: False, True.
     ``fixed``: values of the non-searchable fields (defaults: the lowering's). Raises
     SpaceError if LoweringConfig has a field this module does not classify.
     """
@@ -334,7 +335,7 @@ def space_for(spec: Any, ranks: int, max_workers: int, fixed: dict[str, Any] | N
             knobs.append(Knob(name, tuple(vals), dd, True, SEARCHABLE[name]))
         elif name == "policy":
             knobs.append(Knob(name, tuple(lc.POLICIES), d, False, SEARCHABLE[name]))
-        elif name == "fuse":
+        elif name in ("fuse", "wave"):
             knobs.append(Knob(name, (False, True), d, False, SEARCHABLE[name]))
         elif name == "allreduce":
             if ranks > 1:

@@ -42,22 +42,10 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
 
 def attention_file(tmp_path: Path, S: int = 4) -> Path:
     """embed(tok) -> kv_append at pos -> attention over 0..pos -> o: int32 token and
-    position inputs, a KV cache of S positions."""
-    b = ProgramBuilder("attn", ranks=1, workers=1)
-    b.buffer("tok", "io_input", "i32", (1,))
-    b.buffer("pos", "io_input", "i32", (1,))
-    b.buffer("emb", "weight", "f32", (10, 8))
-    b.buffer("x", "activation", "f32", (8,))
-    b.buffer("kc", "kv_cache", "f32", (1, S, 8))
-    b.buffer("vc", "kv_cache", "f32", (1, S, 8))
-    b.buffer("o", "io_output", "f32", (8,))
-    b.task("embed", 0, 0, "embed", ins=["emb[0:10, 0:8]", "tok[0:1]"], outs=["x[0:8]"])
-    b.task("kv", 0, 0, "kv_append", ins=["x[0:8]", "x[0:8]", "pos[0:1]"],
-           outs=[f"kc[0:1, 0:{S}, 0:8]", f"vc[0:1, 0:{S}, 0:8]"], params={"head_dim": 8})
-    b.task("attn", 0, 0, "attention",
-           ins=["x[0:8]", f"kc[0:1, 0:{S}, 0:8]", f"vc[0:1, 0:{S}, 0:8]", "pos[0:1]"],
-           outs=["o[0:8]"], params={"head_dim": 8, "scale": 0.5})
-    return save_program(b.build(), tmp_path / "attn.amk")
+    position inputs, a KV cache of S positions (the megakernel tests' program, as a file)."""
+    from tests.test_triton_megakernel import attention_program
+
+    return save_program(attention_program(S), tmp_path / "attn.amk")
 
 
 # ------------------------------------------------------------------ example files

@@ -346,9 +346,9 @@ def test_refuses_bad_worker_count():
 
 # ---------------------------------------------------------------- tiny models (lowering/lower.py)
 def lowered(name: str, workers: int, dtype: str = "f32", max_seq: int = 16, tile: int = 32,
-            fuse: bool = False):
-    """(program, init_fn, HF model) for a tiny recipe lowered for R = 1 (``fuse``: with the
-    fused ops norm_gemv / gemv_res / swiglu_gemv / rope_append / rope_attention)."""
+            fuse: bool = False, ranks: int = 1, wave: bool = False):
+    """(program, init_fn, HF model) for a tiny recipe lowered for ``ranks`` ranks (``fuse``:
+    with the fused ops norm_gemv / gemv_res / swiglu_gemv / rope_append / rope_attention)."""
     from lowering.config import LoweringConfig
     from lowering.lower import lower
     from lowering.weights import make_init_fn, state_dict_of
@@ -357,10 +357,8 @@ def lowered(name: str, workers: int, dtype: str = "f32", max_seq: int = 16, tile
 
     model = build_model(name)
     graph = import_model(model, model.config, name=name)
-    cfg = dict(max_seq=max_seq, workers=workers, tile=tile, dtype=dtype)
-    if fuse:
-        cfg["fuse"] = True
-    prog = lower(graph, 1, config=LoweringConfig(**cfg),
+    cfg = dict(max_seq=max_seq, workers=workers, tile=tile, dtype=dtype, fuse=fuse, wave=wave)
+    prog = lower(graph, ranks, config=LoweringConfig(**cfg),
                  target=Target(name="test", sms=132, max_workers=132, backend="triton"))
     weights = make_init_fn(state_dict_of(model), graph.spec)
 
@@ -471,6 +469,35 @@ def test_offline_compile_for_sm90(tmp_path, name, dtype, fuse):
     rep = json.loads(res.stdout.strip().splitlines()[-1])
     for key in ("acquire_polls", "global_timer", "release_gpu", "barrier", "vector_loads"):
         assert rep[key], (key, rep)
+    if rep["regs"] is not None:
+        assert rep["regs"] <= 255 and rep["local_bytes"] == 0, rep
+
+
+@cpu_only
+def test_offline_compile_with_l2_prefetch_and_sys_waits(tmp_path):
+    """PREFETCH > 0 emits the weight tiles' L2 bulk prefetch; a multi-rank program polls
+    with system-scope acquires; both compile for sm_90 with no spills. The table gives every
+    contiguous GEMV weight tile a 16-byte-aligned prefetch range inside its buffer."""
+    prog, init, _ = lowered("tiny-llama", workers=2, dtype="bf16", fuse=True, ranks=2)
+    ex = TritonExecutor(prog, init, check=False, blocks=None)
+    rows = ex.table.rows
+    gemv = [i for i, op in enumerate(ex.table.task_ops) if op in T.GEMV_OPS]
+    assert gemv and all(rows[i, T.F_PFN] > 0 and rows[i, T.F_PFN] % 16 == 0 for i in gemv)
+    assert all(rows[i, T.F_PFN] == 0 for i, op in enumerate(ex.table.task_ops) if op not in T.GEMV_OPS)
+    for i in gemv:  # the range covers the W operand's bytes
+        k = T.GEMV_OPS[ex.table.task_ops[i]][2]
+        f = rows[i, T.F_OPND + k * T.OPND_W:T.F_OPND + (k + 1) * T.OPND_W]
+        lo, hi = rows[i, T.F_PFO] * 4, rows[i, T.F_PFO] * 4 + rows[i, T.F_PFN]
+        assert lo <= f[0] * 2 and f[0] * 2 + f[3] * f[4] * 2 <= hi, (lo, hi, f)
+    src = ex.emit_source(tmp_path / "kernel.py")
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(ROOT), TRITON_DEFAULT_FP_FUSION="1")
+    code = "import sys; from lowering.triton.megakernel import _main; sys.exit(_main(sys.argv[1:]))"
+    res = subprocess.run([sys.executable, "-c", code, str(src), "--arch", "90", "--constexprs",
+                          json.dumps({"PREFETCH": 2})], capture_output=True, text=True, env=env,
+                         cwd=ROOT, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rep = json.loads(res.stdout.strip().splitlines()[-1])
+    assert rep["l2_prefetch"] and rep["acquire_polls_sys"] and not rep["acquire_polls"], rep
     if rep["regs"] is not None:
         assert rep["regs"] <= 255 and rep["local_bytes"] == 0, rep
 

@@ -15,7 +15,6 @@ import torch
 
 import lowering.triton  # noqa: F401  (sets TRITON_INTERPRET=1 without a GPU)
 from ir.examples import allreduce
-from ir.program import Target
 from lowering.sim import SimExecutor
 from lowering.triton import TritonExecutor, TritonWatchdogError
 from lowering.triton import table as T
@@ -76,27 +75,14 @@ def test_merge_tables_rebases_waits_and_signals():
     assert remote, "the all-reduce signals peers"
 
 
-def _tp_program(name: str, ranks: int, dtype: str = "f32", fuse: bool = False, workers: int = 2):
-    from lowering.config import LoweringConfig
-    from lowering.lower import lower
-    from lowering.weights import make_init_fn, state_dict_of
-    from models.graph import import_model
-    from models.recipes import build_model
+def _tp_program(name: str, ranks: int, dtype: str = "f32", fuse: bool = False, workers: int = 2,
+                wave: bool = False):
+    """A tiny recipe lowered for ``ranks`` ranks (tile 32; with ``wave`` tile 8, the wave
+    knob's granularity), its init_fn and the HF model."""
+    from tests.test_triton_megakernel import lowered
 
-    model = build_model(name)
-    graph = import_model(model, model.config, name=name)
-    cfg = LoweringConfig(max_seq=16, workers=workers, tile=32, dtype=dtype, fuse=fuse)
-    prog = lower(graph, ranks, config=cfg, target=Target(name="test", sms=132, max_workers=132,
-                                                             backend="triton"))
-    weights = make_init_fn(state_dict_of(model), graph.spec)
-
-    def init(buf, rank):
-        t = weights(buf, rank)
-        if t is None and buf.kind == "kv_cache":
-            return torch.zeros(buf.shape)
-        return t
-
-    return prog, init, model
+    return lowered(name, workers, dtype=dtype, tile=8 if wave else 32, fuse=fuse, ranks=ranks,
+                   wave=wave)
 
 
 def _decode(ex, ranks, tokens):
@@ -114,10 +100,11 @@ def _decode(ex, ranks, tokens):
 
 
 @needs_device
-@pytest.mark.parametrize("name,ranks,fuse", [("tiny-llama", 2, False), ("tiny-qwen2", 3, True),
-                                             ("tiny-llama", 4, True)])
-def test_tensor_parallel_model_matches_sim_and_hf(name, ranks, fuse):
-    prog, init, model = _tp_program(name, ranks, fuse=fuse)
+@pytest.mark.parametrize("name,ranks,fuse,wave", [("tiny-llama", 2, False, False), ("tiny-qwen2", 3, True, False),
+                                                  ("tiny-llama", 4, True, False), ("tiny-llama", 1, True, True),
+                                                  ("tiny-qwen3", 2, False, True)])
+def test_tensor_parallel_model_matches_sim_and_hf(name, ranks, fuse, wave):
+    prog, init, model = _tp_program(name, ranks, fuse=fuse, wave=wave)
     ex = TritonExecutor(prog, init, check=False, device=DEV)
     sim = SimExecutor(prog, init, check=False, policy="in_order")
     toks = [5, 17, 33]

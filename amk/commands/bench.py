@@ -37,6 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gemv-stages", type=int, default=1, metavar="S",
                    help="GEMV weight pipeline depth: 1 = one block in flight (default); S >= 2 = "
                         "S-1 blocks in flight via cp.async into S-1 shared-memory buffers")
+    p.add_argument("--prefetch", type=int, default=0, metavar="D",
+                   help="L2 prefetch look-ahead in tasks: task i starts prefetching task i+D's GEMV "
+                        "weight tile (0 = off, default)")
     p.add_argument("--no-baselines", action="store_true", help="skip the HF baselines")
     p.add_argument("--tp-checkpoint-dir", metavar="DIR", default=None,
                    help="--tp R: where rank 0 writes a random-weight model as safetensors for the HF "
@@ -206,8 +209,8 @@ def measure_megakernel(model_arg, resolved, cfg, target, prompt, ref, n_tokens: 
 
 
 def backend_options(args) -> dict:
-    """TritonExecutor options from --num-warps, --gemv-block NxK and --gemv-stages. Raises
-    AmkError."""
+    """TritonExecutor options from --num-warps, --gemv-block NxK, --gemv-stages and
+    --prefetch. Raises AmkError."""
     from lowering.triton.runtime import Blocks
 
     try:
@@ -220,7 +223,11 @@ def backend_options(args) -> dict:
     stages = getattr(args, "gemv_stages", 1)
     if not 1 <= stages <= 8:
         raise AmkError(f"--gemv-stages must be in 1..8, got {stages}")
-    return {"num_warps": args.num_warps, "blocks": Blocks(gemv_n=n, gemv_k=k, gemv_stages=stages)}
+    prefetch = getattr(args, "prefetch", 0)
+    if not 0 <= prefetch <= 8:
+        raise AmkError(f"--prefetch must be in 0..8, got {prefetch}")
+    return {"num_warps": args.num_warps,
+            "blocks": Blocks(gemv_n=n, gemv_k=k, gemv_stages=stages, prefetch=prefetch)}
 
 
 def _resolve_bf16(model_arg: str):

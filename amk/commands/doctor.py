@@ -132,15 +132,18 @@ def _backends(packages: dict[str, dict], gpu: dict[str, Any]) -> dict[str, dict[
                   "reason": f"needs compute capability >= {MIN_COMPUTE_CAPABILITY[0]}."
                             f"{MIN_COMPUTE_CAPABILITY[1]}"}
     else:
-        # The Triton runtime runs one rank today; the NVSHMEM multi-rank runtime (issue 6) is
-        # not built yet, so several GPUs and nvshmem4py do not raise max_ranks.
-        if len(capable) > 1:
-            why = ("the multi-GPU NVSHMEM runtime is not built yet; "
-                   + ("nvshmem4py present" if packages["nvshmem4py"]["present"]
-                      else "nvshmem4py missing"))
+        # --tp R > 1 runs one process per GPU over NVSHMEM (docs/multigpu.md): it needs R
+        # capable GPUs and nvshmem4py; --colocate runs all ranks on one GPU without either.
+        if len(capable) > 1 and packages["nvshmem4py"]["present"]:
+            triton = {"available": True, "max_ranks": len(capable),
+                      "reason": f"one process per GPU over NVSHMEM ({len(capable)} GPUs)"}
+        elif len(capable) > 1:
+            triton = {"available": True, "max_ranks": 1,
+                      "reason": "nvshmem4py missing: --tp > 1 needs it (pip install 'amk[gpu]'); "
+                                "--colocate runs all ranks on one GPU"}
         else:
-            why = "one GPU"
-        triton = {"available": True, "max_ranks": 1, "reason": f"single rank only ({why})"}
+            triton = {"available": True, "max_ranks": 1,
+                      "reason": "one GPU (--colocate runs several ranks on it)"}
     return {"sim": sim, "triton": triton}
 
 

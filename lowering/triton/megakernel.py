@@ -21,7 +21,7 @@ task table (table.py), in order:
    of the task are done and visible CTA-wide; also orders this task's writes before the
    next task's reads on the same worker), then each signal is one
    ``atomic_add(counter, amount, sem="release")``, scope ``gpu`` for the own rank's counters
-   and ``sys`` for another rank's (issue 6). A scalar atomic runs on one thread; the
+   and ``sys`` for another rank's. A scalar atomic runs on one thread; the
    barrier before it makes the release cover the whole CTA's writes (PTX cumulativity).
    Tasks with a system-scope signal first run ``fence.acq_rel.sys`` in every thread.
 
@@ -79,6 +79,8 @@ _F_S0A = tl.constexpr(T.F_S0A)
 _F_S0S = tl.constexpr(T.F_S0S)
 _OPND_W = tl.constexpr(T.OPND_W)
 _ROW = tl.constexpr(T.ROW)
+_F_PFO = tl.constexpr(T.F_PFO)
+_F_PFN = tl.constexpr(T.F_PFN)
 _WAIT_W = tl.constexpr(T.WAIT_W)
 _SIG_W = tl.constexpr(T.SIG_W)
 _SCOPE_GPU = tl.constexpr(T.SCOPE_GPU)
@@ -109,6 +111,23 @@ def acquire_load(p, SYS: tl.constexpr):
         v = tl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [p],
                                       dtype=tl.int32, is_pure=False, pack=1)
     return v
+
+
+@device
+def l2_prefetch(A_I32, row):
+    """Start an L2 prefetch of the weight tile of the task at ``row`` (table fields F_PFO /
+    F_PFN; nothing when its length is 0): one ``cp.async.bulk.prefetch.L2.global`` (sm_90,
+    PTX ISA "cp.async.bulk.prefetch") issued by thread 0. It has no effect on memory
+    contents, so it is safe before the task's waits hold: weights never change during a
+    step. Issued ahead of time it overlaps DRAM streaming with waits and other tasks; the
+    GEMV then reads its tile from L2. A no-op under the interpreter."""
+    if not INTERPRET:
+        n = tl.load(row + _F_PFN).to(tl.int32)
+        if n > 0:
+            tl.inline_asm_elementwise(
+                "{ .reg .pred %pf_p; .reg .u32 %pf_t; mov.u32 %pf_t, %tid.x; setp.eq.u32 %pf_p, %pf_t, 0; "
+                "@%pf_p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+                "=r,l,r", [A_I32 + tl.load(row + _F_PFO), n], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @device
@@ -630,7 +649,7 @@ import triton.language as tl
 
 from lowering.triton import ops as K
 from lowering.triton.megakernel import (
-    finish_task, global_timer, run_waits, task_header, worker_loop_prologue, t_add, t_argmax, t_argmax_combine, t_attention,
+    finish_task, global_timer, l2_prefetch, run_waits, task_header, worker_loop_prologue, t_add, t_argmax, t_argmax_combine, t_attention,
     t_copy, t_embed, t_fence, t_gemv, t_kv_append, t_nop, t_reduce, t_rmsnorm, t_rope, t_silu_mul,
 )
 
@@ -640,12 +659,19 @@ def amk_megakernel(A_BF16, A_F16, A_F32, A_I32, TASKS, WAITS, SIGS, QSTART, ERR,
                    PROF, BLOCK: tl.constexpr, GEMV_N: tl.constexpr, GEMV_K: tl.constexpr,
                    ROPE_BLOCK: tl.constexpr, ATT_T: tl.constexpr, ATT_D: tl.constexpr,
                    ATT_Q: tl.constexpr, PAIR_BLOCK: tl.constexpr, GEMV_STAGES: tl.constexpr = 1,
-                   PROFILE: tl.constexpr = False):
+                   PREFETCH: tl.constexpr = 0, PROFILE: tl.constexpr = False):
     w, i, end, err, epoch, slot, abort_ptr = worker_loop_prologue(ERR, EPOCH, QSTART, slots)
     ok = tl.full([], 1, dtype=tl.int32)
     done = epoch * 0
+    if PREFETCH > 0:  # the first PREFETCH tasks' weight tiles; then task i + PREFETCH at task i
+        for d in tl.static_range(PREFETCH):
+            if i + d < end:
+                l2_prefetch(A_I32, TASKS + (i + d).to(tl.int64) * {row})
     while (i < end) & (ok != 0):
         row = TASKS + i.to(tl.int64) * {row}
+        if PREFETCH > 0:
+            if i + PREFETCH < end:
+                l2_prefetch(A_I32, row + PREFETCH * {row})
         if PROFILE:
             tl.store(PROF + i.to(tl.int64) * 3, global_timer())
         op, nw, w0, wc, wn, wb, ns, s0, sc, sa, ss, fl = task_header(row)
@@ -731,7 +757,7 @@ def compile_offline(source: str, constexprs: dict[str, int], arch: int = 90, num
     from triton.compiler import ASTSource
 
     fn = load_kernel(source)
-    constexprs = {"PROFILE": False, "GEMV_STAGES": 1, **constexprs}
+    constexprs = {"PROFILE": False, "GEMV_STAGES": 1, "PREFETCH": 0, **constexprs}
     sig = {n: ("constexpr" if n in constexprs else _ARG_TYPES[n]) for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if _ARG_TYPES.get(n, "")[:1] == "*"}
     k = triton.compile(ASTSource(fn, sig, constexprs=dict(constexprs), attrs=attrs),
@@ -739,6 +765,8 @@ def compile_offline(source: str, constexprs: dict[str, int], arch: int = 90, num
     ptx = k.asm["ptx"]
     out = dict(arch=arch, num_warps=num_warps, shared=int(k.metadata.shared),
                acquire_polls="ld.acquire.gpu.global.b32" in ptx, global_timer="%globaltimer" in ptx,
+               acquire_polls_sys="ld.acquire.sys.global.b32" in ptx,
+               l2_prefetch="cp.async.bulk.prefetch.L2" in ptx, async_copy="cp.async" in ptx,
                release_gpu="gpu.release.add" in ptx, release_sys="sys.release.add" in ptx,
                barrier="bar.sync" in ptx, vector_loads=bool(re.search(r"ld\.global(\.\w+)*\.v4", ptx)),
                regs=None, local_bytes=None)

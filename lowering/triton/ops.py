@@ -210,7 +210,9 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
     (and a) have one strided axis. The epilogue reads b before y is written, row block by
     row block, so y may be b (an in-place residual) but must not overlap x, a or W.
 
-    ``STAGES`` (weight-streaming pipeline depth, >= 1; same result for every value):
+    ``STAGES`` (weight-streaming pipeline depth, >= 1; the same arithmetic for every value,
+    except that S >= 2 sums PRO_NORM's x^2 in chunks of BLOCK_N * BLOCK_K elements instead of
+    BLOCK_K, one round trip for K up to that: fp32 summation order only):
 
     * 1: each iteration loads its W block and x block and consumes them; the next block's
       loads issue only after that (one block in flight per CTA).

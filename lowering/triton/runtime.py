@@ -1,8 +1,18 @@
 """TritonExecutor: run a ScheduleProgram as one persistent Triton kernel per decode step.
 
 Same interface as the sim backend's ``SimExecutor`` (lowering/sim.py): construct with the
-program and an ``init_fn``, write inputs, ``step(epoch)``, read outputs. For one rank
-(R = 1; multi-rank NVSHMEM runs are issue 6):
+program and an ``init_fn``, write inputs, ``step(epoch)``, read outputs.
+
+Ranks. Without ``dist`` one process runs every rank of the program ("co-located"): one
+arena slice per rank in one allocation, rank r's W queues become workers r*W .. r*W+W-1 of
+one launch, and remote puts / signals reach a peer's slice through the slice distance. With
+``dist`` (a ``lowering.triton.dist.DistContext``: one process per GPU, NVSHMEM initialised)
+this process runs its own rank only; its arena slice is an NVSHMEM symmetric allocation and
+the peer deltas are the distances to the peers' copies as mapped into this process
+(``nvshmem_ptr``), so remote puts are plain stores over NVLink and remote signals are
+system-scope release atomics; waits poll with system-scope acquires whenever R > 1. In a
+distributed run ``read`` / ``write`` reach only this process's rank: callers run SPMD and
+exchange host values themselves (amk.pipeline.Decoder does).
 
 * all buffers and counters are packed once into one device arena (table.py's layout):
   weights are copied in at construction, never again; counters start at 0 and are never
@@ -103,7 +113,10 @@ class Blocks:
     ``attention_q`` are raised to cover the program's head_dim and GQA group if smaller.
     ``gemv_stages``: the GEMV weight pipeline depth (ops.gemv_ex ``STAGES``: 1 = one
     [gemv_n, gemv_k] block in flight; S >= 2 = S - 1 blocks in flight through cp.async into
-    S - 1 shared-memory buffers). Raises TritonError (exit code 2) if it is not 1..8."""
+    S - 1 shared-memory buffers). Raises TritonError (exit code 2) if it is not 1..8.
+    ``prefetch``: L2 prefetch look-ahead in tasks (0 = off; D: at the start of task i the
+    worker starts an L2 bulk prefetch of task i + D's GEMV weight tile, so weight streaming
+    overlaps waits and other tasks; megakernel.l2_prefetch). Must be 0..8."""
 
     elementwise: int = 1024
     gemv_n: int = 16
@@ -114,10 +127,13 @@ class Blocks:
     attention_q: int = 1
     pairs: int = 64
     gemv_stages: int = 1
+    prefetch: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.gemv_stages, int) or not 1 <= self.gemv_stages <= 8:
             raise TritonError(f"gemv_stages must be an integer in 1..8, got {self.gemv_stages!r}", exit_code=2)
+        if not isinstance(self.prefetch, int) or not 0 <= self.prefetch <= 8:
+            raise TritonError(f"prefetch must be an integer in 0..8, got {self.prefetch!r}", exit_code=2)
 
 
 def _pow2(x: int) -> int:
@@ -128,7 +144,7 @@ def _pow2(x: int) -> int:
 
 
 class TritonExecutor:
-    """Run ``program`` (R = 1) on the Triton backend; see the module docstring.
+    """Run ``program`` on the Triton backend; see the module docstring.
 
     ``init_fn(buffer, rank)`` returns a buffer's initial contents (any shape with its element
     count; cast to its dtype) or None (poison: NaN / INT_POISON). ``check=True`` validates
@@ -320,7 +336,7 @@ class TritonExecutor:
         kw: dict[str, Any] = dict(
             BLOCK=b.elementwise, GEMV_N=b.gemv_n, GEMV_K=b.gemv_k, ROPE_BLOCK=b.rope,
             ATT_T=b.attention_t, ATT_D=b.attention_d, ATT_Q=b.attention_q, PAIR_BLOCK=b.pairs,
-            GEMV_STAGES=b.gemv_stages,
+            GEMV_STAGES=b.gemv_stages, PREFETCH=b.prefetch,
         )
         if not self.interpret:
             kw["num_warps"] = self.num_warps

@@ -41,6 +41,9 @@ row field             meaning
 ``F_FLAGS``           bit 0: the task signals another rank (fence at system scope first)
 ``F_W0C .. F_W0B``    copy of the first wait: counter index, N(c), offset * N(c) + threshold
 ``F_S0C .. F_S0S``    copy of the first signal: counter index, amount, scope
+``F_PFO, F_PFN``      the weight tile of a GEMV task as one contiguous byte range for an L2
+                      prefetch: offset in int32 elements (16-byte aligned) and length in
+                      bytes (a multiple of 16); 0 when the op has none or it is not contiguous
 ====================  =====================================================================
 
 ``waits[NW, 4]``: (counter element index in the i32 view, N(c) = signals per epoch,
@@ -107,8 +110,12 @@ F_W0B = F_FLAGS + 3  # first wait: offset * N(c) + threshold (need = epoch * N +
 F_S0C = F_FLAGS + 4  # first signal: counter element index (peer delta included)
 F_S0A = F_FLAGS + 5  # first signal: amount
 F_S0S = F_FLAGS + 6  # first signal: scope
-ROW = 64  # F_S0S + 1 = 64 fields
-assert F_S0S < ROW
+# L2 prefetch of the task's weight tile (GEMV ops whose W tile is one contiguous range):
+# int32-element offset of its first 16-byte block and its length in bytes (0: none).
+F_PFO = F_FLAGS + 7
+F_PFN = F_FLAGS + 8
+ROW = 72  # F_PFN + 1 = 66 fields, padded to 72
+assert F_PFN < ROW
 FLAG_SYS_SIGNAL = 1
 
 WAIT_W = 4
@@ -425,7 +432,7 @@ def _check_task(task: Task, program: ScheduleProgram, bufs: dict[str, Buffer], r
                                  f"(region rank {reg.rank}) from rank {rank}")
         elif reg.rank != rank and reg.rank not in peer_delta:
             raise TableError(f"{where}: writes {b.name} on rank {reg.rank}, but no peer pointer "
-                             f"for rank {reg.rank} is known (remote puts need issue 6's NVSHMEM runtime)")
+                             f"for rank {reg.rank} is known (build the table with peer_delta for every peer)")
         if b.dtype not in spec.out_dtypes[i]:
             raise TableError(f"{where}: output {i} ({b.name}) is {b.dtype}; {task.op} "
                              f"produces {spec.out_dtypes[i]}")
@@ -523,6 +530,23 @@ def _check_descs(task: Task, descs: list[Desc]) -> None:
                 raise TableError(f"{where}: {src.numel // hd} query heads do not split over {g} kv heads")
 
 
+def _prefetch_range(w: Desc, row: list[int], k: int, esize: int, layout: ArenaLayout,
+                    buf: Buffer) -> tuple[int, int]:
+    """(int32-element offset, bytes) of a GEMV weight tile as one contiguous range for the
+    kernel's L2 prefetch, widened to 16-byte blocks but kept inside the buffer's
+    ``ALIGN``-padded slot (so the prefetch never touches memory outside the arena); (0, 0)
+    when the tile is not contiguous (strided rows or columns) or depends on the slot."""
+    if w.coef or w.n[0] != 1 or not (w.s[2] == 1 or w.n[2] == 1) or not (w.n[1] == 1 or w.s[1] == w.n[2]):
+        return 0, 0
+    start = row[F_OPND + k * OPND_W] * esize  # bytes from the arena base (peer delta: none, weights are local)
+    end = start + w.n[1] * w.n[2] * esize
+    lo, hi = start // 16 * 16, -(-end // 16) * 16
+    slot_end = layout.offsets[buf.name] + _round_up(max(buf.nbytes, 1), ALIGN)
+    if lo < layout.offsets[buf.name] or hi > slot_end or hi - lo >= 2**31:
+        return 0, 0
+    return lo // 4, hi - lo
+
+
 def _variant(task: Task, bufs: dict[str, Buffer], descs: list[Desc], slots: int) -> Variant:
     dtypes = tuple(bufs[r.buffer].dtype for r in (*task.ins, *task.outs))
     flags: dict[str, bool] = {}
@@ -599,6 +623,10 @@ def build_table(program: ScheduleProgram, rank: int, order: Sequence[Sequence[Ta
                 row[F_OPND + k * OPND_W:F_OPND + (k + 1) * OPND_W] = f
             _check_descs(t, descs)
             _check_alias(t, slots)
+            if t.op in GEMV_OPS:
+                row[F_PFO], row[F_PFN] = _prefetch_range(descs[GEMV_OPS[t.op][2]], row, GEMV_OPS[t.op][2],
+                                                         DTYPE_BYTES[bufs[t.ins[GEMV_OPS[t.op][2]].buffer].dtype],
+                                                         layout, bufs[t.ins[GEMV_OPS[t.op][2]].buffer])
             for j, (name, kind) in enumerate(PARAM_SLOTS.get(t.op, ())):
                 v = t.params[name]
                 row[F_P0 + j] = int(v) if kind == "i" else f32_bits(v)
