@@ -124,6 +124,26 @@ class StaticDecode:
         return self.hist[self.p - 1:self.p - 1 + n_tokens].tolist()[:n_tokens]
 
 
+def warm_up_on_side_stream(body, iters: int = 3) -> None:
+    """Run ``body()`` ``iters`` times on a side stream and join it back: compiles, lazy
+    initialisations (StaticCache, NCCL communicators) and allocator warm-up happen before a
+    CUDA-graph capture, as torch.cuda.graphs requires ("Partial-network capture")."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(iters):
+            body()
+    torch.cuda.current_stream().wait_stream(s)
+
+
+def capture_graph(body) -> "torch.cuda.CUDAGraph":
+    """A CUDA graph of one ``body()`` call (run warm_up_on_side_stream first)."""
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        body()
+    return g
+
+
 def hf_compiled_graph(model, prompt_ids: torch.Tensor, n_tokens: int,
                       max_cache_len: int | None = None) -> BaselineResult:
     """Baseline (b): a decode step over a StaticCache, compiled, in one CUDA graph.
@@ -142,16 +162,8 @@ def hf_compiled_graph(model, prompt_ids: torch.Tensor, n_tokens: int,
         st.body(compiled)
 
     with torch.no_grad():
-        # Warm up (compile) on a side stream, then reset the cache and capture.
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                body()
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            body()
+        warm_up_on_side_stream(body)  # compiles
+        graph = capture_graph(body)
         st.feed_prompt(graph.replay)
         # Decode: each replay consumes the previous output token (copied inside the graph).
         timing = time_per_call(graph.replay, iters=n_tokens - 1, warmup=0, device=dev)

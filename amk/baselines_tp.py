@@ -336,7 +336,7 @@ def _graph_decode(model, ctx, prompt_ids, n_tokens, max_cache_len, compile_backe
     step when a failure is symmetric (same code, inputs and versions on every rank); a
     failure on one rank only, in the middle of the warm-up's collectives, leaves its peers
     waiting in NCCL until NCCL's own timeout."""
-    from amk.baselines import StaticDecode
+    from amk.baselines import StaticDecode, capture_graph, warm_up_on_side_stream
 
     dev = ctx.device
     if n_tokens < 2:
@@ -362,23 +362,9 @@ def _graph_decode(model, ctx, prompt_ids, n_tokens, max_cache_len, compile_backe
 
     with torch.no_grad():
         if cuda_graph:
-            def warm():
-                # Warm up (compile; lazy StaticCache init; NCCL communicator) on a side stream.
-                s = torch.cuda.Stream()
-                s.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(s):
-                    for _ in range(3):
-                        body()
-                torch.cuda.current_stream().wait_stream(s)
-
-            def capture():
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g):
-                    body()
-                return g
-
-            phase("compile (warm-up)", warm)
-            graph = phase("CUDA-graph capture", capture)
+            # warm-up: compile, lazy StaticCache init, NCCL communicator
+            phase("compile (warm-up)", lambda: warm_up_on_side_stream(body))
+            graph = phase("CUDA-graph capture", lambda: capture_graph(body))
             run = graph.replay if graph is not None else None
         else:
             phase("compile (warm-up)", lambda: [body() for _ in range(3)])
