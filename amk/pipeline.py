@@ -389,7 +389,8 @@ def check_correctness(model: Any, decoder: Decoder, vocab: int, dtype: str = "f3
     pseudo-random sequence of length max(positions)+1. When ``model`` holds bf16/fp16
     weights, an fp32 copy of it also runs (one forward over the sequence) and the bf16 rule
     applies (BF16_NOISE_FACTOR): the schedule must be about as close to the fp32 logits as
-    HF's own low-precision run is."""
+    HF's own low-precision run is. With a distributed decoder every rank calls this (SPMD);
+    rank 0 alone runs HF and broadcasts its logits."""
     n = max(positions) + 1
     toks = list(tokens) if tokens is not None else check_tokens(vocab, n, seed)
     if len(toks) < n:
@@ -397,10 +398,15 @@ def check_correctness(model: Any, decoder: Decoder, vocab: int, dtype: str = "f3
     toks = toks[:n]
     t0 = time.perf_counter()
     got = decoder.teacher_forced(toks, positions)
-    ref = hf_tokenwise_logits(model, toks, positions)
-    ref32 = None
-    if next(model.parameters()).dtype != torch.float32:
-        ref32 = fp32_logits(model, toks, positions)
+    # In a distributed run (SPMD) the HF reference is computed once, by rank 0, and sent.
+    dist = getattr(decoder, "dist", None)
+    ref = ref32 = None
+    if dist is None or dist.rank == 0:
+        ref = hf_tokenwise_logits(model, toks, positions)
+        if next(model.parameters()).dtype != torch.float32:
+            ref32 = fp32_logits(model, toks, positions)
+    if dist is not None:
+        ref, ref32 = dist.broadcast_object((ref, ref32), src=0)
     return compare(ref, got, dtype, toks, time.perf_counter() - t0, ref32=ref32)
 
 
