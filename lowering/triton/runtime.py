@@ -197,7 +197,6 @@ class TritonExecutor:
         if program.workers > program.target.max_workers:
             raise TritonError(f"program has {program.workers} workers per rank, target "
                               f"{program.target.name} allows {program.target.max_workers}", exit_code=2)
-        self.rank = self.local_ranks[0]
         self.slots = max(1, program.slots)
         self.num_warps = int(num_warps)
         self.cooperative = bool(cooperative)
@@ -223,7 +222,6 @@ class TritonExecutor:
             deltas = {r: {q: (q - r) * self.arena_bytes for q in range(program.ranks) if q != r}
                       for r in self.local_ranks}
         self.layouts = {r: T.shift_layout(base_layouts[r], self.base[r]) for r in self.local_ranks}
-        self.layout = self.layouts[self.rank]
         self.table = self._build_table(deltas, strict=check)
         self.workers = self.table.workers
         b = blocks or Blocks()
