@@ -31,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fuse", action="store_true", help="lower with the fuse knob")
     ap.add_argument("--prefetch", type=int, default=0, help="L2 prefetch look-ahead (Blocks.prefetch)")
     ap.add_argument("--tp", type=int, default=1,
-                    help="ranks, co-located on this one GPU (workers is then per rank: R x W <= SMs)")
+                    help="ranks, co-located on this one GPU (workers is then per rank: R x W must be co-resident)")
+    ap.add_argument("--sync-opt", type=int, default=1, help="1/0: Blocks.elide_waits and coalesce_signals")
     ap.add_argument("--layer", type=int, default=None,
                     help="also print the stage timeline of this layer (default: the middle one)")
     ap.add_argument("--json", default=None)
@@ -40,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     from amk import pipeline
     from amk.commands.bench import cuda_target
     from lowering.config import LoweringConfig
+    from lowering.triton import megakernel as MK
     from lowering.triton.runtime import Blocks
     from models.sources import resolve_model
 
@@ -52,13 +54,16 @@ def main(argv: list[str] | None = None) -> int:
     session = pipeline.Session.build(args.model, args.tp, cfg, target, resolved=resolved)
     bn, bk = (int(v) for v in args.gemv_block.split("x"))
     dec = session.decoder("triton", backend_options={
-        "num_warps": args.warps, "blocks": Blocks(gemv_n=bn, gemv_k=bk, prefetch=args.prefetch), "profile": True})
+        "num_warps": args.warps, "blocks": Blocks(gemv_n=bn, gemv_k=bk, prefetch=args.prefetch,
+                                                         elide_waits=bool(args.sync_opt),
+                                                         coalesce_signals=bool(args.sync_opt)),
+        "profile": True})
     ex = dec.ex
     tok = 1
     for pos in range(args.steps):
         tok = dec.step(tok, pos)
     torch.cuda.synchronize()
-    prof = ex._prof.view(-1, 3).cpu().numpy().astype(np.int64)
+    prof = ex._prof.view(-1, MK.PROF_W).cpu().numpy().astype(np.int64)
     tab = ex.table
     ops = tab.task_ops
     t0 = prof[:, 0].min()
@@ -90,6 +95,15 @@ def main(argv: list[str] | None = None) -> int:
         out["ops"][op] = {"tasks": d["n"], "op_us_mean": float(a.mean()),
                           "op_us_p90": float(np.percentile(a, 90)), "op_us_sum": float(a.sum()),
                           "wait_us_mean": float(wt.mean())}
+    # GEMV tasks: where the op time goes (stamps 3-6, megakernel.PROF_W)
+    gem = [r for r, op in enumerate(ops) if prof[r, 3] > 0]
+    if gem:
+        g = prof[gem].astype(np.float64)
+        parts = {"decode": g[:, 3] - g[:, 1], "prologue": g[:, 4] - g[:, 3], "stream+store": g[:, 5] - g[:, 4],
+                 "to op end": g[:, 6] - g[:, 5], "barrier+signals": g[:, 2] - g[:, 6]}
+        print("GEMV op time by part (us, mean over " + str(len(gem)) + " tasks): "
+              + ", ".join(f"{k} {v.mean() / 1e3:.2f}" for k, v in parts.items()))
+        out["gemv_parts_us"] = {k: float(v.mean() / 1e3) for k, v in parts.items()}
     out["stages"] = stage_timeline(tab, prof, args.layer if args.layer is not None
                                    else session.graph.spec.layers // 2)
     if args.json:

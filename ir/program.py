@@ -217,7 +217,9 @@ class Target:
     """The machine a program is built for.
 
     ``sms``: streaming multiprocessors per GPU. ``max_workers``: co-residency limit of
-    the persistent kernel per rank (at most one worker per SM for the Triton backend).
+    the persistent kernel per rank: how many worker CTAs may be resident at once (for the
+    Triton backend up to SMs x the CTAs per SM that the compiled kernel's registers and
+    shared memory allow; the runtime checks that before the first launch).
     ``backend``: ``sim`` or ``triton`` (which op set must be supported).
     """
 

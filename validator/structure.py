@@ -171,15 +171,13 @@ def _check_program(prog: Any, backend: str | None, out: _Collector) -> tuple[int
     if not _is_int(sms) or sms < 1 or not _is_int(mw) or mw < 1:
         out.add("BadProgram", f"target needs positive int sms and max_workers, got sms={sms!r} "
                 f"max_workers={mw!r}")
-    elif _is_int(workers):
-        limit = mw if be != "triton" else min(mw, sms)
-        if workers > limit:
-            why = ("target.max_workers" if limit == mw else "target.sms (one worker per SM)")
-            out.add("TooManyWorkers",
-                    f"{workers} workers per rank exceed the co-residency limit {limit} "
-                    f"({why}): the persistent kernel's CTAs could not all be resident",
-                    witness={"workers": workers, "max_workers": mw, "sms": sms,
-                             "backend": be})
+    elif _is_int(workers) and workers > mw:
+        # The Triton runtime checks the exact limit (CTAs per SM of the compiled kernel x SMs)
+        # again before its first launch; max_workers is the schedule's promise.
+        out.add("TooManyWorkers",
+                f"{workers} workers per rank exceed the co-residency limit {mw} "
+                f"(target.max_workers): the persistent kernel's CTAs could not all be resident",
+                witness={"workers": workers, "max_workers": mw, "sms": sms, "backend": be})
     ok = _is_int(ranks) and _is_int(workers) and _is_int(slots) and ranks >= 1 \
         and workers >= 1 and slots >= 1
     return (ranks if ok else 1, workers if ok else 1, slots if ok else 1, be)

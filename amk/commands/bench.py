@@ -40,6 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prefetch", type=int, default=0, metavar="D",
                    help="L2 prefetch look-ahead in tasks: task i starts prefetching task i+D's GEMV "
                         "weight tile (0 = off, default)")
+    p.add_argument("--attention-block", type=int, default=32, metavar="T",
+                   help="decode attention: cache positions per block of its online softmax "
+                        "(power of two, default 32); a context of <= T positions takes one block")
     p.add_argument("--no-baselines", action="store_true", help="skip the HF baselines")
     p.add_argument("--tp-checkpoint-dir", metavar="DIR", default=None,
                    help="--tp R: where rank 0 writes a random-weight model as safetensors for the HF "
@@ -163,13 +166,19 @@ def run(args: argparse.Namespace) -> int:
     return 0 if ours.correct else 1
 
 
+#: Worker CTAs per SM a schedule may ask for on a CUDA target (the validator's static
+#: limit); the runtime then checks the compiled kernel's real occupancy before launching.
+MAX_WORKERS_PER_SM = 4
+
+
 def cuda_target(props):
     """The Target of a schedule for the Triton backend on a CUDA device described by
-    ``props`` (torch.cuda.get_device_properties): one worker per SM at most."""
+    ``props`` (torch.cuda.get_device_properties): at most MAX_WORKERS_PER_SM workers per SM
+    (two 4-warp workers per SM fit when the kernel needs <= 255 registers per thread)."""
     from ir.program import Target
 
-    return Target(name=props.name, sms=props.multi_processor_count,
-                  max_workers=props.multi_processor_count, backend="triton")
+    sms = props.multi_processor_count
+    return Target(name=props.name, sms=sms, max_workers=MAX_WORKERS_PER_SM * sms, backend="triton")
 
 
 def measure_megakernel(model_arg, resolved, cfg, target, prompt, ref, n_tokens: int,
@@ -209,15 +218,16 @@ def measure_megakernel(model_arg, resolved, cfg, target, prompt, ref, n_tokens: 
 
 
 def backend_options(args) -> dict:
-    """TritonExecutor options from --num-warps, --gemv-block NxK, --gemv-stages and
-    --prefetch. Raises AmkError."""
+    """TritonExecutor options from --num-warps, --gemv-block NxK, --gemv-stages,
+    --prefetch and --attention-block. Raises AmkError."""
     from lowering.triton.runtime import Blocks
 
     try:
         n, k = (int(v) for v in args.gemv_block.lower().split("x"))
     except ValueError:
         raise AmkError(f"--gemv-block {args.gemv_block!r}: expected NxK, e.g. 32x512") from None
-    for v, what in ((n, "N"), (k, "K"), (args.num_warps, "--num-warps")):
+    att = getattr(args, "attention_block", 32)
+    for v, what in ((n, "N"), (k, "K"), (args.num_warps, "--num-warps"), (att, "--attention-block")):
         if v < 1 or v & (v - 1):
             raise AmkError(f"{what} must be a power of two, got {v}")
     stages = getattr(args, "gemv_stages", 1)
@@ -227,7 +237,7 @@ def backend_options(args) -> dict:
     if not 0 <= prefetch <= 8:
         raise AmkError(f"--prefetch must be in 0..8, got {prefetch}")
     return {"num_warps": args.num_warps,
-            "blocks": Blocks(gemv_n=n, gemv_k=k, gemv_stages=stages, prefetch=prefetch)}
+            "blocks": Blocks(gemv_n=n, gemv_k=k, gemv_stages=stages, prefetch=prefetch, attention_t=att)}
 
 
 def _resolve_bf16(model_arg: str):

@@ -288,7 +288,8 @@ def t_rmsnorm(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DW:
 def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl.constexpr,
            DW: tl.constexpr, DB: tl.constexpr, DY: tl.constexpr, PRO: tl.constexpr, HAS_BIAS: tl.constexpr,
            X_CONTIG: tl.constexpr, W_CONTIG: tl.constexpr, W_ALIGN: tl.constexpr, BLOCK_N: tl.constexpr,
-           BLOCK_K: tl.constexpr, STAGES: tl.constexpr = 1):
+           BLOCK_K: tl.constexpr, STAGES: tl.constexpr = 1, PROF=None, PROFILE: tl.constexpr = False,
+           X_ALIGN: tl.constexpr = 0):
     """gemv, norm_gemv, gemv_res, swiglu_gemv (ops.gemv_ex; ``PRO`` the prologue, ``STAGES``
     its weight-streaming pipeline depth). Operands: x, [a (norm weight / up) when PRO != plain],
     W, [b (bias / residual)], y."""
@@ -296,10 +297,15 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
     if PRO == K.PRO_PLAIN:
         ao, an1, an2, as0, as1, as2 = xo, xn1, xn2, xs0, xs1, xs2
         WI: tl.constexpr = 1
-        ap = _ptr(A_BF16, A_F16, A_F32, A_I32, DX) + ao
     else:
         ao, an0, an1, an2, as0, as1, as2 = _opnd(row, 1, slot)
         WI: tl.constexpr = 2
+    if X_ALIGN > 1:
+        xo = tl.multiple_of(xo, X_ALIGN)
+        ao = tl.multiple_of(ao, X_ALIGN)
+    if PRO == K.PRO_PLAIN:
+        ap = _ptr(A_BF16, A_F16, A_F32, A_I32, DX) + ao
+    else:
         ap = _ptr(A_BF16, A_F16, A_F32, A_I32, DA) + ao
     wo, wn0, wn1, wn2, ws0, ws1, ws2 = _opnd(row, WI, slot)
     if W_ALIGN > 1:
@@ -316,10 +322,12 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
         eps = _param_f(row, 0)
     else:
         eps = 0.0
+    if PROFILE:
+        tl.store(PROF + 3, global_timer())
     K.gemv_ex(_ptr(A_BF16, A_F16, A_F32, A_I32, DX) + xo, xn1, xn2, xs0, xs1, xs2, ap, an1, an2, as0, as1, as2,
               eps, _ptr(A_BF16, A_F16, A_F32, A_I32, DW) + wo, ws1, ws2, bp, bn1, bn2, bs0, bs1, bs2,
               _ptr(A_BF16, A_F16, A_F32, A_I32, DY) + yo, yn1, yn2, ys0, ys1, ys2, wn1, wn2,
-              PRO, HAS_BIAS, X_CONTIG, W_CONTIG, W_ALIGN, BLOCK_N, BLOCK_K, STAGES)
+              PRO, HAS_BIAS, X_CONTIG, W_CONTIG, W_ALIGN, BLOCK_N, BLOCK_K, STAGES, PROF, PROFILE, X_ALIGN)
     return _ok()
 
 
@@ -588,6 +596,11 @@ def finish_task(ns, s0, sc, sa, ss, fl, SIGS, A_I32, err, i, epoch, abort_ptr, s
 
 # ---------------------------------------------------------------- code generation
 TL_DTYPE = {"bf16": "tl.bfloat16", "f16": "tl.float16", "f32": "tl.float32", "i32": "tl.int32"}
+#: Profiling stamps per task (PROFILE): 0 start, 1 waits done, 2 signals done, 3 GEMV
+#: operands decoded, 4 GEMV prologue (RMSNorm pre-pass) done, 5 GEMV stores done, 6 op done
+#: (before the barrier and signals); GEMV-only stamps stay 0 for other ops.
+PROF_W = 8
+
 _COMMON = "A_BF16, A_F16, A_F32, A_I32, row, slot, err"
 
 
@@ -606,8 +619,10 @@ def _call(v: T.Variant) -> str:
         da = d[ai] if ai is not None else d[xi]
         db = d[wi + 1] if bias else d[-1]
         align = 16 // {"bf16": 2, "f16": 2, "f32": 4, "i32": 4}[v.dtypes[wi]] if v.flag("aligned") else 0
+        xalign = 16 // {"bf16": 2, "f16": 2, "f32": 4, "i32": 4}[v.dtypes[xi]] if v.flag("xaligned") else 0
         return (f"t_gemv({_COMMON}, {d[xi]}, {da}, {d[wi]}, {db}, {d[-1]}, {pro}, {bias}, "
-                f"{v.flag('xcontig')}, {v.flag('contig')}, {align}, GEMV_N, GEMV_K, GEMV_STAGES)")
+                f"{v.flag('xcontig')}, {v.flag('contig')}, {align}, GEMV_N, GEMV_K, GEMV_STAGES, "
+                f"PROF + i.to(tl.int64) * PROF_W, PROFILE, {xalign})")
     if op == "rope":
         return f"t_rope({_COMMON}, {d[0]}, {d[1]}, {d[2]}, {d[3]}, ROPE_BLOCK)"
     if op == "kv_append":
@@ -660,6 +675,7 @@ def amk_megakernel(A_BF16, A_F16, A_F32, A_I32, TASKS, WAITS, SIGS, QSTART, ERR,
                    ROPE_BLOCK: tl.constexpr, ATT_T: tl.constexpr, ATT_D: tl.constexpr,
                    ATT_Q: tl.constexpr, PAIR_BLOCK: tl.constexpr, GEMV_STAGES: tl.constexpr = 1,
                    PREFETCH: tl.constexpr = 0, PROFILE: tl.constexpr = False):
+    PROF_W: tl.constexpr = {prof_w}
     w, i, end, err, epoch, slot, abort_ptr = worker_loop_prologue(ERR, EPOCH, QSTART, slots)
     ok = tl.full([], 1, dtype=tl.int32)
     done = epoch * 0
@@ -673,18 +689,20 @@ def amk_megakernel(A_BF16, A_F16, A_F32, A_I32, TASKS, WAITS, SIGS, QSTART, ERR,
             if i + PREFETCH < end:
                 l2_prefetch(A_I32, row + PREFETCH * {row})
         if PROFILE:
-            tl.store(PROF + i.to(tl.int64) * 3, global_timer())
+            tl.store(PROF + i.to(tl.int64) * PROF_W, global_timer())
         op, nw, w0, wc, wn, wb, ns, s0, sc, sa, ss, fl = task_header(row)
         ok = run_waits(nw, w0, wc, wn, wb, WAITS, A_I32, err, i, epoch, abort_ptr, timeout, {sys_waits})
         if ok != 0:
             if PROFILE:
-                tl.store(PROF + i.to(tl.int64) * 3 + 1, global_timer())
+                tl.store(PROF + i.to(tl.int64) * PROF_W + 1, global_timer())
             st = tl.full([], 0, dtype=tl.int32)
 {dispatch}
+            if PROFILE:
+                tl.store(PROF + i.to(tl.int64) * PROF_W + 6, global_timer())
             ok = finish_task(ns, s0, sc, sa, ss, fl, SIGS, A_I32, err, i, epoch, abort_ptr, st)
             done += ok.to(tl.int64)
             if PROFILE:
-                tl.store(PROF + i.to(tl.int64) * 3 + 2, global_timer())
+                tl.store(PROF + i.to(tl.int64) * PROF_W + 2, global_timer())
         i += 1
     tl.store(err + 6, done)
 '''
@@ -700,7 +718,8 @@ def generate_source(tab: T.TaskTable, name: str, sys_waits: bool = False) -> str
         disp.append(f"            {kw} op == {code}:\n                st = {_call(v)}")
     return _TEMPLATE.format(name=name, rank=tab.rank, ntasks=tab.n_tasks, workers=tab.workers,
                             variant_lines="\n".join(lines) or "#   (none)", row=T.ROW,
-                            dispatch="\n".join(disp) or "            pass", sys_waits=bool(sys_waits))
+                            dispatch="\n".join(disp) or "            pass", sys_waits=bool(sys_waits),
+                            prof_w=PROF_W)
 
 
 def cache_dir() -> Path:

@@ -93,6 +93,13 @@ def store(ptr, val, mask):
     tl.store(ptr, val.to(ptr.dtype.element_ty), mask=mask)
 
 
+@device
+def _timer():
+    """%globaltimer in ns (GPU only; profiling stamps)."""
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
+                                     is_pure=False, pack=1)
+
+
 # ---------------------------------------------------------------- compute ops
 @device
 def round_as(v, DT: tl.constexpr):
@@ -151,8 +158,14 @@ PRO_SWIGLU = tl.constexpr(2)
 
 @device
 def _gemv_xload(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, cols, cm,
-                PRO: tl.constexpr, X_CONTIG: tl.constexpr):
+                PRO: tl.constexpr, X_CONTIG: tl.constexpr, X_ALIGN: tl.constexpr = 0):
     """The raw GEMV inputs at ``cols`` as fp32: (x, a); a is x itself for PRO_PLAIN."""
+    if X_ALIGN > 1:
+        xv = tl.load(x + cols, mask=cm, other=0).to(tl.float32)
+        av = xv
+        if PRO != PRO_PLAIN:
+            av = tl.load(a + cols, mask=cm, other=0).to(tl.float32)
+        return xv, av
     if X_CONTIG:
         xv = tl.load(x + cols * x_s2, mask=cm, other=0).to(tl.float32)
     else:
@@ -192,7 +205,8 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
             w, w_rs, w_cs, b, b_n1, b_n2, b_s0, b_s1, b_s2,
             y, y_n1, y_n2, y_s0, y_s1, y_s2, N, K,
             PRO: tl.constexpr, HAS_BIAS: tl.constexpr, X_CONTIG: tl.constexpr, W_CONTIG: tl.constexpr,
-            W_ALIGN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr = 1):
+            W_ALIGN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr = 1,
+            PROF=None, PROFILE: tl.constexpr = False, X_ALIGN: tl.constexpr = 0):
     """y[N] = W[N, K] @ f(x)[K] (+ b), fp32 accumulation, with a fused prologue f (``PRO``):
 
     * PRO_PLAIN: f(x) = x (gemv; ``a`` and ``eps`` unused).
@@ -207,8 +221,12 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
     independent (batch-1 decode is bound by weight bandwidth). ``W_CONTIG``: columns have
     stride 1 (w_cs ignored). ``W_ALIGN`` (0 or a power of two, in elements): the caller
     guarantees w, w_rs and K are multiples of it (16-byte vector loads). ``X_CONTIG``: x
-    (and a) have one strided axis. The epilogue reads b before y is written, row block by
+    (and a) have one strided axis. ``X_ALIGN`` (0 or a power of two): x (and a) also have
+    unit stride and start on a multiple of X_ALIGN elements (wide loads, no stride
+    arithmetic). The epilogue reads b before y is written, row block by
     row block, so y may be b (an in-place residual) but must not overlap x, a or W.
+    ``PROFILE``: store %globaltimer at ``PROF + 4`` (prologue done) and ``PROF + 5`` (all
+    row blocks stored), the megakernel's profiling stamps (megakernel.PROF_W).
 
     ``STAGES`` (weight-streaming pipeline depth, >= 1; the same arithmetic for every value,
     except that S >= 2 sums PRO_NORM's x^2 in chunks of BLOCK_N * BLOCK_K elements instead of
@@ -237,12 +255,16 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
         for k0 in range(0, K, NB):
             cols = k0 + tl.arange(0, NB)
             cm = cols < K
-            if X_CONTIG:
+            if X_ALIGN > 1:
+                xv = tl.load(x + cols, mask=cm, other=0).to(tl.float32)
+            elif X_CONTIG:
                 xv = tl.load(x + cols * x_s2, mask=cm, other=0).to(tl.float32)
             else:
                 xv = tl.load(x + flat_off(cols, x_n1, x_n2, x_s0, x_s1, x_s2), mask=cm, other=0).to(tl.float32)
             sq += xv * xv
         rstd = tl.rsqrt(tl.sum(sq, axis=0) / K + eps)
+    if PROFILE:
+        tl.store(PROF + 4, _timer())
     for n0 in range(0, N, BLOCK_N):
         rows = n0 + tl.arange(0, BLOCK_N)
         rm = rows < N
@@ -252,7 +274,7 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
                 cols = k0 + tl.arange(0, BLOCK_K)
                 cm = cols < K
                 xv, av = _gemv_xload(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2,
-                                     cols, cm, PRO, X_CONTIG)
+                                     cols, cm, PRO, X_CONTIG, X_ALIGN)
                 xv = _gemv_xfn(x, xv, av, rstd, PRO)
                 wv = _gemv_wload(w, w_rs, w_cs, rows, rm, cols, cm, W_CONTIG)
                 acc += wv * xv[None, :]
@@ -275,6 +297,8 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
         if HAS_BIAS:
             out += tl.load(b + flat_off(rows, b_n1, b_n2, b_s0, b_s1, b_s2), mask=rm, other=0).to(tl.float32)
         store(y + flat_off(rows, y_n1, y_n2, y_s0, y_s1, y_s2), out, rm)
+    if PROFILE:
+        tl.store(PROF + 5, _timer())
 
 
 @device
@@ -420,13 +444,14 @@ def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, v
             tm = t < T
             kvm = tm[:, None] & dm[None, :]
             kt = tl.load(kb + t[:, None] * kc_t + dd[None, :] * kc_d, mask=kvm, other=0).to(tl.float32)
+            # V issued with K (before the score reductions' barriers): one round trip, not two
+            vt = tl.load(vb + t[:, None] * vc_t + dd[None, :] * vc_d, mask=kvm, other=0).to(tl.float32)
             sc = tl.sum(qv[:, None, :] * kt[None, :, :], axis=2) * scale  # [BQ, BT]
             sc = tl.where(tm[None, :], sc, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(sc, axis=1))
             alpha = tl.exp(m_i - m_new)
             pr = tl.exp(sc - m_new[:, None])
             l_i = l_i * alpha + tl.sum(pr, axis=1)
-            vt = tl.load(vb + t[:, None] * vc_t + dd[None, :] * vc_d, mask=kvm, other=0).to(tl.float32)
             acc = acc * alpha[:, None] + tl.sum(pr[:, :, None] * vt[None, :, :], axis=1)
             m_i = m_new
         out = acc / l_i[:, None]

@@ -25,7 +25,7 @@ exchange host values themselves (amk.pipeline.Decoder does).
   completed its whole queue.
 
 Where it runs: on a CUDA GPU with the program's own worker queues (grid = W persistent
-CTAs, W <= number of SMs, co-residency checked against the compiled kernel's occupancy and
+CTAs, W <= SMs x the CTAs per SM that the compiled kernel's occupancy allows, checked before launch and
 enforced by a cooperative launch where Triton supports it), or under the Triton CPU
 interpreter (``TRITON_INTERPRET=1``, set automatically by ``lowering.triton`` when no GPU is
 present) with one worker running ``linearize(program)``: the interpreter runs programs one
@@ -116,7 +116,10 @@ class Blocks:
     S - 1 shared-memory buffers). Raises TritonError (exit code 2) if it is not 1..8.
     ``prefetch``: L2 prefetch look-ahead in tasks (0 = off; D: at the start of task i the
     worker starts an L2 bulk prefetch of task i + D's GEMV weight tile, so weight streaming
-    overlaps waits and other tasks; megakernel.l2_prefetch). Must be 0..8."""
+    overlaps waits and other tasks; megakernel.l2_prefetch). Must be 0..8.
+    ``elide_waits`` / ``coalesce_signals``: table options (table.elide_waits,
+    table.coalesced_signals): skip a wait an earlier task of the same worker already did;
+    release several consecutive tiles' signals with one atomic."""
 
     elementwise: int = 1024
     gemv_n: int = 16
@@ -128,6 +131,8 @@ class Blocks:
     pairs: int = 64
     gemv_stages: int = 1
     prefetch: int = 0
+    elide_waits: bool = True
+    coalesce_signals: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.gemv_stages, int) or not 1 <= self.gemv_stages <= 8:
@@ -222,13 +227,15 @@ class TritonExecutor:
             deltas = {r: {q: (q - r) * self.arena_bytes for q in range(program.ranks) if q != r}
                       for r in self.local_ranks}
         self.layouts = {r: T.shift_layout(base_layouts[r], self.base[r]) for r in self.local_ranks}
+        bl = blocks or Blocks()
+        self.blocks_elide, self.blocks_coalesce = bl.elide_waits, bl.coalesce_signals
         self.table = self._build_table(deltas, strict=check)
         self.workers = self.table.workers
-        b = blocks or Blocks()
+        b = bl
         b.attention_d = max(b.attention_d, _pow2(self.table.dims["head_dim"]))
         b.attention_q = max(b.attention_q, _pow2(self.table.dims["group"]))
-        # Keep attention's [Q, T, D] fp32 product within ~64 registers per thread (4 warps).
-        while b.attention_t > 1 and b.attention_q * b.attention_t * b.attention_d > 8192:
+        # Keep attention's [Q, T, D] fp32 product within ~64 registers per thread.
+        while b.attention_t > 1 and b.attention_q * b.attention_t * b.attention_d > 64 * 32 * max(4, self.num_warps):
             b.attention_t //= 2
         self.blocks = b
         self.source = MK.generate_source(self.table, program.name, sys_waits=program.ranks > 1)
@@ -243,7 +250,7 @@ class TritonExecutor:
         self._err = torch.zeros(self.workers * MK.ERR_W + 1, dtype=torch.int64, device=dev)
         # Profile: per task row, %globaltimer (ns) at wait start, op start and end (GPU only).
         self.profile = bool(profile) and not self.interpret
-        self._prof = torch.zeros(max(1, self.table.n_tasks) * 3 if self.profile else 1,
+        self._prof = torch.zeros(max(1, self.table.n_tasks) * MK.PROF_W if self.profile else 1,
                                  dtype=torch.int64, device=dev)
         self._epoch = torch.zeros(1, dtype=torch.int64, device=dev)
         self._qlen = [int(self.table.qstart[w + 1] - self.table.qstart[w]) for w in range(self.workers)]
@@ -267,7 +274,10 @@ class TritonExecutor:
             pos: dict[str, tuple[int, int]] = {}
             for ri, r in enumerate(self.local_ranks):
                 mine = [t for t in order if t.rank == r]
-                tab = T.build_table(program, r, [mine], self.layouts[r], deltas[r], variants)
+                # the ranks' linear queues are interleaved by merge_tables: a deferred signal
+                # could be waited on by another rank's task in between, so no coalescing
+                tab = T.build_table(program, r, [mine], self.layouts[r], deltas[r], variants,
+                                    elide=self.blocks_elide, coalesce=self.blocks_coalesce and len(self.local_ranks) == 1)
                 variants = tab.variants
                 tables.append(tab)
                 pos.update({t.id: (ri, i) for i, t in enumerate(mine)})
@@ -277,7 +287,8 @@ class TritonExecutor:
             queues = []
             for ri, r in enumerate(self.local_ranks):
                 tab = T.build_table(program, r, [q.get((r, w), []) for w in range(program.workers)],
-                                    self.layouts[r], deltas[r], variants)
+                                    self.layouts[r], deltas[r], variants, elide=self.blocks_elide,
+                                    coalesce=self.blocks_coalesce)
                 variants = tab.variants
                 tables.append(tab)
                 queues += [[(ri, i) for i in range(int(tab.qstart[w]), int(tab.qstart[w + 1]))]
@@ -352,7 +363,7 @@ class TritonExecutor:
 
     def _check_coresidency(self) -> None:
         """Refuse a launch whose W workers cannot all be resident at once (they would spin on
-        each other forever): W <= SMs and at least one CTA of this kernel fits on an SM."""
+        each other forever): W <= SMs x CTAs of this kernel per SM, and at least one fits."""
         compiled = self._kernel.warmup(*self._args(), grid=(self.workers,), **self._launch_kw)
         self.compiled = compiled
         compiled._init_handles()
@@ -374,9 +385,11 @@ class TritonExecutor:
             per_sm = min(limits)
         self.occupancy = dict(sms=sms, ctas_per_sm=per_sm, n_regs=n_regs, shared=shared, warps=warps,
                               workers=self.workers, cooperative="launch_cooperative_grid" in self._launch_kw)
-        if self.workers > sms:
-            raise TritonError(f"{self.workers} workers exceed the {sms} SMs of {props.name}: a persistent "
-                              "kernel runs at most one worker per SM")
+        if self.workers > sms * max(per_sm, 0):
+            raise TritonError(f"{self.workers} workers cannot all be resident on {props.name}: {per_sm} CTA(s) "
+                              f"of this kernel fit per SM ({n_regs} registers/thread, {shared} B shared memory, "
+                              f"{threads} threads) x {sms} SMs = {sms * max(per_sm, 0)}; a persistent kernel "
+                              "needs every worker resident at once (fewer workers, or fewer warps)")
         if per_sm < 1:
             raise TritonError(f"the megakernel cannot be resident on an SM ({n_regs} registers/thread, "
                               f"{shared} B shared memory, {threads} threads); lower num_warps or block sizes")

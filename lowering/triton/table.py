@@ -203,7 +203,9 @@ class Variant:
     gemv flags: ``bias`` (has a bias operand), ``contig`` (weight columns have stride 1),
     ``xcontig`` (x is one strided axis), ``aligned`` (every weight row starts on a 16-byte
     boundary for every slot and K is a multiple of 16 bytes, so the kernel may promise it to
-    the compiler for wide loads). reduce: ``residual``.
+    the compiler for wide loads), ``xaligned`` (also x, and a when present, have unit stride
+    and a 16-byte-aligned start for every slot: x is read with wide loads and no stride
+    arithmetic). reduce: ``residual``.
     """
 
     op: str
@@ -562,21 +564,74 @@ def _variant(task: Task, bufs: dict[str, Buffer], descs: list[Desc], slots: int)
         offsets = {w.off + w.coef * s for s in range(slots)}
         flags["aligned"] = (flags["contig"] and all(o % vec == 0 for o in offsets)
                             and (w.n[1] == 1 or w.s[1] % vec == 0) and w.n[2] % vec == 0)
+        xs = [(descs[j], DTYPE_BYTES[dtypes[j]]) for j in (xi, ai) if j is not None]
+        flags["xaligned"] = (flags["xcontig"] and flags["aligned"]
+                             and all((d.s[2] == 1 or d.n[2] == 1) and (d.off * e) % 16 == 0
+                                     and (d.coef * e) % 16 == 0 for d, e in xs))
     elif task.op == "reduce":
         flags["residual"] = len(task.ins) > 1
     return Variant(task.op, dtypes, tuple(sorted(flags.items())))
 
 
+def elide_waits(queue: Sequence[Task]) -> list[list]:
+    """The waits each task of one worker's queue still needs, in queue order: a wait on
+    (counter, epoch offset) is dropped when an earlier task of the same queue already waited
+    on that counter and offset for at least the same threshold. Sound because the queue
+    runs in order on one CTA whose every thread polled (acquired) that counter value before,
+    counters only grow within a step, and happens-before is transitive. Zero thresholds are
+    dropped too (always satisfied)."""
+    held: dict[tuple[str, int], int] = {}
+    out = []
+    for t in queue:
+        live = [wt for wt in t.waits
+                if wt.threshold > 0 and held.get((wt.counter, wt.offset), 0) < wt.threshold]
+        for wt in t.waits:
+            k = (wt.counter, wt.offset)
+            held[k] = max(held.get(k, 0), wt.threshold)
+        out.append(live)
+    return out
+
+
+def coalesced_signals(queue: Sequence[Task], live: Sequence[Sequence]) -> list[list[tuple[str, int]]]:
+    """The (counter, amount) signals each task of one worker's queue releases when a task's
+    signals are deferred onto the next task of the queue: allowed when the next task has no
+    waits left (``live``, from elide_waits: it cannot block, so the deferred signal is only
+    delayed by that task's run time, never withheld) and signals every counter the deferred
+    ones do (the same stage). One release atomic then covers several tiles (amounts are
+    summed), which saves a system/GPU-scope release per task. Valid only where the queue
+    runs back to back on one worker."""
+    out: list[list[tuple[str, int]]] = []
+    pending: dict[str, int] = {}
+    for j, t in enumerate(queue):
+        merged = dict(pending)
+        for sg in t.signals:
+            merged[sg.counter] = merged.get(sg.counter, 0) + sg.amount
+        nxt = queue[j + 1] if j + 1 < len(queue) else None
+        if (nxt is not None and not live[j + 1] and merged
+                and set(merged) <= {sg.counter for sg in nxt.signals}):
+            pending = merged
+            out.append([])
+        else:
+            pending = {}
+            out.append(list(merged.items()))
+    return out
+
+
 def build_table(program: ScheduleProgram, rank: int, order: Sequence[Sequence[Task]],
                 layout: ArenaLayout | None = None, peer_delta: Mapping[int, int] | None = None,
-                variants: list[Variant] | None = None) -> TaskTable:
+                variants: list[Variant] | None = None, elide: bool = True,
+                coalesce: bool = True) -> TaskTable:
     """Build the task table of ``rank`` with ``order[w]`` as worker w's queue.
 
     ``order`` is usually ``[queue for (r, w) in program.queues() if r == rank]`` (one queue
     per worker, the program's own assignment) or ``[linearize(program, rank)]`` (one worker).
     ``peer_delta`` maps another rank to the byte distance from this rank's arena to that
     rank's arena (remote puts and signals; R = 1 needs none). ``variants``: an existing
-    opcode list to extend (so several tables can share one kernel).
+    opcode list to extend (so several tables can share one kernel). ``elide``: drop waits an
+    earlier task of the same queue already did (elide_waits). ``coalesce``: defer a task's
+    signals onto the next task of its queue where that is safe (coalesced_signals); only
+    where each queue runs back to back on one worker, not when queues are interleaved later
+    (merge_tables of several ranks' linear queues).
 
     Raises TableError naming the task and operand for anything the kernel could not execute
     safely (see the module docstring).
@@ -601,7 +656,16 @@ def build_table(program: ScheduleProgram, rank: int, order: Sequence[Sequence[Ta
     qstart = [0]
     dims = {"head_dim": 1, "group": 1}
     for w, queue in enumerate(order):
+        live_waits = elide_waits(queue) if elide else [[wt for wt in t.waits if wt.threshold > 0] for t in queue]
         for t in queue:
+            for sg in t.signals:
+                if sg.counter not in cmap:
+                    raise TableError(f"task {t.id}: signals unknown counter {sg.counter!r}")
+                if sg.amount < 0:
+                    raise TableError(f"task {t.id}: negative signal amount {sg.amount}")
+        signals = (coalesced_signals(queue, live_waits) if coalesce
+                   else [[(sg.counter, sg.amount) for sg in t.signals] for t in queue])
+        for ti, t in enumerate(queue):
             if t.rank != rank:
                 raise TableError(f"task {t.id} belongs to rank {t.rank}, not rank {rank}")
             _check_task(t, program, bufs, rank, peer_delta)
@@ -639,7 +703,7 @@ def build_table(program: ScheduleProgram, rank: int, order: Sequence[Sequence[Ta
                 vindex[v] = len(variants)
                 variants.append(v)
             row[F_OP] = vindex[v]
-            live = [wt for wt in t.waits if wt.threshold > 0]
+            live = live_waits[ti]
             row[F_NWAIT], row[F_WAIT0] = len(live), len(waits)
             for wt in live:
                 c = cmap.get(wt.counter)
@@ -656,18 +720,14 @@ def build_table(program: ScheduleProgram, rank: int, order: Sequence[Sequence[Ta
                     row[F_W0C], row[F_W0N] = waits[-1][0], waits[-1][1]
                     row[F_W0B] = wt.offset * n_epoch[c.name] + wt.threshold
                 wait_counters.append(c.name)
-            row[F_NSIG], row[F_SIG0] = len(t.signals), len(sigs)
-            for sg in t.signals:
-                c = cmap.get(sg.counter)
-                if c is None:
-                    raise TableError(f"task {t.id}: signals unknown counter {sg.counter!r}")
-                if sg.amount < 0:
-                    raise TableError(f"task {t.id}: negative signal amount {sg.amount}")
+            row[F_NSIG], row[F_SIG0] = len(signals[ti]), len(sigs)
+            for name, amount in signals[ti]:
+                c = cmap[name]
                 idx = layout.counters_offset // 4 + layout.counter_index[c.name]
                 if c.rank == rank:
-                    sigs.append([idx, sg.amount, SCOPE_GPU])
+                    sigs.append([idx, amount, SCOPE_GPU])
                 elif c.rank in peer_delta:
-                    sigs.append([idx + peer_delta[c.rank] // 4, sg.amount, SCOPE_SYS])
+                    sigs.append([idx + peer_delta[c.rank] // 4, amount, SCOPE_SYS])
                     row[F_FLAGS] |= FLAG_SYS_SIGNAL
                 else:
                     raise TableError(f"task {t.id}: signals counter {c.name} of rank {c.rank}, but no "
