@@ -6,6 +6,7 @@
 #   bash scripts/issue5_session3.sh probe    # bench/gemv_probe.py: the megakernel's GEMV alone
 #   bash scripts/issue5_session3.sh workers  # 2 workers per SM (264 x 4 warps) against 132 x 8
 #   bash scripts/issue5_session3.sh sync     # wait elision + signal coalescing off/on, profile
+#   bash scripts/issue5_session3.sh unroll   # two K blocks per GEMV iteration (--unroll 1,2)
 #   bash scripts/issue5_session3.sh final    # = scripts/issue5_final.sh (amk bench + baselines)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,8 +33,13 @@ sync)
     $S config:llama-3.2-1b --workers 132 --tile 16 --warps 8 --gemv-block 16x1024 --sync-opt 0,1 $C --json "$OUT/sync_llama.json"
     $S config:smollm2-135m --workers 132 --tile 16 --warps 8 --gemv-block 16x512 --sync-opt 0,1 --att-t 64 $C \
         --json "$OUT/sync_smol.json" ;;
+unroll)
+    $S config:llama-3.2-1b --workers 132 --tile 16 --warps 8 --gemv-block 16x1024,16x512 --unroll 1,2 $C \
+        --json "$OUT/unroll_llama.json"
+    $S config:smollm2-135m --workers 132 --tile 16 --warps 8 --gemv-block 16x512,16x256 --unroll 1,2 --att-t 64 $C \
+        --json "$OUT/unroll_smol.json" ;;
 final)
     exec bash scripts/issue5_final.sh ;;
 *)
-    echo "usage: $0 stream|probe|workers|sync|final" >&2; exit 2 ;;
+    echo "usage: $0 stream|probe|workers|sync|unroll|final" >&2; exit 2 ;;
 esac

@@ -646,3 +646,19 @@ def test_sync_options_keep_results(opt):
     assert (int(ex.table.rows[:, T.F_NWAIT].sum()) < int(ref.table.rows[:, T.F_NWAIT].sum())) == opt
     for (lg, nt), (lr, nr) in zip(run_decode(ex, TOKENS[:2]), run_decode(ref, TOKENS[:2])):
         assert torch.equal(lg, lr) and nt == nr
+
+
+@cpu_only
+def test_gemv_unroll_two_is_bit_identical():
+    """Blocks.gemv_unroll = 2 loads two K blocks per iteration into the same accumulator
+    lanes in the same order as two iterations: identical logits (fused tiny Llama, K spans
+    several 32-element blocks, including an odd count where the second block is masked)."""
+    from lowering.triton.runtime import Blocks
+
+    prog, init, _ = lowered("tiny-llama", workers=3, dtype="bf16", fuse=True)
+    outs = []
+    for un in (1, 2):
+        ex = TritonExecutor(prog, init, check=False, blocks=Blocks(gemv_n=16, gemv_k=32, gemv_unroll=un))
+        outs.append(run_decode(ex, TOKENS[:2]))
+    for (l1, t1), (l2, t2) in zip(*outs):
+        assert torch.equal(l1, l2) and t1 == t2

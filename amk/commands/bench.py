@@ -40,6 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prefetch", type=int, default=0, metavar="D",
                    help="L2 prefetch look-ahead in tasks: task i starts prefetching task i+D's GEMV "
                         "weight tile (0 = off, default)")
+    p.add_argument("--gemv-unroll", type=int, default=1, choices=(1, 2), metavar="U",
+                   help="GEMV K blocks loaded per loop iteration before use (1 or 2, default 1)")
     p.add_argument("--attention-block", type=int, default=32, metavar="T",
                    help="decode attention: cache positions per block of its online softmax "
                         "(power of two, default 32); a context of <= T positions takes one block")
@@ -237,7 +239,8 @@ def backend_options(args) -> dict:
     if not 0 <= prefetch <= 8:
         raise AmkError(f"--prefetch must be in 0..8, got {prefetch}")
     return {"num_warps": args.num_warps,
-            "blocks": Blocks(gemv_n=n, gemv_k=k, gemv_stages=stages, prefetch=prefetch, attention_t=att)}
+            "blocks": Blocks(gemv_n=n, gemv_k=k, gemv_stages=stages, prefetch=prefetch, attention_t=att,
+                             gemv_unroll=getattr(args, "gemv_unroll", 1))}
 
 
 def _resolve_bf16(model_arg: str):

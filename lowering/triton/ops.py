@@ -206,7 +206,7 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
             y, y_n1, y_n2, y_s0, y_s1, y_s2, N, K,
             PRO: tl.constexpr, HAS_BIAS: tl.constexpr, X_CONTIG: tl.constexpr, W_CONTIG: tl.constexpr,
             W_ALIGN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr = 1,
-            PROF=None, PROFILE: tl.constexpr = False, X_ALIGN: tl.constexpr = 0):
+            PROF=None, PROFILE: tl.constexpr = False, X_ALIGN: tl.constexpr = 0, UNROLL: tl.constexpr = 1):
     """y[N] = W[N, K] @ f(x)[K] (+ b), fp32 accumulation, with a fused prologue f (``PRO``):
 
     * PRO_PLAIN: f(x) = x (gemv; ``a`` and ``eps`` unused).
@@ -233,7 +233,9 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
     BLOCK_K, one round trip for K up to that: fp32 summation order only):
 
     * 1: each iteration loads its W block and x block and consumes them; the next block's
-      loads issue only after that (one block in flight per CTA).
+      loads issue only after that (one block in flight per CTA). ``UNROLL`` = 2: each
+      iteration loads two K blocks (both weight loads first), so two blocks are in flight,
+      with one accumulator.
     * S >= 2: the K loop is ``tl.range(..., num_stages=S)``: Triton's software pipeliner
       turns the W loads into asynchronous global->shared copies (``cp.async.cg``, L1
       bypassed), issued S - 1 blocks ahead, so (S - 1) * BLOCK_N * BLOCK_K weight elements
@@ -269,7 +271,21 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
         rows = n0 + tl.arange(0, BLOCK_N)
         rm = rows < N
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        if STAGES <= 1:
+        if STAGES <= 1 and UNROLL == 2:
+            for k0 in range(0, K, 2 * BLOCK_K):
+                # both K blocks' weight loads go out before either is consumed: two blocks in
+                # flight per CTA, one [BLOCK_N, BLOCK_K] accumulator
+                c0 = k0 + tl.arange(0, BLOCK_K)
+                c1 = c0 + BLOCK_K
+                w0 = _gemv_wload(w, w_rs, w_cs, rows, rm, c0, c0 < K, W_CONTIG)
+                w1 = _gemv_wload(w, w_rs, w_cs, rows, rm, c1, c1 < K, W_CONTIG)
+                x0, a0 = _gemv_xload(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2,
+                                     c0, c0 < K, PRO, X_CONTIG, X_ALIGN)
+                x1, a1 = _gemv_xload(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2,
+                                     c1, c1 < K, PRO, X_CONTIG, X_ALIGN)
+                acc += w0 * _gemv_xfn(x, x0, a0, rstd, PRO)[None, :]
+                acc += w1 * _gemv_xfn(x, x1, a1, rstd, PRO)[None, :]
+        elif STAGES <= 1:
             for k0 in range(0, K, BLOCK_K):
                 cols = k0 + tl.arange(0, BLOCK_K)
                 cm = cols < K

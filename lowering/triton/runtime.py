@@ -117,7 +117,8 @@ class Blocks:
     ``prefetch``: L2 prefetch look-ahead in tasks (0 = off; D: at the start of task i the
     worker starts an L2 bulk prefetch of task i + D's GEMV weight tile, so weight streaming
     overlaps waits and other tasks; megakernel.l2_prefetch). Must be 0..8.
-    ``elide_waits`` / ``coalesce_signals``: table options (table.elide_waits,
+    ``gemv_unroll``: K blocks loaded per GEMV loop iteration before any is consumed (1 or 2;
+    STAGES = 1 only). ``elide_waits`` / ``coalesce_signals``: table options (table.elide_waits,
     table.coalesced_signals): skip a wait an earlier task of the same worker already did;
     release several consecutive tiles' signals with one atomic."""
 
@@ -130,6 +131,7 @@ class Blocks:
     attention_q: int = 1
     pairs: int = 64
     gemv_stages: int = 1
+    gemv_unroll: int = 1
     prefetch: int = 0
     elide_waits: bool = True
     coalesce_signals: bool = True
@@ -137,6 +139,8 @@ class Blocks:
     def __post_init__(self) -> None:
         if not isinstance(self.gemv_stages, int) or not 1 <= self.gemv_stages <= 8:
             raise TritonError(f"gemv_stages must be an integer in 1..8, got {self.gemv_stages!r}", exit_code=2)
+        if self.gemv_unroll not in (1, 2):
+            raise TritonError(f"gemv_unroll must be 1 or 2, got {self.gemv_unroll!r}", exit_code=2)
         if not isinstance(self.prefetch, int) or not 0 <= self.prefetch <= 8:
             raise TritonError(f"prefetch must be an integer in 0..8, got {self.prefetch!r}", exit_code=2)
 
@@ -345,7 +349,7 @@ class TritonExecutor:
         kw: dict[str, Any] = dict(
             BLOCK=b.elementwise, GEMV_N=b.gemv_n, GEMV_K=b.gemv_k, ROPE_BLOCK=b.rope,
             ATT_T=b.attention_t, ATT_D=b.attention_d, ATT_Q=b.attention_q, PAIR_BLOCK=b.pairs,
-            GEMV_STAGES=b.gemv_stages, PREFETCH=b.prefetch,
+            GEMV_STAGES=b.gemv_stages, PREFETCH=b.prefetch, GEMV_UNROLL=b.gemv_unroll,
         )
         if not self.interpret:
             kw["num_warps"] = self.num_warps
