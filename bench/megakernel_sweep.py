@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wave", default="0", help="comma list of 0/1 for the wave knob")
     ap.add_argument("--prefetch", default="0", help="comma list of L2 prefetch look-aheads (Blocks.prefetch)")
     ap.add_argument("--att-t", default="32", help="comma list of attention blocks (Blocks.attention_t)")
+    ap.add_argument("--att-dot", default="0", help="comma list of 0/1 (Blocks.attention_dot)")
     ap.add_argument("--unroll", default="1", help="comma list of GEMV unroll factors (Blocks.gemv_unroll)")
     ap.add_argument("--sync-opt", default="1", help="comma list of 0/1: Blocks.elide_waits and "
                                                     "Blocks.coalesce_signals together")
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     target = cuda_target(props)
     rows = []
     print(f"{args.model} on {props.name}: HBM {bw / 1e12:.2f} TB/s, roofline {floor:.4f} ms")
-    for w, t, pol, nw, gb, gs, fuse, pf, wave, att, so, un in itertools.product([int(x) for x in args.workers.split(",")],
+    for w, t, pol, nw, gb, gs, fuse, pf, wave, att, so, un, ad in itertools.product([int(x) for x in args.workers.split(",")],
                                                    [int(x) for x in args.tile.split(",")],
                                                    args.policy.split(","),
                                                    [int(x) for x in args.warps.split(",")],
@@ -69,13 +70,14 @@ def main(argv: list[str] | None = None) -> int:
                                                    [bool(int(x)) for x in args.wave.split(",")],
                                                    [int(x) for x in args.att_t.split(",")],
                                                    [bool(int(x)) for x in args.sync_opt.split(",")],
-                                                   [int(x) for x in args.unroll.split(",")]):
+                                                   [int(x) for x in args.unroll.split(",")],
+                                                   [bool(int(x)) for x in args.att_dot.split(",")]):
         bn, bk = (int(v) for v in gb.split("x"))
         opts = {"num_warps": nw, "blocks": Blocks(gemv_n=bn, gemv_k=bk, gemv_stages=gs, prefetch=pf,
                                                   attention_t=att, elide_waits=so, coalesce_signals=so,
-                                                  gemv_unroll=un)}
+                                                  gemv_unroll=un, attention_dot=ad)}
         tag = (f"workers={w:<4} tile={t:<4} {pol:<12} warps={nw} gemv={gb:<7} stages={gs} "
-               f"fuse={int(fuse)} prefetch={pf} wave={int(wave)} att_t={att} sync_opt={int(so)} unroll={un}")
+               f"fuse={int(fuse)} prefetch={pf} wave={int(wave)} att_t={att} sync_opt={int(so)} unroll={un} att_dot={int(ad)}")
         cfg = LoweringConfig(tile=t, workers=w, policy=pol, dtype="bf16", fuse=fuse, wave=wave,
                              max_seq=max(256, args.prompt_len + args.tokens + 8)).validate()
         try:
@@ -84,11 +86,11 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as err:
             print(f"  {tag}: FAILED {type(err).__name__}: {err}", flush=True)
             rows.append({"config": cfg.to_json(), "num_warps": nw, "gemv_block": gb, "gemv_stages": gs,
-                         "prefetch": pf, "attention_t": att, "sync_opt": so, "gemv_unroll": un, "error": f"{type(err).__name__}: {err}"})
+                         "prefetch": pf, "attention_t": att, "sync_opt": so, "gemv_unroll": un, "attention_dot": ad, "error": f"{type(err).__name__}: {err}"})
             continue
         med = res.timing.median_ms
         row = {"config": cfg.to_json(), "num_warps": nw, "gemv_block": gb, "gemv_stages": gs,
-               "prefetch": pf, "attention_t": att, "sync_opt": so, "gemv_unroll": un, "tasks": res.extra["tasks"], "latency_ms_median": med,
+               "prefetch": pf, "attention_t": att, "sync_opt": so, "gemv_unroll": un, "attention_dot": ad, "tasks": res.extra["tasks"], "latency_ms_median": med,
                "timing": res.timing.to_json(), "roofline_pct": 100 * floor / med,
                "correct": res.correct, "note": res.note, "build_s": res.extra["build_s"],
                "occupancy": ex.occupancy,

@@ -662,3 +662,19 @@ def test_gemv_unroll_two_is_bit_identical():
         outs.append(run_decode(ex, TOKENS[:2]))
     for (l1, t1), (l2, t2) in zip(*outs):
         assert torch.equal(l1, l2) and t1 == t2
+
+
+@cpu_only
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3"])
+def test_attention_dot_matches_sim(name):
+    """Blocks.attention_dot (fp32 tl.dot products in attention, 64-position blocks) gives
+    the sim's logits and tokens on the megakernel (fused Llama: rope_attention; Qwen3: q/k
+    norm, plain attention)."""
+    from lowering.triton.runtime import Blocks
+
+    prog, init, _ = lowered(name, workers=2, dtype="f32", fuse=name == "tiny-llama", max_seq=64)
+    ex = TritonExecutor(prog, init, check=False, blocks=Blocks(attention_dot=True, attention_t=64))
+    assert ex.blocks.attention_q >= 16 and ex.blocks.attention_t == 64
+    sim = SimExecutor(prog, init, check=False, policy="in_order")
+    for (lg, nt), (ls, ns) in zip(run_decode(ex, TOKENS), run_decode(sim, TOKENS)):
+        assert (lg - ls).abs().max() <= 1e-3 * ls.abs().max() and nt == ns

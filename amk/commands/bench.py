@@ -45,6 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--attention-block", type=int, default=32, metavar="T",
                    help="decode attention: cache positions per block of its online softmax "
                         "(power of two, default 32); a context of <= T positions takes one block")
+    p.add_argument("--attention-dot", action="store_true",
+                   help="decode attention's products as fp32 tl.dot (allows a larger --attention-block)")
     p.add_argument("--no-baselines", action="store_true", help="skip the HF baselines")
     p.add_argument("--tp-checkpoint-dir", metavar="DIR", default=None,
                    help="--tp R: where rank 0 writes a random-weight model as safetensors for the HF "
@@ -240,7 +242,8 @@ def backend_options(args) -> dict:
         raise AmkError(f"--prefetch must be in 0..8, got {prefetch}")
     return {"num_warps": args.num_warps,
             "blocks": Blocks(gemv_n=n, gemv_k=k, gemv_stages=stages, prefetch=prefetch, attention_t=att,
-                             gemv_unroll=getattr(args, "gemv_unroll", 1))}
+                             gemv_unroll=getattr(args, "gemv_unroll", 1),
+                             attention_dot=bool(getattr(args, "attention_dot", False)))}
 
 
 def _resolve_bf16(model_arg: str):

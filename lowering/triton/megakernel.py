@@ -388,7 +388,7 @@ def t_kv_append(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DK: tl.constexpr, D
 @device
 def t_attention(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DQ: tl.constexpr, DKC: tl.constexpr,
                 DVC: tl.constexpr, DP: tl.constexpr, DF: tl.constexpr, DO: tl.constexpr, ROPE: tl.constexpr,
-                BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr):
+                BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, DOT: tl.constexpr = False):
     """attention (q, kc, vc, pos, o) or, with ROPE, rope_attention (q, kc, vc, pos,
     inv_freq, o)."""
     qo, qn0, qn1, qn2, qs0, qs1, qs2 = _opnd(row, 0, slot)
@@ -413,7 +413,7 @@ def t_attention(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DQ: tl.constexpr, D
                     _ptr(A_BF16, A_F16, A_F32, A_I32, DVC) + uo, ugs, uss, uds, pos,
                     _ptr(A_BF16, A_F16, A_F32, A_I32, DO) + oo, on1, on2, os0, os1, os2,
                     hq, cg, cd, _param_f(row, 1), fp, fn1, fn2, fs0, fs1, fs2, ROPE,
-                    BLOCK_T, BLOCK_D, BLOCK_Q)
+                    BLOCK_T, BLOCK_D, BLOCK_Q, DOT)
         st = _ok()
     return st
 
@@ -631,10 +631,10 @@ def _call(v: T.Variant) -> str:
         return f"t_kv_append({_COMMON}, {d[0]}, {d[1]}, {d[2]}, {d[3]}, {d[4]}, {d[5]}, True, ROPE_BLOCK)"
     if op == "attention":
         return (f"t_attention({_COMMON}, {d[0]}, {d[1]}, {d[2]}, {d[3]}, {d[4]}, {d[4]}, False, "
-                "ATT_T, ATT_D, ATT_Q)")
+                "ATT_T, ATT_D, ATT_Q, ATT_DOT)")
     if op == "rope_attention":
         return (f"t_attention({_COMMON}, {d[0]}, {d[1]}, {d[2]}, {d[3]}, {d[4]}, {d[5]}, True, "
-                "ATT_T, ATT_D, ATT_Q)")
+                "ATT_T, ATT_D, ATT_Q, ATT_DOT)")
     if op in ("silu_mul", "add"):
         return f"t_{op}({_COMMON}, {d[0]}, {d[1]}, {d[2]}, BLOCK)"
     if op == "reduce":
@@ -674,7 +674,8 @@ def amk_megakernel(A_BF16, A_F16, A_F32, A_I32, TASKS, WAITS, SIGS, QSTART, ERR,
                    PROF, BLOCK: tl.constexpr, GEMV_N: tl.constexpr, GEMV_K: tl.constexpr,
                    ROPE_BLOCK: tl.constexpr, ATT_T: tl.constexpr, ATT_D: tl.constexpr,
                    ATT_Q: tl.constexpr, PAIR_BLOCK: tl.constexpr, GEMV_STAGES: tl.constexpr = 1,
-                   PREFETCH: tl.constexpr = 0, PROFILE: tl.constexpr = False, GEMV_UNROLL: tl.constexpr = 1):
+                   PREFETCH: tl.constexpr = 0, PROFILE: tl.constexpr = False, GEMV_UNROLL: tl.constexpr = 1,
+                   ATT_DOT: tl.constexpr = False):
     PROF_W: tl.constexpr = {prof_w}
     w, i, end, err, epoch, slot, abort_ptr = worker_loop_prologue(ERR, EPOCH, QSTART, slots)
     ok = tl.full([], 1, dtype=tl.int32)

@@ -418,7 +418,7 @@ def rope_append(k, k_n1, k_n2, k_s0, k_s1, k_s2, v, v_n1, v_n2, v_s0, v_s1, v_s2
 def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, vc_t, vc_d, pos,
               o, o_n1, o_n2, o_s0, o_s1, o_s2, HQ, G, D, scale,
               f, f_n1, f_n2, f_s0, f_s1, f_s2, ROPE: tl.constexpr,
-              BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr):
+              BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, DOT: tl.constexpr = False):
     """Decode GQA attention over cache positions 0..pos (inclusive), fp32:
     for query head h < HQ (q is [HQ, D]) and g = h // (HQ / G):
     o[h] = softmax(q[h] . kc[g, :pos+1]^T * scale) @ vc[g, :pos+1].
@@ -429,7 +429,14 @@ def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, v
 
     The HQ/G query heads of one kv head are processed together (the cache is read once per
     kv head), with an online softmax (running max and sum) over BLOCK_T positions at a time.
-    Requires D <= BLOCK_D and HQ/G <= BLOCK_Q; ``pos`` is range-checked by the caller."""
+    Requires D <= BLOCK_D and HQ/G <= BLOCK_Q; ``pos`` is range-checked by the caller.
+
+    ``DOT``: the scores q . K^T and the update p @ V are ``tl.dot`` products in full fp32
+    (``input_precision="ieee"``) instead of broadcast products reduced over a [Q, T, D]
+    tensor: the same fp32 arithmetic in another summation order, with registers for
+    [Q, T] and [T, D] tiles only, so BLOCK_T can be 4x larger at the same register cost
+    (fewer serial position blocks on long contexts). Needs BLOCK_Q, BLOCK_T, BLOCK_D >= 16
+    (tl.dot's minimum; padded lanes are masked)."""
     grp = HQ // G
     T = pos + 1
     qh = tl.arange(0, BLOCK_Q)
@@ -462,13 +469,19 @@ def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, v
             kt = tl.load(kb + t[:, None] * kc_t + dd[None, :] * kc_d, mask=kvm, other=0).to(tl.float32)
             # V issued with K (before the score reductions' barriers): one round trip, not two
             vt = tl.load(vb + t[:, None] * vc_t + dd[None, :] * vc_d, mask=kvm, other=0).to(tl.float32)
-            sc = tl.sum(qv[:, None, :] * kt[None, :, :], axis=2) * scale  # [BQ, BT]
+            if DOT:
+                sc = tl.dot(qv, tl.trans(kt), input_precision="ieee") * scale  # [BQ, BT]
+            else:
+                sc = tl.sum(qv[:, None, :] * kt[None, :, :], axis=2) * scale  # [BQ, BT]
             sc = tl.where(tm[None, :], sc, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(sc, axis=1))
             alpha = tl.exp(m_i - m_new)
             pr = tl.exp(sc - m_new[:, None])
             l_i = l_i * alpha + tl.sum(pr, axis=1)
-            acc = acc * alpha[:, None] + tl.sum(pr[:, :, None] * vt[None, :, :], axis=1)
+            if DOT:
+                acc = acc * alpha[:, None] + tl.dot(pr, vt, input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.sum(pr[:, :, None] * vt[None, :, :], axis=1)
             m_i = m_new
         out = acc / l_i[:, None]
         store(o + flat_off(qi, o_n1, o_n2, o_s0, o_s1, o_s2), out, qmask)
@@ -660,10 +673,11 @@ def _k_kv_append(k, k_n1, k_n2, k_s0, k_s1, k_s2, v, v_n1, v_n2, v_s0, v_s1, v_s
 @triton.jit
 def _k_attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, vc_t, vc_d, posp,
                  o, o_n1, o_n2, o_s0, o_s1, o_s2, HQ, G, D, scale, f, f_n1, f_n2, f_s0, f_s1, f_s2,
-                 ROPE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr):
+                 ROPE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr,
+                 DOT: tl.constexpr = False):
     attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, vc_t, vc_d, tl.load(posp),
               o, o_n1, o_n2, o_s0, o_s1, o_s2, HQ, G, D, scale, f, f_n1, f_n2, f_s0, f_s1, f_s2, ROPE,
-              BLOCK_T, BLOCK_D, BLOCK_Q)
+              BLOCK_T, BLOCK_D, BLOCK_Q, DOT)
 
 
 @triton.jit
@@ -794,15 +808,18 @@ def run_kv_append(k, v, pos, kc, vc, block: int = 64) -> None:
     _k_kv_append[(1,)](k, *flat_desc(k), v, *flat_desc(v), pos, kc, *kst, vc, *vst, g, d, BLOCK=block)
 
 
-def run_attention(q, kc, vc, pos, o, scale: float, block_t: int = 16, inv_freq=None) -> None:
-    """attention, or rope_attention when ``inv_freq`` is given."""
+def run_attention(q, kc, vc, pos, o, scale: float, block_t: int = 16, inv_freq=None, dot: bool = False) -> None:
+    """attention, or rope_attention when ``inv_freq`` is given (``dot``: attention's DOT,
+    blocks raised to tl.dot's minimum of 16)."""
     g, _, d, *kst = _cache(kc)
     _, _, _, *vst = _cache(vc)
     hq = q.numel() // d
     f = inv_freq if inv_freq is not None else q
+    lo = 16 if dot else 1
     _k_attention[(1,)](q, *flat_desc(q), kc, *kst, vc, *vst, pos, o, *flat_desc(o), hq, g, d, scale,
-                       f, *flat_desc(f), ROPE=inv_freq is not None, BLOCK_T=block_t, BLOCK_D=triton.next_power_of_2(d),
-                       BLOCK_Q=triton.next_power_of_2(max(1, hq // g)))
+                       f, *flat_desc(f), ROPE=inv_freq is not None, BLOCK_T=max(lo, block_t),
+                       BLOCK_D=max(lo, triton.next_power_of_2(d)),
+                       BLOCK_Q=max(lo, triton.next_power_of_2(max(1, hq // g))), DOT=dot)
 
 
 def run_silu_mul(g, u, y, block: int = _EW) -> None:

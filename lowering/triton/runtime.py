@@ -117,7 +117,8 @@ class Blocks:
     ``prefetch``: L2 prefetch look-ahead in tasks (0 = off; D: at the start of task i the
     worker starts an L2 bulk prefetch of task i + D's GEMV weight tile, so weight streaming
     overlaps waits and other tasks; megakernel.l2_prefetch). Must be 0..8.
-    ``gemv_unroll``: K blocks loaded per GEMV loop iteration before any is consumed (1 or 2;
+    ``attention_dot``: attention's scores and value update as fp32 ``tl.dot`` products
+    (ops.attention ``DOT``), allowing larger ``attention_t``. ``gemv_unroll``: K blocks loaded per GEMV loop iteration before any is consumed (1 or 2;
     STAGES = 1 only). ``elide_waits`` / ``coalesce_signals``: table options (table.elide_waits,
     table.coalesced_signals): skip a wait an earlier task of the same worker already did;
     release several consecutive tiles' signals with one atomic."""
@@ -132,6 +133,7 @@ class Blocks:
     pairs: int = 64
     gemv_stages: int = 1
     gemv_unroll: int = 1
+    attention_dot: bool = False
     prefetch: int = 0
     elide_waits: bool = True
     coalesce_signals: bool = True
@@ -238,9 +240,16 @@ class TritonExecutor:
         b = bl
         b.attention_d = max(b.attention_d, _pow2(self.table.dims["head_dim"]))
         b.attention_q = max(b.attention_q, _pow2(self.table.dims["group"]))
-        # Keep attention's [Q, T, D] fp32 product within ~64 registers per thread.
-        while b.attention_t > 1 and b.attention_q * b.attention_t * b.attention_d > 64 * 32 * max(4, self.num_warps):
-            b.attention_t //= 2
+        if b.attention_dot:  # tl.dot's minimum block is 16 in every dimension
+            b.attention_q, b.attention_t, b.attention_d = (max(16, b.attention_q), max(16, b.attention_t),
+                                                           max(16, b.attention_d))
+            # K and V tiles [T, D] fp32 within ~32 registers per thread each
+            while b.attention_t > 16 and b.attention_t * b.attention_d > 32 * 32 * max(4, self.num_warps):
+                b.attention_t //= 2
+        else:
+            # Keep attention's [Q, T, D] fp32 product within ~64 registers per thread.
+            while b.attention_t > 1 and b.attention_q * b.attention_t * b.attention_d > 64 * 32 * max(4, self.num_warps):
+                b.attention_t //= 2
         self.blocks = b
         self.source = MK.generate_source(self.table, program.name, sys_waits=program.ranks > 1)
         self._kernel = MK.load_kernel(self.source)
@@ -350,6 +359,7 @@ class TritonExecutor:
             BLOCK=b.elementwise, GEMV_N=b.gemv_n, GEMV_K=b.gemv_k, ROPE_BLOCK=b.rope,
             ATT_T=b.attention_t, ATT_D=b.attention_d, ATT_Q=b.attention_q, PAIR_BLOCK=b.pairs,
             GEMV_STAGES=b.gemv_stages, PREFETCH=b.prefetch, GEMV_UNROLL=b.gemv_unroll,
+            ATT_DOT=bool(b.attention_dot),
         )
         if not self.interpret:
             kw["num_warps"] = self.num_warps
