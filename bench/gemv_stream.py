@@ -3,10 +3,14 @@
 A micro-benchmark for the megakernel's GEMV (issue 5): each program walks tiles of
 ``--tile`` rows of a bf16 W[N, K] (N * K * 2 bytes well above L2) and computes y = W @ x
 with fp32 accumulation, no synchronisation between tiles. Sweeps block shape, warps, grid
-(programs per SM) and the register cap, and prints the achieved HBM bandwidth per config
-next to a device-to-device copy and torch's own GEMV (cuBLAS) in the same run.
+(programs per SM) and K blocks loaded per iteration, and prints the achieved HBM bandwidth
+per config next to a device-to-device copy and torch's own GEMV (cuBLAS) in the same run.
+Then the megakernel's own GEMV device function (``ops.gemv_ex``) in the same persistent
+loop: plain, with the RMSNorm prologue, and with the megakernel's per-task acquire poll,
+bar.sync and release ("sync").
 
-    python bench/gemv_stream.py [--k 2048] [--rows 131072] [--json FILE]
+    python bench/gemv_stream.py [--k 2048] [--rows 131072] [--blocks 16x1024,16x512]
+                                [--warps 8] [--per-sm 1,2] [--unroll 1,2] [--json FILE]
 """
 
 from __future__ import annotations
@@ -85,8 +89,14 @@ def main(argv=None) -> int:
     ap.add_argument("--k", type=int, default=2048)
     ap.add_argument("--rows", type=int, default=131072)
     ap.add_argument("--tile", type=int, default=16)
+    ap.add_argument("--blocks", default="16x1024,16x512", help="comma list of BNxBK weight blocks")
+    ap.add_argument("--warps", default="8", help="comma list of warps per program")
+    ap.add_argument("--per-sm", default="1,2", help="comma list of programs per SM")
+    ap.add_argument("--unroll", default="1,2", help="comma list of K blocks loaded before use (1 or 2)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
+    blocks = [tuple(int(v) for v in b.split("x")) for b in a.blocks.split(",")]
+    ints = lambda text: [int(v) for v in text.split(",")]  # noqa: E731
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     W = torch.randn(a.rows, a.k, device=dev, dtype=torch.bfloat16)
@@ -102,32 +112,29 @@ def main(argv=None) -> int:
     print(f"{torch.cuda.get_device_name(dev)}: W {a.rows}x{a.k} bf16 ({nbytes / 1e6:.0f} MB); copy {hbm:.2f} TB/s; "
           f"torch.mv {rows[1]['tbps']:.2f} TB/s")
     ntiles = a.rows // a.tile
-    for (bn, bk), warps, per_sm, unroll, maxnreg in itertools.product(
-            [(16, 1024), (16, 512)], [8], [1, 2], [1, 2], [None]):
+    for (bn, bk), warps, per_sm, unroll in itertools.product(blocks, ints(a.warps), ints(a.per_sm),
+                                                              ints(a.unroll)):
         if a.k % (bk * unroll) or a.tile % bn:
             continue
         grid = (sms * per_sm,)
-        kw = dict(num_warps=warps)
-        if maxnreg:
-            kw["maxnreg"] = maxnreg
         try:
-            f = lambda: _stream[grid](W, x, y, ntiles, a.k, a.tile, bn, bk, unroll, **kw)  # noqa: E731
+            f = lambda: _stream[grid](W, x, y, ntiles, a.k, a.tile, bn, bk, unroll, num_warps=warps)  # noqa: E731
             f()
             torch.cuda.synchronize()
             ok = bool(torch.allclose(y.float(), ref, rtol=2e-2, atol=2e-1))
             ms = _time(f)
-        except Exception as e:  # a config that does not compile: report, go on
-            print(f"  {bn}x{bk} warps={warps} per_sm={per_sm} unroll={unroll} maxnreg={maxnreg}: {type(e).__name__}")
+        except Exception as e:  # a config that does not compile or launch: report, go on
+            print(f"  {bn}x{bk} warps={warps} per_sm={per_sm} unroll={unroll}: {type(e).__name__}")
             continue
-        r = dict(name="stream", bn=bn, bk=bk, warps=warps, per_sm=per_sm, unroll=unroll, maxnreg=maxnreg,
+        r = dict(name="stream", bn=bn, bk=bk, warps=warps, per_sm=per_sm, unroll=unroll,
                  ms=ms, tbps=nbytes / ms / 1e9, correct=ok)
         rows.append(r)
-        print(f"  {bn:>2}x{bk:<4} warps={warps:<2} per_sm={per_sm} unroll={unroll} maxnreg={str(maxnreg):<4} "
+        print(f"  {bn:>2}x{bk:<4} warps={warps:<2} per_sm={per_sm} unroll={unroll} "
               f"{r['tbps']:.2f} TB/s ({100 * r['tbps'] / hbm:.0f}% of copy) correct={ok}")
     # the megakernel's GEMV function, plain / with the RMSNorm prologue / plus per-task sync
     aw = torch.randn(a.k, device=dev, dtype=torch.bfloat16)
     flag = torch.ones(4, device=dev, dtype=torch.int32)
-    for (bn, bk), warps, pro, sync in itertools.product([(16, 1024), (16, 512)], [8], [0, 1], [0, 1]):
+    for (bn, bk), warps, pro, sync in itertools.product(blocks, ints(a.warps), [0, 1], [0, 1]):
         f = lambda: _stream_ex[(sms,)](W, x, aw, y, flag, ntiles, a.k, a.tile, bn, bk, pro, sync,  # noqa: E731
                                        num_warps=warps)
         try:

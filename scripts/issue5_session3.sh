@@ -15,8 +15,9 @@ OUT="${OUT:-out}"; mkdir -p "$OUT"
 C="--policy balanced --gemv-stages 1 --fuse 1 --tokens 64"
 S="python3 bench/megakernel_sweep.py"
 case "${1:-}" in
-stream)
-    timeout 300 python3 bench/gemv_stream.py --rows 65536 --json "$OUT/gemv_stream_ex.json" ;;
+stream)  # gemv_stream_k2048.json (first call) and gemv_stream_ex.json (second) in one sweep
+    timeout 400 python3 bench/gemv_stream.py --rows 65536 --blocks 16x1024,8x1024,16x512,8x2048,32x512 \
+        --warps 4,8,16 --json "$OUT/gemv_stream.json" ;;
 probe)
     for op in norm_gemv gemv; do for g in "" "--giant"; do
         timeout 150 python3 bench/gemv_probe.py --op $op $g --json "$OUT/probe_${op}${g:+_giant}.json"
