@@ -7,6 +7,8 @@
 #   bash scripts/issue5_session3.sh workers  # 2 workers per SM (264 x 4 warps) against 132 x 8
 #   bash scripts/issue5_session3.sh sync     # wait elision + signal coalescing off/on, profile
 #   bash scripts/issue5_session3.sh unroll   # two K blocks per GEMV iteration (--unroll 1,2)
+#   bash scripts/issue5_session3.sh next     # not yet run: --attention-dot (larger attention blocks)
+#                                            # and 264 x 8-warp workers, which its 128 registers allow
 #   bash scripts/issue5_session3.sh final    # = scripts/issue5_final.sh (amk bench + baselines)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -39,8 +41,13 @@ unroll)
         --json "$OUT/unroll_llama.json"
     $S config:smollm2-135m --workers 132 --tile 16 --warps 8 --gemv-block 16x512,16x256 --unroll 1,2 --att-t 64 $C \
         --json "$OUT/unroll_smol.json" ;;
+next)
+    $S config:smollm2-135m --workers 132 --tile 16 --warps 8 --gemv-block 16x512 --unroll 2 --att-dot 0,1 \
+        --att-t 64,128 $C --tokens 128 --json "$OUT/attdot_smol.json"
+    $S config:llama-3.2-1b --workers 132,264 --tile 16 --warps 8 --gemv-block 16x512 --unroll 2 --att-dot 1 \
+        --att-t 64 $C --json "$OUT/attdot_llama.json" ;;
 final)
     exec bash scripts/issue5_final.sh ;;
 *)
-    echo "usage: $0 stream|probe|workers|sync|unroll|final" >&2; exit 2 ;;
+    echo "usage: $0 stream|probe|workers|sync|unroll|next|final" >&2; exit 2 ;;
 esac
