@@ -60,7 +60,7 @@ import triton.language as tl
 
 from lowering.triton import ops as K
 from lowering.triton import table as T
-from lowering.triton.ops import INTERPRET, device
+from lowering.triton.ops import INTERPRET, device, global_timer
 
 # Table layout as compile-time constants for the device code.
 _F_OP = tl.constexpr(T.F_OP)
@@ -128,13 +128,6 @@ def l2_prefetch(A_I32, row):
                 "{ .reg .pred %pf_p; .reg .u32 %pf_t; mov.u32 %pf_t, %tid.x; setp.eq.u32 %pf_p, %pf_t, 0; "
                 "@%pf_p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
                 "=r,l,r", [A_I32 + tl.load(row + _F_PFO), n], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@device
-def global_timer():
-    """%globaltimer in ns (GPU only)."""
-    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
-                                     is_pure=False, pack=1)
 
 
 @device
@@ -618,8 +611,8 @@ def _call(v: T.Variant) -> str:
         bias = v.flag("bias")
         da = d[ai] if ai is not None else d[xi]
         db = d[wi + 1] if bias else d[-1]
-        align = 16 // {"bf16": 2, "f16": 2, "f32": 4, "i32": 4}[v.dtypes[wi]] if v.flag("aligned") else 0
-        xalign = 16 // {"bf16": 2, "f16": 2, "f32": 4, "i32": 4}[v.dtypes[xi]] if v.flag("xaligned") else 0
+        align = 16 // T.DTYPE_BYTES[v.dtypes[wi]] if v.flag("aligned") else 0
+        xalign = 16 // T.DTYPE_BYTES[v.dtypes[xi]] if v.flag("xaligned") else 0
         return (f"t_gemv({_COMMON}, {d[xi]}, {da}, {d[wi]}, {db}, {d[-1]}, {pro}, {bias}, "
                 f"{v.flag('xcontig')}, {v.flag('contig')}, {align}, GEMV_N, GEMV_K, GEMV_STAGES, "
                 f"PROF + i.to(tl.int64) * PROF_W, PROFILE, {xalign}, GEMV_UNROLL)")

@@ -94,8 +94,8 @@ def store(ptr, val, mask):
 
 
 @device
-def _timer():
-    """%globaltimer in ns (GPU only; profiling stamps)."""
+def global_timer():
+    """%globaltimer in ns (GPU only): the megakernel's watchdog and profiling stamps."""
     return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
                                      is_pure=False, pack=1)
 
@@ -256,17 +256,12 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
         sq = tl.zeros([NB], dtype=tl.float32)
         for k0 in range(0, K, NB):
             cols = k0 + tl.arange(0, NB)
-            cm = cols < K
-            if X_ALIGN > 1:
-                xv = tl.load(x + cols, mask=cm, other=0).to(tl.float32)
-            elif X_CONTIG:
-                xv = tl.load(x + cols * x_s2, mask=cm, other=0).to(tl.float32)
-            else:
-                xv = tl.load(x + flat_off(cols, x_n1, x_n2, x_s0, x_s1, x_s2), mask=cm, other=0).to(tl.float32)
+            xv, _ = _gemv_xload(x, x_n1, x_n2, x_s0, x_s1, x_s2, x, x_n1, x_n2, x_s0, x_s1, x_s2,
+                                cols, cols < K, PRO_PLAIN, X_CONTIG, X_ALIGN)
             sq += xv * xv
         rstd = tl.rsqrt(tl.sum(sq, axis=0) / K + eps)
     if PROFILE:
-        tl.store(PROF + 4, _timer())
+        tl.store(PROF + 4, global_timer())
     for n0 in range(0, N, BLOCK_N):
         rows = n0 + tl.arange(0, BLOCK_N)
         rm = rows < N
@@ -314,7 +309,7 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
             out += tl.load(b + flat_off(rows, b_n1, b_n2, b_s0, b_s1, b_s2), mask=rm, other=0).to(tl.float32)
         store(y + flat_off(rows, y_n1, y_n2, y_s0, y_s1, y_s2), out, rm)
     if PROFILE:
-        tl.store(PROF + 5, _timer())
+        tl.store(PROF + 5, global_timer())
 
 
 @device

@@ -233,11 +233,9 @@ class TritonExecutor:
             deltas = {r: {q: (q - r) * self.arena_bytes for q in range(program.ranks) if q != r}
                       for r in self.local_ranks}
         self.layouts = {r: T.shift_layout(base_layouts[r], self.base[r]) for r in self.local_ranks}
-        bl = blocks or Blocks()
-        self.blocks_elide, self.blocks_coalesce = bl.elide_waits, bl.coalesce_signals
+        b = self.blocks = blocks or Blocks()  # _build_table reads its table options
         self.table = self._build_table(deltas, strict=check)
         self.workers = self.table.workers
-        b = bl
         b.attention_d = max(b.attention_d, _pow2(self.table.dims["head_dim"]))
         b.attention_q = max(b.attention_q, _pow2(self.table.dims["group"]))
         if b.attention_dot:  # tl.dot's minimum block is 16 in every dimension
@@ -250,7 +248,6 @@ class TritonExecutor:
             # Keep attention's [Q, T, D] fp32 product within ~64 registers per thread.
             while b.attention_t > 1 and b.attention_q * b.attention_t * b.attention_d > 64 * 32 * max(4, self.num_warps):
                 b.attention_t //= 2
-        self.blocks = b
         self.source = MK.generate_source(self.table, program.name, sys_waits=program.ranks > 1)
         self._kernel = MK.load_kernel(self.source)
 
@@ -290,7 +287,8 @@ class TritonExecutor:
                 # the ranks' linear queues are interleaved by merge_tables: a deferred signal
                 # could be waited on by another rank's task in between, so no coalescing
                 tab = T.build_table(program, r, [mine], self.layouts[r], deltas[r], variants,
-                                    elide=self.blocks_elide, coalesce=self.blocks_coalesce and len(self.local_ranks) == 1)
+                                    elide=self.blocks.elide_waits,
+                                    coalesce=self.blocks.coalesce_signals and len(self.local_ranks) == 1)
                 variants = tab.variants
                 tables.append(tab)
                 pos.update({t.id: (ri, i) for i, t in enumerate(mine)})
@@ -300,8 +298,8 @@ class TritonExecutor:
             queues = []
             for ri, r in enumerate(self.local_ranks):
                 tab = T.build_table(program, r, [q.get((r, w), []) for w in range(program.workers)],
-                                    self.layouts[r], deltas[r], variants, elide=self.blocks_elide,
-                                    coalesce=self.blocks_coalesce)
+                                    self.layouts[r], deltas[r], variants, elide=self.blocks.elide_waits,
+                                    coalesce=self.blocks.coalesce_signals)
                 variants = tab.variants
                 tables.append(tab)
                 queues += [[(ri, i) for i in range(int(tab.qstart[w]), int(tab.qstart[w + 1]))]
