@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--att-t", default="32", help="comma list of attention blocks (Blocks.attention_t)")
     ap.add_argument("--att-dot", default="0", help="comma list of 0/1 (Blocks.attention_dot)")
     ap.add_argument("--unroll", default="1", help="comma list of GEMV unroll factors (Blocks.gemv_unroll)")
+    ap.add_argument("--attn-split", default="1", help="comma list of the attn_split lowering knob")
     ap.add_argument("--sync-opt", default="1", help="comma list of 0/1: Blocks.elide_waits and "
                                                     "Blocks.coalesce_signals together")
     ap.add_argument("--tokens", type=int, default=64)
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     target = cuda_target(props)
     rows = []
     print(f"{args.model} on {props.name}: HBM {bw / 1e12:.2f} TB/s, roofline {floor:.4f} ms")
-    for w, t, pol, nw, gb, gs, fuse, pf, wave, att, so, un, ad in itertools.product([int(x) for x in args.workers.split(",")],
+    for w, t, pol, nw, gb, gs, fuse, pf, wave, att, so, un, ad, asp in itertools.product([int(x) for x in args.workers.split(",")],
                                                    [int(x) for x in args.tile.split(",")],
                                                    args.policy.split(","),
                                                    [int(x) for x in args.warps.split(",")],
@@ -71,14 +72,16 @@ def main(argv: list[str] | None = None) -> int:
                                                    [int(x) for x in args.att_t.split(",")],
                                                    [bool(int(x)) for x in args.sync_opt.split(",")],
                                                    [int(x) for x in args.unroll.split(",")],
-                                                   [bool(int(x)) for x in args.att_dot.split(",")]):
+                                                   [bool(int(x)) for x in args.att_dot.split(",")],
+                                                   [int(x) for x in args.attn_split.split(",")]):
         bn, bk = (int(v) for v in gb.split("x"))
         opts = {"num_warps": nw, "blocks": Blocks(gemv_n=bn, gemv_k=bk, gemv_stages=gs, prefetch=pf,
                                                   attention_t=att, elide_waits=so, coalesce_signals=so,
                                                   gemv_unroll=un, attention_dot=ad)}
         tag = (f"workers={w:<4} tile={t:<4} {pol:<12} warps={nw} gemv={gb:<7} stages={gs} "
-               f"fuse={int(fuse)} prefetch={pf} wave={int(wave)} att_t={att} sync_opt={int(so)} unroll={un} att_dot={int(ad)}")
-        cfg = LoweringConfig(tile=t, workers=w, policy=pol, dtype="bf16", fuse=fuse, wave=wave,
+               f"fuse={int(fuse)} prefetch={pf} wave={int(wave)} att_t={att} sync_opt={int(so)} unroll={un} att_dot={int(ad)} "
+               f"attn_split={asp}")
+        cfg = LoweringConfig(tile=t, workers=w, policy=pol, dtype="bf16", fuse=fuse, wave=wave, attn_split=asp,
                              max_seq=max(256, args.prompt_len + args.tokens + 8)).validate()
         try:
             res, session, ex = measure_megakernel(args.model, resolved, cfg, target, prompt, ref,

@@ -33,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tp", type=int, default=1,
                     help="ranks, co-located on this one GPU (workers is then per rank: R x W must be co-resident)")
     ap.add_argument("--sync-opt", type=int, default=1, help="1/0: Blocks.elide_waits and coalesce_signals")
+    ap.add_argument("--unroll", type=int, default=1, help="GEMV K-loop unroll (Blocks.gemv_unroll)")
+    ap.add_argument("--att-t", type=int, default=32, help="attention position block (Blocks.attention_t)")
     ap.add_argument("--layer", type=int, default=None,
                     help="also print the stage timeline of this layer (default: the middle one)")
     ap.add_argument("--json", default=None)
@@ -56,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     dec = session.decoder("triton", backend_options={
         "num_warps": args.warps, "blocks": Blocks(gemv_n=bn, gemv_k=bk, prefetch=args.prefetch,
                                                          elide_waits=bool(args.sync_opt),
-                                                         coalesce_signals=bool(args.sync_opt)),
+                                                         coalesce_signals=bool(args.sync_opt),
+                                                         gemv_unroll=args.unroll, attention_t=args.att_t),
         "profile": True})
     ex = dec.ex
     tok = 1

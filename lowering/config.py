@@ -29,6 +29,13 @@ wave       size each GEMV stage's tiles to fill one wave of workers: a stage of 
            ``ceil(n / workers)`` rows rounded up to a multiple of ``tile`` (``tile`` is
            then the granularity). Fewer, larger tasks: each worker streams one tile per
            stage instead of paying the per-task cost several times. Default off.
+attn_split attention tasks per KV head: the query heads attending with one KV head are
+           split into this many contiguous groups, each one task on its own worker
+           (capped at the GQA group size; 1 = one task per KV head, the default). The
+           decode step's attention is one serial phase whose length grows with the
+           context; splitting it over more workers shortens it. With ``fuse``, the
+           KV head's ``rope_append`` then signals a counter the attention tasks wait on
+           instead of sharing their worker.
 =========  =========================================================================
 """
 
@@ -59,13 +66,14 @@ class LoweringConfig:
     dtype: str = "f32"
     fuse: bool = False
     wave: bool = False
+    attn_split: int = 1
 
     def validate(self, source: str = "config") -> "LoweringConfig":
         """Return self, or raise AmkError naming the bad field and the allowed values."""
         def bad(field: str, why: str) -> AmkError:
             return AmkError(f"{source}: field {field!r}: {why}")
 
-        for name in ("tile", "workers", "max_seq"):
+        for name in ("tile", "workers", "max_seq", "attn_split"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
                 raise bad(name, f"expected an integer, got {v!r}")

@@ -461,32 +461,44 @@ class _Lowerer:
                                         Region(self.pos[r], r, (_r(0, 1),))],
                           [Region(kc, r, cache), Region(vc, r, cache)], {"head_dim": D}, "kv_append"))
             self.chain(i, r, chain, [self.ready(ckv, nt["k"] + nt["v"])], ckc)
-            # attention: one task per local KV head (its query heads of this rank)
+            # attention: attn_split tasks per local KV head (its query heads of this rank)
             a = self.act(f"a.l{i}", r, nq)
             ca = e.counter(f"c.l{i}.attn.r{r}", r)
             rdy = [self.ready(cqr, 1), self.ready(ckc, 1)]
             n_att = 0
             for j, g in enumerate(range(g0, g1)):
-                lo, hi = self.part.kv_group_heads(r, g)
-                qa, qb = (lo - h0) * D, (hi - h0) * D
-                ins = [Region(qr, r, (_r(qa, qb),)),
-                       Region(kc, r, (_r(j, j + 1), _r(0, S), _r(0, D))),
-                       Region(vc, r, (_r(j, j + 1), _r(0, S), _r(0, D))),
-                       Region(self.pos[r], r, (_r(0, 1),))]
-                outs = [Region(a, r, (_r(qa, qb),))]
-                w = e.place(r, e.cost("attention", ins, outs))
-                e.task(f"l{i}.attn.kv{g}.r{r}", r, w, "attention", ins, outs,
-                       {"head_dim": D, "scale": float(self.spec.attn_scale)}, ready=rdy,
-                       signals=[ca])
-                n_att += 1
+                groups = self.attn_head_groups(r, g)
+                for s, (lo, hi) in enumerate(groups):
+                    qa, qb = (lo - h0) * D, (hi - h0) * D
+                    ins = [Region(qr, r, (_r(qa, qb),)),
+                           Region(kc, r, (_r(j, j + 1), _r(0, S), _r(0, D))),
+                           Region(vc, r, (_r(j, j + 1), _r(0, S), _r(0, D))),
+                           Region(self.pos[r], r, (_r(0, 1),))]
+                    outs = [Region(a, r, (_r(qa, qb),))]
+                    w = e.place(r, e.cost("attention", ins, outs))
+                    tag = f".s{s}" if len(groups) > 1 else ""
+                    e.task(f"l{i}.attn.kv{g}{tag}.r{r}", r, w, "attention", ins, outs,
+                           {"head_dim": D, "scale": float(self.spec.attn_scale)}, ready=rdy,
+                           signals=[ca])
+                    n_att += 1
             out[r] = Loc(a, r, 0, nq, (self.ready(ca, n_att),))
         return out
+
+    def attn_head_groups(self, r: int, g: int) -> list[tuple[int, int]]:
+        """Rank r's global query heads of KV head g as ``attn_split`` contiguous [lo, hi)
+        groups of near-equal size (fewer when the group has fewer heads)."""
+        lo, hi = self.part.kv_group_heads(r, g)
+        n = min(self.cfg.attn_split, hi - lo)
+        cuts = [lo + (hi - lo) * k // n for k in range(n + 1)]
+        return [(cuts[k], cuts[k + 1]) for k in range(n)]
 
     def _rope_attention(self, i: int, r: int, bufs: dict, q_ready: list[Ready],
                         kv_ready: list[Ready]) -> Loc:
         """Fused attention of rank r: per local KV head g, ``rope_append`` (rope(k_g) and v_g
-        into row pos of the caches) then ``rope_attention`` of g's query heads, both on one
-        worker so queue order orders the cache write before its read."""
+        into row pos of the caches) then ``rope_attention`` of g's query heads. With one
+        attention task per KV head (``attn_split`` 1 or no GQA), both run on one worker so
+        queue order orders the cache write before its read; with several, each attention
+        task runs on its own worker and waits on a counter the rank's appends signal."""
         e, D, S = self.e, self.D, self.S
         sh = self.part.shards[r]
         h0 = sh.q_heads[0]
@@ -499,25 +511,46 @@ class _Lowerer:
         ca = e.counter(f"c.l{i}.attn.r{r}", r)
         inv = Region(self.inv[r], r, (_r(0, D // 2),))
         pos = Region(self.pos[r], r, (_r(0, 1),))
+        groups = {g: self.attn_head_groups(r, g) for g in range(g0, g1)}
+        split = any(len(v) > 1 for v in groups.values())
+        ckc = e.counter(f"c.l{i}.kvc.r{r}", r) if split else None
+        params = {"head_dim": D, "scale": float(self.spec.attn_scale)}
         n_att = 0
-        for j, g in enumerate(range(g0, g1)):
-            lo, hi = self.part.kv_group_heads(r, g)
+
+        def att_regions(j: int, lo: int, hi: int) -> tuple[list[Region], list[Region]]:
+            head = (_r(j, j + 1), _r(0, S), _r(0, D))
             qa, qb = (lo - h0) * D, (hi - h0) * D
+            return ([Region(q_b, r, (_r(qa, qb),)), Region(kc, r, head), Region(vc, r, head), pos, inv],
+                    [Region(a, r, (_r(qa, qb),))])
+
+        for j, g in enumerate(range(g0, g1)):
             head = (_r(j, j + 1), _r(0, S), _r(0, D))
             app_ins = [Region(k_b, r, (_r(j * D, (j + 1) * D),)),
                        Region(v_b, r, (_r(j * D, (j + 1) * D),)), inv, pos]
             app_outs = [Region(kc, r, head), Region(vc, r, head)]
-            att_ins = [Region(q_b, r, (_r(qa, qb),)), Region(kc, r, head), Region(vc, r, head),
-                       pos, inv]
-            att_outs = [Region(a, r, (_r(qa, qb),))]
-            w = e.place(r, e.cost("rope_append", app_ins, app_outs)
-                        + e.cost("rope_attention", att_ins, att_outs))
+            if not split:
+                att_ins, att_outs = att_regions(j, *groups[g][0])
+                w = e.place(r, e.cost("rope_append", app_ins, app_outs)
+                            + e.cost("rope_attention", att_ins, att_outs))
+                e.task(f"l{i}.rope_append.kv{g}.r{r}", r, w, "rope_append", app_ins, app_outs,
+                       {"head_dim": D}, ready=kv_ready)
+                e.task(f"l{i}.attn.kv{g}.r{r}", r, w, "rope_attention", att_ins, att_outs, params,
+                       ready=q_ready, signals=[ca])
+                n_att += 1
+                continue
+            w = e.place(r, e.cost("rope_append", app_ins, app_outs))
             e.task(f"l{i}.rope_append.kv{g}.r{r}", r, w, "rope_append", app_ins, app_outs,
-                   {"head_dim": D}, ready=kv_ready)
-            e.task(f"l{i}.attn.kv{g}.r{r}", r, w, "rope_attention", att_ins, att_outs,
-                   {"head_dim": D, "scale": float(self.spec.attn_scale)}, ready=q_ready,
-                   signals=[ca])
-            n_att += 1
+                   {"head_dim": D}, ready=kv_ready, signals=[ckc])
+        if split:
+            # every attention task waits for all of the rank's appends (one counter)
+            rdy = list(q_ready) + [self.ready(ckc, g1 - g0)]
+            for j, g in enumerate(range(g0, g1)):
+                for s, (lo, hi) in enumerate(groups[g]):
+                    att_ins, att_outs = att_regions(j, lo, hi)
+                    w = e.place(r, e.cost("rope_attention", att_ins, att_outs))
+                    e.task(f"l{i}.attn.kv{g}.s{s}.r{r}", r, w, "rope_attention", att_ins, att_outs,
+                           params, ready=rdy, signals=[ca])
+                    n_att += 1
         return Loc(a, r, 0, nq, (self.ready(ca, n_att),))
 
     def chain(self, i: int, r: int, steps: list, ready: list[Ready], counter: str) -> None:

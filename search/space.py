@@ -277,6 +277,7 @@ SEARCHABLE = {
     "fuse": "fused ops (norm_gemv, rope_append, rope_attention, gemv_res, swiglu_gemv) "
             "instead of separate rmsnorm / rope / silu_mul / add stages",
     "wave": "size each GEMV stage's tiles to one per worker (tile is then the granularity)",
+    "attn_split": "attention tasks per KV head (its query heads split over that many workers)",
 }
 # Fixed for a whole search: they change what is computed or how much can be decoded, not
 # how the step is scheduled (the user picks them with --dtype / --max-seq).
@@ -303,7 +304,8 @@ def space_for(spec: Any, ranks: int, max_workers: int, fixed: dict[str, Any] | N
     workers: powers of two up to ``max_workers`` and up to the number of tiles of the
     largest stage at the smallest tile (more workers would idle). policy, allreduce: the
     lowering's own enumerations; allreduce only when ranks > 1 (R = 1 has no all-reduce).
-    fuse, wave: False, True.
+    fuse, wave: False, True. attn_split: 1, 2, 4, ... below the most query heads one rank
+    holds of one KV head, and that count itself (one query head per task); 1 without GQA.
     ``fixed``: values of the non-searchable fields (defaults: the lowering's). Raises
     SpaceError if LoweringConfig has a field this module does not classify.
     """
@@ -337,6 +339,15 @@ def space_for(spec: Any, ranks: int, max_workers: int, fixed: dict[str, Any] | N
             knobs.append(Knob(name, tuple(lc.POLICIES), d, False, SEARCHABLE[name]))
         elif name in ("fuse", "wave"):
             knobs.append(Knob(name, (False, True), d, False, SEARCHABLE[name]))
+        elif name == "attn_split":
+            from lowering.partition import partition
+
+            part = partition(int(spec.heads), int(spec.kv_heads), int(spec.intermediate),
+                             int(spec.vocab), ranks)
+            grp = max([hi - lo for r, s in enumerate(part.shards) for g in range(*s.kv_heads)
+                       for lo, hi in [part.kv_group_heads(r, g)]] or [1])
+            vals = sorted({s for s in (1, 2, 4, 8, 16) if s < grp} | {1, grp})
+            knobs.append(Knob(name, tuple(vals), d, True, SEARCHABLE[name]))
         elif name == "allreduce":
             if ranks > 1:
                 knobs.append(Knob(name, tuple(lc.ALLREDUCE_ALGOS), d, False, SEARCHABLE[name]))

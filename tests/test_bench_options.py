@@ -39,7 +39,7 @@ def test_bad_flags_name_the_flag(kw, needle):
 def test_bad_unroll_is_refused():
     from lowering.triton.runtime import TritonError
 
-    with pytest.raises(TritonError, match="gemv_unroll must be 1 or 2"):
+    with pytest.raises(TritonError, match="gemv_unroll must be 1, 2, 4, 8 or 16"):
         backend_options(_args(gemv_unroll=3))
 
 

@@ -94,7 +94,7 @@ def _fingerprint(prog):
 
 @pytest.mark.parametrize("knob,value", [("tile", 32), ("workers", 3), ("policy", "balanced"),
                                         ("allreduce", "twoshot"), ("max_seq", 16),
-                                        ("dtype", "bf16"), ("fuse", True)])
+                                        ("dtype", "bf16"), ("fuse", True), ("attn_split", 2)])
 def test_every_knob_changes_the_program(knob, value):
     g = graph_of("tiny-qwen2", layers=1)
     base = LoweringConfig(tile=64, workers=2, max_seq=32)

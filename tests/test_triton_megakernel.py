@@ -346,7 +346,8 @@ def test_refuses_bad_worker_count():
 
 # ---------------------------------------------------------------- tiny models (lowering/lower.py)
 def lowered(name: str, workers: int, dtype: str = "f32", max_seq: int = 16, tile: int = 32,
-            fuse: bool = False, ranks: int = 1, wave: bool = False, target: Target | None = None):
+            fuse: bool = False, ranks: int = 1, wave: bool = False, target: Target | None = None,
+            attn_split: int = 1):
     """(program, init_fn, HF model) for a tiny recipe lowered for ``ranks`` ranks (``fuse``:
     with the fused ops norm_gemv / gemv_res / swiglu_gemv / rope_append / rope_attention)."""
     from lowering.config import LoweringConfig
@@ -357,7 +358,8 @@ def lowered(name: str, workers: int, dtype: str = "f32", max_seq: int = 16, tile
 
     model = build_model(name)
     graph = import_model(model, model.config, name=name)
-    cfg = dict(max_seq=max_seq, workers=workers, tile=tile, dtype=dtype, fuse=fuse, wave=wave)
+    cfg = dict(max_seq=max_seq, workers=workers, tile=tile, dtype=dtype, fuse=fuse, wave=wave,
+               attn_split=attn_split)
     prog = lower(graph, ranks, config=LoweringConfig(**cfg),
                  target=target or Target(name="test", sms=132, max_workers=132, backend="triton"))
     weights = make_init_fn(state_dict_of(model), graph.spec)
@@ -649,15 +651,17 @@ def test_sync_options_keep_results(opt):
 
 
 @cpu_only
-def test_gemv_unroll_two_is_bit_identical():
-    """Blocks.gemv_unroll = 2 loads two K blocks per iteration into the same accumulator
-    lanes in the same order as two iterations: identical logits (fused tiny Llama, K spans
-    several 32-element blocks, including an odd count where the second block is masked)."""
+@pytest.mark.parametrize("unroll", [2, 4, 8])
+def test_gemv_unroll_is_bit_identical(unroll):
+    """Blocks.gemv_unroll = 2 loads two K blocks per iteration (4 and 8: the K loops unrolled
+    by the compiler) into the same accumulator lanes in the same order as single iterations:
+    identical logits (fused tiny Llama, K spans several 32-element blocks, including counts
+    where the unrolled loop's last block is masked or left to the remainder)."""
     from lowering.triton.runtime import Blocks
 
     prog, init, _ = lowered("tiny-llama", workers=3, dtype="bf16", fuse=True)
     outs = []
-    for un in (1, 2):
+    for un in (1, unroll):
         ex = TritonExecutor(prog, init, check=False, blocks=Blocks(gemv_n=16, gemv_k=32, gemv_unroll=un))
         outs.append(run_decode(ex, TOKENS[:2]))
     for (l1, t1), (l2, t2) in zip(*outs):

@@ -31,6 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", metavar="FILE", help="lowering config JSON (knobs)")
     p.add_argument("--workers", type=int, help="workers per rank (default: one per SM)")
     p.add_argument("--tile", type=int, help="GEMV tile rows")
+    p.add_argument("--attn-split", type=int, metavar="S",
+                   help="attention tasks per KV head (lowering knob attn_split; default 1)")
     p.add_argument("--num-warps", type=int, default=8, help="warps per worker CTA (default 8)")
     p.add_argument("--gemv-block", default="32x512", metavar="NxK",
                    help="GEMV block: rows x columns streamed per iteration (default 32x512)")
@@ -40,8 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prefetch", type=int, default=0, metavar="D",
                    help="L2 prefetch look-ahead in tasks: task i starts prefetching task i+D's GEMV "
                         "weight tile (0 = off, default)")
-    p.add_argument("--gemv-unroll", type=int, default=1, choices=(1, 2), metavar="U",
-                   help="GEMV K blocks loaded per loop iteration before use (1 or 2, default 1)")
+    p.add_argument("--gemv-unroll", type=int, default=1, choices=(1, 2, 4, 8, 16), metavar="U",
+                   help="GEMV K loop unrolled U times, U weight blocks in flight (1, 2, 4, 8 or 16; "
+                        "above 2 needs a K block below 32 x warps, e.g. 16x128 at 8 warps; default 1)")
     p.add_argument("--attention-block", type=int, default=32, metavar="T",
                    help="decode attention: cache positions per block of its online softmax "
                         "(power of two, default 32); a context of <= T positions takes one block")
@@ -70,6 +73,8 @@ def _config(args, sms: int):
         base["workers"] = args.workers
     if args.tile:
         base["tile"] = args.tile
+    if getattr(args, "attn_split", None):
+        base["attn_split"] = args.attn_split
     base.setdefault("max_seq", max(256, args.prompt_len + args.tokens + 8))
     return LoweringConfig.from_json(base, source=args.config or "bench config")
 

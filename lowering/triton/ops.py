@@ -235,7 +235,11 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
     * 1: each iteration loads its W block and x block and consumes them; the next block's
       loads issue only after that (one block in flight per CTA). ``UNROLL`` = 2: each
       iteration loads two K blocks (both weight loads first), so two blocks are in flight,
-      with one accumulator.
+      with one accumulator. ``UNROLL`` = 4, 8 or 16: the loop is unrolled by Triton
+      (``loop_unroll_factor``) and ptxas hoists the weight loads, UNROLL blocks in flight,
+      when BLOCK_K < 32 * num_warps (then x is loaded straight into the layout it is
+      broadcast in; a larger x block goes through shared memory, whose bar.syncs stop
+      the hoisting). Every value sums the K blocks in the same order: bit-identical.
     * S >= 2: the K loop is ``tl.range(..., num_stages=S)``: Triton's software pipeliner
       turns the W loads into asynchronous global->shared copies (``cp.async.cg``, L1
       bypassed), issued S - 1 blocks ahead, so (S - 1) * BLOCK_N * BLOCK_K weight elements
@@ -253,8 +257,10 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
         # STAGES >= 2: x in blocks of BLOCK_N * BLOCK_K (the registers of one W block), so a
         # K <= BLOCK_N * BLOCK_K costs one round trip instead of K / BLOCK_K dependent ones.
         NB: tl.constexpr = BLOCK_K if STAGES <= 1 else BLOCK_N * BLOCK_K
+        # unrolled like the W loop: UNROLL x blocks in flight, summed in the same order
+        PU: tl.constexpr = UNROLL if STAGES <= 1 else 1
         sq = tl.zeros([NB], dtype=tl.float32)
-        for k0 in range(0, K, NB):
+        for k0 in tl.range(0, K, NB, loop_unroll_factor=PU):
             cols = k0 + tl.arange(0, NB)
             xv, _ = _gemv_xload(x, x_n1, x_n2, x_s0, x_s1, x_s2, x, x_n1, x_n2, x_s0, x_s1, x_s2,
                                 cols, cols < K, PRO_PLAIN, X_CONTIG, X_ALIGN)
@@ -280,6 +286,17 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
                                      c1, c1 < K, PRO, X_CONTIG, X_ALIGN)
                 acc += w0 * _gemv_xfn(x, x0, a0, rstd, PRO)[None, :]
                 acc += w1 * _gemv_xfn(x, x1, a1, rstd, PRO)[None, :]
+        elif STAGES <= 1 and UNROLL > 2:
+            # the loop unrolled by the compiler: straight-line code in which ptxas issues all
+            # UNROLL weight loads ahead of the FMAs, provided x needs no layout conversion
+            # (its bar.syncs would fence the loads): BLOCK_K < 32 * num_warps (docs/triton.md)
+            for k0 in tl.range(0, K, BLOCK_K, loop_unroll_factor=UNROLL):
+                cols = k0 + tl.arange(0, BLOCK_K)
+                cm = cols < K
+                wv = _gemv_wload(w, w_rs, w_cs, rows, rm, cols, cm, W_CONTIG)
+                xv, av = _gemv_xload(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2,
+                                     cols, cm, PRO, X_CONTIG, X_ALIGN)
+                acc += wv * _gemv_xfn(x, xv, av, rstd, PRO)[None, :]
         elif STAGES <= 1:
             for k0 in range(0, K, BLOCK_K):
                 cols = k0 + tl.arange(0, BLOCK_K)

@@ -118,8 +118,8 @@ class Blocks:
     worker starts an L2 bulk prefetch of task i + D's GEMV weight tile, so weight streaming
     overlaps waits and other tasks; megakernel.l2_prefetch). Must be 0..8.
     ``attention_dot``: attention's scores and value update as fp32 ``tl.dot`` products
-    (ops.attention ``DOT``), allowing larger ``attention_t``. ``gemv_unroll``: K blocks loaded per GEMV loop iteration before any is consumed (1 or 2;
-    STAGES = 1 only). ``elide_waits`` / ``coalesce_signals``: table options (table.elide_waits,
+    (ops.attention ``DOT``), allowing larger ``attention_t``. ``gemv_unroll``: the GEMV's K loop unrolled 1, 2, 4, 8 or 16
+    times (STAGES = 1 only), so that many weight blocks can be in flight. ``elide_waits`` / ``coalesce_signals``: table options (table.elide_waits,
     table.coalesced_signals): skip a wait an earlier task of the same worker already did;
     release several consecutive tiles' signals with one atomic."""
 
@@ -141,8 +141,8 @@ class Blocks:
     def __post_init__(self) -> None:
         if not isinstance(self.gemv_stages, int) or not 1 <= self.gemv_stages <= 8:
             raise TritonError(f"gemv_stages must be an integer in 1..8, got {self.gemv_stages!r}", exit_code=2)
-        if self.gemv_unroll not in (1, 2):
-            raise TritonError(f"gemv_unroll must be 1 or 2, got {self.gemv_unroll!r}", exit_code=2)
+        if self.gemv_unroll not in (1, 2, 4, 8, 16):
+            raise TritonError(f"gemv_unroll must be 1, 2, 4, 8 or 16, got {self.gemv_unroll!r}", exit_code=2)
         if not isinstance(self.prefetch, int) or not 0 <= self.prefetch <= 8:
             raise TritonError(f"prefetch must be an integer in 0..8, got {self.prefetch!r}", exit_code=2)
 
