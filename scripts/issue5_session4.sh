@@ -10,6 +10,8 @@
 #                                            # Llama-3.2-1B with the 16x128 unroll-8 GEMV
 #   bash scripts/issue5_session4.sh split    # attn_split (attention tasks per KV head), both shapes,
 #                                            # 64 and 128 timed tokens
+#   bash scripts/issue5_session4.sh split2   # attention position block with the split (one query
+#                                            # head per task leaves registers for longer blocks)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_env.sh
@@ -55,6 +57,11 @@ split)
         --attn-split 1,3 $C --tokens 128 --json "$OUT/split_smol_128tok.json"
     $S config:llama-3.2-1b --workers 132 --warps 8 --gemv-block 16x128 --unroll 8 --prefetch 1 \
         --attn-split 1,2,4 $C --tokens 128 --json "$OUT/split_llama_128tok.json" ;;
+split2)
+    $S config:smollm2-135m --workers 132 --warps 8 --gemv-block 16x64 --unroll 8 --prefetch 1 --att-t 32,64,128 \
+        --attn-split 3 $C --tokens 128 --json "$OUT/split2_smol_128tok.json"
+    $S config:llama-3.2-1b --workers 132 --warps 8 --gemv-block 16x128 --unroll 8 --prefetch 1 --att-t 32,64 \
+        --attn-split 4 $C --tokens 128 --json "$OUT/split2_llama_128tok.json" ;;
 *)
-    echo "usage: $0 unroll|rounds|profile|split" >&2; exit 2 ;;
+    echo "usage: $0 unroll|rounds|profile|split|split2" >&2; exit 2 ;;
 esac
