@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--att-dot", default="0", help="comma list of 0/1 (Blocks.attention_dot)")
     ap.add_argument("--unroll", default="1", help="comma list of GEMV unroll factors (Blocks.gemv_unroll)")
     ap.add_argument("--attn-split", default="1", help="comma list of the attn_split lowering knob")
+    ap.add_argument("--row-prefetch", default="1", help="comma list of 0/1 (Blocks.row_prefetch)")
     ap.add_argument("--sync-opt", default="1", help="comma list of 0/1: Blocks.elide_waits and "
                                                     "Blocks.coalesce_signals together")
     ap.add_argument("--tokens", type=int, default=64)
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     target = cuda_target(props)
     rows = []
     print(f"{args.model} on {props.name}: HBM {bw / 1e12:.2f} TB/s, roofline {floor:.4f} ms")
-    for w, t, pol, nw, gb, gs, fuse, pf, wave, att, so, un, ad, asp in itertools.product([int(x) for x in args.workers.split(",")],
+    for w, t, pol, nw, gb, gs, fuse, pf, wave, att, so, un, ad, asp, rp in itertools.product([int(x) for x in args.workers.split(",")],
                                                    [int(x) for x in args.tile.split(",")],
                                                    args.policy.split(","),
                                                    [int(x) for x in args.warps.split(",")],
@@ -73,14 +74,15 @@ def main(argv: list[str] | None = None) -> int:
                                                    [bool(int(x)) for x in args.sync_opt.split(",")],
                                                    [int(x) for x in args.unroll.split(",")],
                                                    [bool(int(x)) for x in args.att_dot.split(",")],
-                                                   [int(x) for x in args.attn_split.split(",")]):
+                                                   [int(x) for x in args.attn_split.split(",")],
+                                                   [bool(int(x)) for x in args.row_prefetch.split(",")]):
         bn, bk = (int(v) for v in gb.split("x"))
         opts = {"num_warps": nw, "blocks": Blocks(gemv_n=bn, gemv_k=bk, gemv_stages=gs, prefetch=pf,
                                                   attention_t=att, elide_waits=so, coalesce_signals=so,
-                                                  gemv_unroll=un, attention_dot=ad)}
+                                                  gemv_unroll=un, attention_dot=ad, row_prefetch=rp)}
         tag = (f"workers={w:<4} tile={t:<4} {pol:<12} warps={nw} gemv={gb:<7} stages={gs} "
                f"fuse={int(fuse)} prefetch={pf} wave={int(wave)} att_t={att} sync_opt={int(so)} unroll={un} att_dot={int(ad)} "
-               f"attn_split={asp}")
+               f"attn_split={asp} row_prefetch={int(rp)}")
         cfg = LoweringConfig(tile=t, workers=w, policy=pol, dtype="bf16", fuse=fuse, wave=wave, attn_split=asp,
                              max_seq=max(256, args.prompt_len + args.tokens + 8)).validate()
         try:
@@ -89,11 +91,11 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as err:
             print(f"  {tag}: FAILED {type(err).__name__}: {err}", flush=True)
             rows.append({"config": cfg.to_json(), "num_warps": nw, "gemv_block": gb, "gemv_stages": gs,
-                         "prefetch": pf, "attention_t": att, "sync_opt": so, "gemv_unroll": un, "attention_dot": ad, "error": f"{type(err).__name__}: {err}"})
+                         "prefetch": pf, "attention_t": att, "sync_opt": so, "gemv_unroll": un, "attention_dot": ad, "row_prefetch": rp, "error": f"{type(err).__name__}: {err}"})
             continue
         med = res.timing.median_ms
         row = {"config": cfg.to_json(), "num_warps": nw, "gemv_block": gb, "gemv_stages": gs,
-               "prefetch": pf, "attention_t": att, "sync_opt": so, "gemv_unroll": un, "attention_dot": ad, "tasks": res.extra["tasks"], "latency_ms_median": med,
+               "prefetch": pf, "attention_t": att, "sync_opt": so, "gemv_unroll": un, "attention_dot": ad, "row_prefetch": rp, "tasks": res.extra["tasks"], "latency_ms_median": med,
                "timing": res.timing.to_json(), "roofline_pct": 100 * floor / med,
                "correct": res.correct, "note": res.note, "build_s": res.extra["build_s"],
                "occupancy": ex.occupancy,

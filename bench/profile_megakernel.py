@@ -35,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sync-opt", type=int, default=1, help="1/0: Blocks.elide_waits and coalesce_signals")
     ap.add_argument("--unroll", type=int, default=1, help="GEMV K-loop unroll (Blocks.gemv_unroll)")
     ap.add_argument("--att-t", type=int, default=32, help="attention position block (Blocks.attention_t)")
+    ap.add_argument("--row-prefetch", type=int, default=1, help="0/1: Blocks.row_prefetch")
+    ap.add_argument("--attn-split", type=int, default=1, help="the attn_split lowering knob")
     ap.add_argument("--layer", type=int, default=None,
                     help="also print the stage timeline of this layer (default: the middle one)")
     ap.add_argument("--json", default=None)
@@ -51,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     props = torch.cuda.get_device_properties(dev)
     resolved = resolve_model(args.model, dtype="bf16")
     cfg = LoweringConfig(tile=args.tile, workers=args.workers, policy=args.policy, dtype="bf16",
-                         max_seq=256, fuse=args.fuse).validate()
+                         max_seq=256, fuse=args.fuse, attn_split=args.attn_split).validate()
     target = cuda_target(props)
     session = pipeline.Session.build(args.model, args.tp, cfg, target, resolved=resolved)
     bn, bk = (int(v) for v in args.gemv_block.split("x"))
@@ -59,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         "num_warps": args.warps, "blocks": Blocks(gemv_n=bn, gemv_k=bk, prefetch=args.prefetch,
                                                          elide_waits=bool(args.sync_opt),
                                                          coalesce_signals=bool(args.sync_opt),
-                                                         gemv_unroll=args.unroll, attention_t=args.att_t),
+                                                         gemv_unroll=args.unroll, attention_t=args.att_t,
+                                                         row_prefetch=bool(args.row_prefetch)),
         "profile": True})
     ex = dec.ex
     tok = 1

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 5, fourth session: `amk bench` with baselines (a) and (b) in the same run on both model
 # shapes at the session's best megakernel configs (docs/benchmarks.md, "Fourth session"), after
-# the GPU tests of this session's changes (split attention, unrolled GEMV). Results go to $OUT
+# the GPU tests of this session's changes (split attention, unrolled GEMV; the table-row L1 prefetch
+# is on by default). Results go to $OUT
 # (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/.."

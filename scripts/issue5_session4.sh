@@ -12,6 +12,10 @@
 #                                            # 64 and 128 timed tokens
 #   bash scripts/issue5_session4.sh split2   # attention position block with the split (one query
 #                                            # head per task leaves registers for longer blocks)
+#   bash scripts/issue5_session4.sh ladder   # bench/gemv_ladder.py (plain GEMV -> table operands ->
+#                                            # opcode dispatch -> stamps) and the megakernel probe
+#   bash scripts/issue5_session4.sh rowpf    # the next task's table row prefetched into L1, both
+#                                            # shapes at their best flags (128 tokens), and profiled
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_env.sh
@@ -62,6 +66,19 @@ split2)
         --attn-split 3 $C --tokens 128 --json "$OUT/split2_smol_128tok.json"
     $S config:llama-3.2-1b --workers 132 --warps 8 --gemv-block 16x128 --unroll 8 --prefetch 1 --att-t 32,64 \
         --attn-split 4 $C --tokens 128 --json "$OUT/split2_llama_128tok.json" ;;
+ladder)
+    timeout 200 python3 bench/gemv_ladder.py --blocks 16x512:2,16x128:8 --json "$OUT/ladder.json"
+    for b in 16x512:2 16x128:8; do for p in "--no-profile" ""; do
+        timeout 120 python3 bench/gemv_probe.py --op gemv --gemv-block ${b%:*} --unroll ${b#*:} $p \
+            --json "$OUT/probe_gemv_${b%:*}${p:+_noprof}.json"
+    done; done ;;
+rowpf)
+    $S config:llama-3.2-1b --workers 132 --warps 8 --gemv-block 16x128 --unroll 8 --prefetch 1 --attn-split 4 \
+        --row-prefetch 0,1 $C --tokens 128 --json "$OUT/rowpf_llama_128tok.json"
+    $S config:smollm2-135m --workers 132 --warps 8 --gemv-block 16x64 --unroll 8 --prefetch 1 --attn-split 3 \
+        --row-prefetch 0,1 $C --tokens 128 --json "$OUT/rowpf_smol_128tok.json"
+    timeout 150 python3 bench/profile_megakernel.py config:llama-3.2-1b --workers 132 --tile 16 --warps 8 --fuse \
+        --gemv-block 16x128 --unroll 8 --prefetch 1 --attn-split 4 --row-prefetch 1 --json "$OUT/profile_llama_rowpf.json" ;;
 *)
-    echo "usage: $0 unroll|rounds|profile|split|split2" >&2; exit 2 ;;
+    echo "usage: $0 unroll|rounds|profile|split|split2|ladder|rowpf" >&2; exit 2 ;;
 esac

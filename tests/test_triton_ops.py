@@ -565,10 +565,11 @@ def test_megakernel_gemv_stages_compile_for_sm90(tmp_path):
 
 @pytest.mark.skipif(not INTERP, reason="the offline compile runs where the tests use the interpreter")
 def test_megakernel_attention_dot_and_unroll_compile_for_sm90(tmp_path):
-    """ATT_DOT (attention as fp32 tl.dot, 64-position blocks) and GEMV_UNROLL = 2 compile for
-    sm_90 at 8 warps with no spills, and the dot form needs fewer registers than the
-    [Q, T, D] broadcast form at 32-position blocks (the broadcast form is the kernel's
-    register high-water mark)."""
+    """ATT_DOT (attention as fp32 tl.dot, 64-position blocks), GEMV_UNROLL = 2 and
+    GEMV_UNROLL = 8 over 16 x 128 blocks compile for sm_90 at 8 warps with no spills, the
+    dot form needs fewer registers than the [Q, T, D] broadcast form at 32-position blocks
+    (the broadcast form is the kernel's register high-water mark), and ROW_PREFETCH (on by
+    default) puts the L1 prefetch of the next table row in the PTX."""
     from lowering.triton import TritonExecutor
     from tests.test_triton_megakernel import lowered
 
@@ -577,8 +578,13 @@ def test_megakernel_attention_dot_and_unroll_compile_for_sm90(tmp_path):
     base = {"GEMV_N": 16, "GEMV_K": 512, "GEMV_UNROLL": 2, "ATT_D": 64}
     dot = _offline(_COMPILE_MEGAKERNEL, src, json.dumps({**base, "ATT_DOT": True, "ATT_T": 64, "ATT_Q": 16}), 8)
     bcast = _offline(_COMPILE_MEGAKERNEL, src, json.dumps({**base, "ATT_T": 32, "ATT_Q": 4}), 8)
-    for rep in (dot, bcast):
+    # the fourth session's best flags: 16 x 128 blocks unrolled 8 times, no row prefetch
+    u8 = _offline(_COMPILE_MEGAKERNEL, src, json.dumps({**base, "GEMV_K": 128, "GEMV_UNROLL": 8,
+                                                        "ROW_PREFETCH": False}), 8)
+    for rep in (dot, bcast, u8):
         if rep["regs"] is not None:
             assert rep["regs"] <= 255 and rep["local_bytes"] == 0, rep
+    # Blocks.row_prefetch is on by default: the emitted launch carries ROW_PREFETCH
+    assert dot["row_prefetch"] and bcast["row_prefetch"] and not u8["row_prefetch"], (dot, u8)
     if dot["regs"] is not None and bcast["regs"] is not None:
         assert dot["regs"] < bcast["regs"], (dot, bcast)

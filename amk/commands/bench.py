@@ -48,6 +48,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--attention-block", type=int, default=32, metavar="T",
                    help="decode attention: cache positions per block of its online softmax "
                         "(power of two, default 32); a context of <= T positions takes one block")
+    p.add_argument("--row-prefetch", type=int, default=1, choices=(0, 1), metavar="0|1",
+                   help="1 (default): prefetch the next task's table row into L1 during each task")
     p.add_argument("--attention-dot", action="store_true",
                    help="decode attention's products as fp32 tl.dot (allows a larger --attention-block)")
     p.add_argument("--no-baselines", action="store_true", help="skip the HF baselines")
@@ -228,7 +230,8 @@ def measure_megakernel(model_arg, resolved, cfg, target, prompt, ref, n_tokens: 
 
 def backend_options(args) -> dict:
     """TritonExecutor options from --num-warps, --gemv-block NxK, --gemv-stages,
-    --prefetch and --attention-block. Raises AmkError."""
+    --prefetch, --gemv-unroll, --attention-block, --attention-dot and --row-prefetch.
+    Raises AmkError."""
     from lowering.triton.runtime import Blocks
 
     try:
@@ -248,7 +251,8 @@ def backend_options(args) -> dict:
     return {"num_warps": args.num_warps,
             "blocks": Blocks(gemv_n=n, gemv_k=k, gemv_stages=stages, prefetch=prefetch, attention_t=att,
                              gemv_unroll=getattr(args, "gemv_unroll", 1),
-                             attention_dot=bool(getattr(args, "attention_dot", False)))}
+                             attention_dot=bool(getattr(args, "attention_dot", False)),
+                             row_prefetch=bool(getattr(args, "row_prefetch", 1)))}
 
 
 def _resolve_bf16(model_arg: str):

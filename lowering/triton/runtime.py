@@ -116,7 +116,9 @@ class Blocks:
     S - 1 shared-memory buffers). Raises TritonError (exit code 2) if it is not 1..8.
     ``prefetch``: L2 prefetch look-ahead in tasks (0 = off; D: at the start of task i the
     worker starts an L2 bulk prefetch of task i + D's GEMV weight tile, so weight streaming
-    overlaps waits and other tasks; megakernel.l2_prefetch). Must be 0..8.
+    overlaps waits and other tasks; megakernel.l2_prefetch). Must be 0..8. ``row_prefetch``:
+    at the start of each task, prefetch the next task's table row into L1
+    (megakernel.row_prefetch), so its decode does not wait on L2 or DRAM.
     ``attention_dot``: attention's scores and value update as fp32 ``tl.dot`` products
     (ops.attention ``DOT``), allowing larger ``attention_t``. ``gemv_unroll``: the GEMV's K loop unrolled 1, 2, 4, 8 or 16
     times (STAGES = 1 only), so that many weight blocks can be in flight. ``elide_waits`` / ``coalesce_signals``: table options (table.elide_waits,
@@ -135,6 +137,7 @@ class Blocks:
     gemv_unroll: int = 1
     attention_dot: bool = False
     prefetch: int = 0
+    row_prefetch: bool = True
     elide_waits: bool = True
     coalesce_signals: bool = True
 
@@ -357,7 +360,7 @@ class TritonExecutor:
             BLOCK=b.elementwise, GEMV_N=b.gemv_n, GEMV_K=b.gemv_k, ROPE_BLOCK=b.rope,
             ATT_T=b.attention_t, ATT_D=b.attention_d, ATT_Q=b.attention_q, PAIR_BLOCK=b.pairs,
             GEMV_STAGES=b.gemv_stages, PREFETCH=b.prefetch, GEMV_UNROLL=b.gemv_unroll,
-            ATT_DOT=bool(b.attention_dot),
+            ATT_DOT=bool(b.attention_dot), ROW_PREFETCH=bool(b.row_prefetch),
         )
         if not self.interpret:
             kw["num_warps"] = self.num_warps
