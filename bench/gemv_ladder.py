@@ -18,6 +18,8 @@ and three rungs that take one property of ``table`` back, to find which one cost
   table_n   ``table`` with N (rows per tile) a compile-time constant again
   table_nk  ``table_n`` with K a kernel argument again (only the offsets from the table)
   table_pf  ``table`` with the next tile's row loaded one tile ahead (decode latency hidden)
+  regs      ``table_pf`` with the never-taken branch of ``dispatch`` made 4x larger ([16, 64,
+            64] products), so the kernel is compiled at the megakernel's register count
 
 and then the megakernel itself on the same tiles (bench/gemv_probe.py, same flags). Prints
 TB/s and GB/s per SM for each rung and writes JSON.
@@ -38,7 +40,7 @@ import triton.language as tl
 
 from lowering.triton import ops as K
 
-RUNGS = ("plain", "table", "dispatch", "stamps", "table_n", "table_nk", "table_pf")
+RUNGS = ("plain", "table", "dispatch", "stamps", "table_n", "table_nk", "table_pf", "regs")
 
 
 @triton.jit
@@ -62,7 +64,7 @@ def _ladder(A, TAB, PROF, ntiles, Kc, RUNG: tl.constexpr, BN: tl.constexpr, BK: 
             n = TILE_N
             k = Kc
             op = 0
-        elif RUNG == 6:
+        elif RUNG == 6 or RUNG == 7:
             op, wo, xo, yo, n, k = p_op, p_wo, p_xo, p_yo, p_n, p_k
             nxt = TAB + tl.minimum(t + P, ntiles - 1).to(tl.int64) * 8
             p_op = tl.load(nxt + 0).to(tl.int32)
@@ -99,9 +101,10 @@ def _ladder(A, TAB, PROF, ntiles, Kc, RUNG: tl.constexpr, BN: tl.constexpr, BK: 
                       A + wo, k, 1, A + yo, 1, n, 0, 0, 1,
                       A + yo, 1, n, 0, 0, 1, n, k,
                       K.PRO_PLAIN, False, True, True, 8, BN, BK, 1, None, False, 8, UNROLL)
-        elif RUNG == 2 or RUNG == 3:
+        elif RUNG == 2 or RUNG == 3 or RUNG == 7:
             # never taken (op is 0 everywhere): register pressure like the attention variant
-            qh = tl.arange(0, 4)
+            QB: tl.constexpr = 16 if RUNG == 7 else 4
+            qh = tl.arange(0, QB)
             tt = tl.arange(0, 64)
             dd = tl.arange(0, 64)
             q = tl.load(A + xo + qh[:, None] * 64 + dd[None, :]).to(tl.float32)
