@@ -57,6 +57,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
 
+    from amk.timing import time_per_call
     from lowering.triton import megakernel as MK
     from lowering.triton import table as T
     from lowering.triton.runtime import Blocks, TritonExecutor
@@ -94,45 +95,32 @@ def main(argv=None) -> int:
     y = ex.read("y").float().cpu()
     ref = data["W"].float() @ x.float() if a.op == "gemv" else None
     ok = bool(torch.allclose(y, ref, rtol=2e-2, atol=2e-1)) if ref is not None else None
-    if a.no_profile:  # kernel time per step from CUDA events around single launches
-        times = []
-        for e in range(4, 24):
-            s, t = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            ex.step(e)
-            t.record()
-            torch.cuda.synchronize()
-            times.append(s.elapsed_time(t) * 1e3)
-        span = float(np.median(times))
-        res = dict(span_us=span, kernel_tbps=a.rows * a.k * 2 / span / 1e6, regs=ex.occupancy.get("n_regs"),
-                   variants=len(ex.table.variants), correct=ok, op=a.op, giant=a.giant, warps=a.warps,
-                   gemv_block=a.gemv_block, unroll=a.unroll, profile=False,
-                   device=torch.cuda.get_device_name(dev), command=" ".join(sys.argv))
-        print(f"{a.op} giant={a.giant} block={a.gemv_block} unroll={a.unroll} regs={res['regs']}: step {span:.1f} us "
-              f"= {res['kernel_tbps']:.2f} TB/s ({res['kernel_tbps'] * 1e3 / sms:.1f} GB/s per SM); correct={ok}")
-        if a.json:
-            with open(a.json, "w") as f:
-                json.dump(res, f, indent=1)
-        return 0
-    p = ex._prof.view(-1, MK.PROF_W).cpu().numpy().astype(np.float64)
-    parts = {"waits": p[:, 1] - p[:, 0], "decode": p[:, 3] - p[:, 1], "prologue": p[:, 4] - p[:, 3],
-             "stream+store": p[:, 5] - p[:, 4], "barrier+signals": p[:, 2] - p[:, 6], "op total": p[:, 2] - p[:, 1]}
-    span = (p[:, 2].max() - p[:, 0].min()) / 1e3
-    tile_bytes = a.tile * a.k * 2
-    res = {k: float(v.mean() / 1e3) for k, v in parts.items()}
-    res.update(span_us=span, kernel_tbps=a.rows * a.k * 2 / span / 1e6,
-               stream_gbps_per_sm=tile_bytes / res["stream+store"] / 1e3, regs=ex.occupancy.get("n_regs"),
-               variants=len(ex.table.variants), correct=ok, op=a.op, giant=a.giant, warps=a.warps,
-               gemv_block=a.gemv_block, device=torch.cuda.get_device_name(dev), command=" ".join(sys.argv))
-    print(f"{a.op} giant={a.giant} block={a.gemv_block} warps={a.warps} regs={res['regs']} variants={res['variants']}: "
-          + ", ".join(f"{k} {res[k]:.2f} us" for k in parts)
-          + f"; stream {res['stream_gbps_per_sm']:.1f} GB/s/SM; step {span:.1f} us = {res['kernel_tbps']:.2f} TB/s"
-          + f"; correct={ok}")
+    res = dict(regs=ex.occupancy.get("n_regs"), variants=len(ex.table.variants), correct=ok, op=a.op,
+               giant=a.giant, warps=a.warps, gemv_block=a.gemv_block, unroll=a.unroll, profile=not a.no_profile,
+               device=torch.cuda.get_device_name(dev), command=" ".join(sys.argv))
+    head = f"{a.op} giant={a.giant} block={a.gemv_block} unroll={a.unroll} warps={a.warps} regs={res['regs']}"
+    if a.no_profile:  # kernel time per step: CUDA events around single launches (launch gaps included)
+        steps = iter(range(4, 1 << 30))
+        span = time_per_call(lambda: ex.step(next(steps)), iters=20, warmup=0, device=dev).median_ms * 1e3
+        res.update(span_us=span, kernel_tbps=a.rows * a.k * 2 / span / 1e6)
+        print(f"{head}: step {span:.1f} us = {res['kernel_tbps']:.2f} TB/s "
+              f"({res['kernel_tbps'] * 1e3 / sms:.1f} GB/s per SM); correct={ok}")
+    else:
+        p = ex._prof.view(-1, MK.PROF_W).cpu().numpy().astype(np.float64)
+        parts = {"waits": p[:, 1] - p[:, 0], "decode": p[:, 3] - p[:, 1], "prologue": p[:, 4] - p[:, 3],
+                 "stream+store": p[:, 5] - p[:, 4], "barrier+signals": p[:, 2] - p[:, 6],
+                 "op total": p[:, 2] - p[:, 1]}
+        span = (p[:, 2].max() - p[:, 0].min()) / 1e3
+        res.update({k: float(v.mean() / 1e3) for k, v in parts.items()})
+        res.update(span_us=span, kernel_tbps=a.rows * a.k * 2 / span / 1e6,
+                   stream_gbps_per_sm=a.tile * a.k * 2 / res["stream+store"] / 1e3)
+        print(f"{head} variants={res['variants']}: " + ", ".join(f"{k} {res[k]:.2f} us" for k in parts)
+              + f"; stream {res['stream_gbps_per_sm']:.1f} GB/s/SM; step {span:.1f} us = "
+              f"{res['kernel_tbps']:.2f} TB/s; correct={ok}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

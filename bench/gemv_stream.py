@@ -72,7 +72,9 @@ def _stream_ex(W, X, A, Y, FLAG, ntiles, K_, TILE_N: tl.constexpr, BN: tl.conste
             tl.atomic_add(FLAG + 1, 1, sem="release", scope="gpu")
 
 
-def _time(fn, reps: int = 20) -> float:
+def time_back_to_back(fn, reps: int = 20) -> float:
+    """Mean ms per call of ``reps`` calls enqueued back to back between two CUDA events
+    (after one untimed call); also used by bench/gemv_ladder.py."""
     fn()
     torch.cuda.synchronize()
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -105,9 +107,9 @@ def main(argv=None) -> int:
     ref = (W.float() @ x.float())
     nbytes = W.numel() * 2
     buf = torch.empty(nbytes // 2, device=dev, dtype=torch.bfloat16)
-    copy_ms = _time(lambda: buf.copy_(W.view(-1)))
+    copy_ms = time_back_to_back(lambda: buf.copy_(W.view(-1)))
     hbm = 2 * nbytes / copy_ms / 1e9  # TB/s, bytes read + written
-    mv_ms = _time(lambda: torch.mv(W, x))
+    mv_ms = time_back_to_back(lambda: torch.mv(W, x))
     rows = [dict(name="copy", ms=copy_ms, tbps=hbm), dict(name="torch.mv", ms=mv_ms, tbps=nbytes / mv_ms / 1e9)]
     print(f"{torch.cuda.get_device_name(dev)}: W {a.rows}x{a.k} bf16 ({nbytes / 1e6:.0f} MB); copy {hbm:.2f} TB/s; "
           f"torch.mv {rows[1]['tbps']:.2f} TB/s")
@@ -122,7 +124,7 @@ def main(argv=None) -> int:
             f()
             torch.cuda.synchronize()
             ok = bool(torch.allclose(y.float(), ref, rtol=2e-2, atol=2e-1))
-            ms = _time(f)
+            ms = time_back_to_back(f)
         except Exception as e:  # a config that does not compile or launch: report, go on
             print(f"  {bn}x{bk} warps={warps} per_sm={per_sm} unroll={unroll}: {type(e).__name__}")
             continue
@@ -142,7 +144,7 @@ def main(argv=None) -> int:
             torch.cuda.synchronize()
             want = ref if pro == 0 else None
             ok = bool(torch.allclose(y.float(), want, rtol=2e-2, atol=2e-1)) if want is not None else None
-            ms = _time(f)
+            ms = time_back_to_back(f)
         except Exception as e:
             print(f"  gemv_ex {bn}x{bk} pro={pro} sync={sync}: {type(e).__name__}: {e}")
             continue

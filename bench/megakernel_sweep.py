@@ -85,17 +85,18 @@ def main(argv: list[str] | None = None) -> int:
                f"attn_split={asp} row_prefetch={int(rp)}")
         cfg = LoweringConfig(tile=t, workers=w, policy=pol, dtype="bf16", fuse=fuse, wave=wave, attn_split=asp,
                              max_seq=max(256, args.prompt_len + args.tokens + 8)).validate()
+        knobs = {"config": cfg.to_json(), "num_warps": nw, "gemv_block": gb, "gemv_stages": gs,
+                 "prefetch": pf, "attention_t": att, "sync_opt": so, "gemv_unroll": un, "attention_dot": ad,
+                 "row_prefetch": rp}
         try:
             res, session, ex = measure_megakernel(args.model, resolved, cfg, target, prompt, ref,
                                                   args.tokens, opts)
         except Exception as err:
             print(f"  {tag}: FAILED {type(err).__name__}: {err}", flush=True)
-            rows.append({"config": cfg.to_json(), "num_warps": nw, "gemv_block": gb, "gemv_stages": gs,
-                         "prefetch": pf, "attention_t": att, "sync_opt": so, "gemv_unroll": un, "attention_dot": ad, "row_prefetch": rp, "error": f"{type(err).__name__}: {err}"})
+            rows.append({**knobs, "error": f"{type(err).__name__}: {err}"})
             continue
         med = res.timing.median_ms
-        row = {"config": cfg.to_json(), "num_warps": nw, "gemv_block": gb, "gemv_stages": gs,
-               "prefetch": pf, "attention_t": att, "sync_opt": so, "gemv_unroll": un, "attention_dot": ad, "row_prefetch": rp, "tasks": res.extra["tasks"], "latency_ms_median": med,
+        row = {**knobs, "tasks": res.extra["tasks"], "latency_ms_median": med,
                "timing": res.timing.to_json(), "roofline_pct": 100 * floor / med,
                "correct": res.correct, "note": res.note, "build_s": res.extra["build_s"],
                "occupancy": ex.occupancy,
