@@ -145,10 +145,12 @@ def capture_graph(body) -> "torch.cuda.CUDAGraph":
 
 
 def hf_compiled_graph(model, prompt_ids: torch.Tensor, n_tokens: int,
-                      max_cache_len: int | None = None) -> BaselineResult:
+                      max_cache_len: int | None = None, mode: str | None = None) -> BaselineResult:
     """Baseline (b): a decode step over a StaticCache, compiled, in one CUDA graph.
 
     The prompt is fed token by token through the same graph (position = step index).
+    ``mode``: torch.compile's mode (None: its default; the result is then named
+    ``hf_compiled_graph``, else ``hf_compiled_graph[mode]``).
     Requires CUDA. Returns the ``n_tokens`` greedy tokens after the prompt and the per-replay
     timing of the decode steps (each replay is one whole decode step).
     """
@@ -156,7 +158,7 @@ def hf_compiled_graph(model, prompt_ids: torch.Tensor, n_tokens: int,
     if dev.type != "cuda":
         raise RuntimeError("the compiled CUDA-graph baseline needs a CUDA device")
     st = StaticDecode(model, prompt_ids, n_tokens, dev, max_cache_len)
-    compiled = torch.compile(st.decode_step)
+    compiled = torch.compile(st.decode_step, **({"mode": mode} if mode else {}))
 
     def body():
         st.body(compiled)
@@ -167,7 +169,8 @@ def hf_compiled_graph(model, prompt_ids: torch.Tensor, n_tokens: int,
         st.feed_prompt(graph.replay)
         # Decode: each replay consumes the previous output token (copied inside the graph).
         timing = time_per_call(graph.replay, iters=n_tokens - 1, warmup=0, device=dev)
-    return BaselineResult("hf_compiled_graph", st.tokens(n_tokens), timing)
+    name = "hf_compiled_graph" if not mode else f"hf_compiled_graph[{mode}]"
+    return BaselineResult(name, st.tokens(n_tokens), timing)
 
 
 @dataclass

@@ -23,10 +23,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", action="append", required=True)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=8)
+    ap.add_argument("--compile-mode", default="default",
+                    help="comma list of torch.compile modes for baseline (b), e.g. "
+                         "default,max-autotune-no-cudagraphs")
+    ap.add_argument("--no-eager", action="store_true", help="skip baseline (a)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
-    from amk.baselines import hf_compiled_graph, hf_eager, judge, reference_tokens
+    from amk.baselines import hf_compiled_graph, hf_eager, judge, make_reference
     from amk.timing import decode_weight_bytes, measure_hbm_bandwidth, roofline_ms
     from models.sources import resolve_model
 
@@ -45,14 +49,19 @@ def main(argv: list[str] | None = None) -> int:
         model = rm.model.to(dev).eval()
         g = torch.Generator().manual_seed(1234)
         prompt = torch.randint(0, model.config.vocab_size, (1, args.prompt_len), generator=g).to(dev)
-        ref = reference_tokens(model, prompt, args.tokens)
+        ref = make_reference(model, prompt, args.tokens)  # verdicts with the bf16 near-tie rule
         nbytes = decode_weight_bytes(model)
         floor = roofline_ms(nbytes, bw)
-        results = [judge(hf_eager(model, prompt, args.tokens), ref)]
-        try:
-            results.append(judge(hf_compiled_graph(model, prompt, args.tokens), ref))
-        except Exception as err:  # report, don't hide: the row says why it has no number
-            print(f"  hf_compiled_graph failed: {type(err).__name__}: {err}")
+        results = [] if args.no_eager else [judge(hf_eager(model, prompt, args.tokens), ref)]
+        for mode in args.compile_mode.split(","):
+            t1 = time.time()
+            try:
+                r = judge(hf_compiled_graph(model, prompt, args.tokens,
+                                            mode=None if mode == "default" else mode), ref)
+                r.note = f"{r.note}; compile + capture {time.time() - t1:.0f} s"
+                results.append(r)
+            except Exception as err:  # report, don't hide: the row says why it has no number
+                print(f"  hf_compiled_graph[{mode}] failed: {type(err).__name__}: {err}")
         rows = []
         for r in results:
             d = r.to_json()

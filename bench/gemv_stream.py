@@ -29,8 +29,10 @@ from lowering.triton import ops as K
 
 @triton.jit
 def _stream(W, X, Y, ntiles, K, TILE_N: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-            UNROLL: tl.constexpr):
-    """Persistent GEMV over row tiles; UNROLL K blocks loaded before any is consumed."""
+            UNROLL: tl.constexpr, TILED: tl.constexpr = False):
+    """Persistent GEMV over row tiles; UNROLL K blocks loaded before any is consumed.
+    TILED: W is stored block-contiguous (``tiled``), so each [BN, BK] block is one contiguous
+    run of memory instead of BN runs of BK elements one row stride apart."""
     pid = tl.program_id(0)
     for tile in range(pid, ntiles, tl.num_programs(0)):
         for n0 in range(0, TILE_N, BN):
@@ -38,9 +40,15 @@ def _stream(W, X, Y, ntiles, K, TILE_N: tl.constexpr, BN: tl.constexpr, BK: tl.c
             acc = tl.zeros([BN, BK], dtype=tl.float32)
             for k0 in range(0, K, BK * UNROLL):
                 cols = k0 + tl.arange(0, BK)
-                w0 = tl.load(W + rows[:, None] * K + cols[None, :])
-                if UNROLL > 1:
-                    w1 = tl.load(W + rows[:, None] * K + (cols + BK)[None, :])
+                if TILED:  # block (k0 // BK) of the tile: TILE_N rows of BK elements, contiguous
+                    base = W + tile * TILE_N * K + k0 * TILE_N + (n0 + tl.arange(0, BN))[:, None] * BK
+                    w0 = tl.load(base + tl.arange(0, BK)[None, :])
+                    if UNROLL > 1:
+                        w1 = tl.load(base + TILE_N * BK + tl.arange(0, BK)[None, :])
+                else:
+                    w0 = tl.load(W + rows[:, None] * K + cols[None, :])
+                    if UNROLL > 1:
+                        w1 = tl.load(W + rows[:, None] * K + (cols + BK)[None, :])
                 x0 = tl.load(X + cols).to(tl.float32)
                 acc += w0.to(tl.float32) * x0[None, :]
                 if UNROLL > 1:
@@ -95,6 +103,9 @@ def main(argv=None) -> int:
     ap.add_argument("--warps", default="8", help="comma list of warps per program")
     ap.add_argument("--per-sm", default="1,2", help="comma list of programs per SM")
     ap.add_argument("--unroll", default="1,2", help="comma list of K blocks loaded before use (1 or 2)")
+    ap.add_argument("--layout", default="row", help="comma list of W layouts: row (row-major) and/or "
+                    "tiled (each tile's [BN, BK] blocks contiguous)")
+    ap.add_argument("--no-ex", action="store_true", help="skip the gemv_ex rows")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     blocks = [tuple(int(v) for v in b.split("x")) for b in a.blocks.split(",")]
@@ -114,13 +125,16 @@ def main(argv=None) -> int:
     print(f"{torch.cuda.get_device_name(dev)}: W {a.rows}x{a.k} bf16 ({nbytes / 1e6:.0f} MB); copy {hbm:.2f} TB/s; "
           f"torch.mv {rows[1]['tbps']:.2f} TB/s")
     ntiles = a.rows // a.tile
-    for (bn, bk), warps, per_sm, unroll in itertools.product(blocks, ints(a.warps), ints(a.per_sm),
-                                                              ints(a.unroll)):
+    for (bn, bk), warps, per_sm, unroll, layout in itertools.product(
+            blocks, ints(a.warps), ints(a.per_sm), ints(a.unroll), a.layout.split(",")):
         if a.k % (bk * unroll) or a.tile % bn:
             continue
         grid = (sms * per_sm,)
+        tiled = layout == "tiled"
+        Wl = (W.view(ntiles, a.tile, a.k // bk, bk).permute(0, 2, 1, 3).contiguous() if tiled else W)
         try:
-            f = lambda: _stream[grid](W, x, y, ntiles, a.k, a.tile, bn, bk, unroll, num_warps=warps)  # noqa: E731
+            f = lambda: _stream[grid](Wl, x, y, ntiles, a.k, a.tile, bn, bk, unroll, tiled,  # noqa: E731
+                                      num_warps=warps)
             f()
             torch.cuda.synchronize()
             ok = bool(torch.allclose(y.float(), ref, rtol=2e-2, atol=2e-1))
@@ -128,15 +142,17 @@ def main(argv=None) -> int:
         except Exception as e:  # a config that does not compile or launch: report, go on
             print(f"  {bn}x{bk} warps={warps} per_sm={per_sm} unroll={unroll}: {type(e).__name__}")
             continue
-        r = dict(name="stream", bn=bn, bk=bk, warps=warps, per_sm=per_sm, unroll=unroll,
+        del Wl
+        r = dict(name="stream", bn=bn, bk=bk, warps=warps, per_sm=per_sm, unroll=unroll, layout=layout,
                  ms=ms, tbps=nbytes / ms / 1e9, correct=ok)
         rows.append(r)
-        print(f"  {bn:>2}x{bk:<4} warps={warps:<2} per_sm={per_sm} unroll={unroll} "
+        print(f"  {bn:>2}x{bk:<4} warps={warps:<2} per_sm={per_sm} unroll={unroll} {layout:<5} "
               f"{r['tbps']:.2f} TB/s ({100 * r['tbps'] / hbm:.0f}% of copy) correct={ok}")
     # the megakernel's GEMV function, plain / with the RMSNorm prologue / plus per-task sync
     aw = torch.randn(a.k, device=dev, dtype=torch.bfloat16)
     flag = torch.ones(4, device=dev, dtype=torch.int32)
-    for (bn, bk), warps, pro, sync in itertools.product(blocks, ints(a.warps), [0, 1], [0, 1]):
+    for (bn, bk), warps, pro, sync in itertools.product(blocks if not a.no_ex else [], ints(a.warps),
+                                                        [0, 1], [0, 1]):
         f = lambda: _stream_ex[(sms,)](W, x, aw, y, flag, ntiles, a.k, a.tile, bn, bk, pro, sync,  # noqa: E731
                                        num_warps=warps)
         try:

@@ -47,3 +47,40 @@ def test_cuda_target_allows_several_workers_per_sm():
     props = argparse.Namespace(name="GPU", multi_processor_count=132)
     t = cuda_target(props)
     assert (t.sms, t.max_workers, t.backend) == (132, MAX_WORKERS_PER_SM * 132, "triton")
+
+
+def test_maxnreg_flag_reaches_blocks_and_is_checked():
+    assert backend_options(_args()).get("blocks").maxnreg == 0  # automatic by default
+    assert backend_options(_args(maxnreg=128))["blocks"].maxnreg == 128
+    with pytest.raises(AmkError, match="--maxnreg"):
+        backend_options(_args(maxnreg=300))
+
+
+def test_register_cap_lets_every_worker_be_resident():
+    """Automatic cap: none at one worker per SM; at two or three 8-warp workers per SM, the
+    most registers at which they share the SM's 64K (allocated in units of 256 per warp)."""
+    from lowering.triton.runtime import Blocks, TritonError, register_cap, regs_for_ctas
+
+    assert register_cap(0, 132, 132, 256) is None
+    assert register_cap(0, 264, 132, 256) == 128  # 2 x 8 warps x 32 threads x 128 = 65536
+    assert register_cap(0, 133, 132, 256) == 128  # one SM needs two
+    assert register_cap(0, 396, 132, 256) == 80   # 3 x 256 threads x 85 rounded down to 8
+    assert register_cap(0, 264, 132, 128) == 248  # 2 x 4 warps: at most 255, a multiple of 8
+    assert register_cap(168, 132, 132, 256) == 168  # an explicit cap is kept
+    for ctas, threads in ((2, 256), (3, 256), (4, 128), (8, 64)):
+        r = regs_for_ctas(ctas, threads)
+        assert r % 8 == 0 and ctas * -(-threads // 32) * 32 * r <= 65536, (ctas, threads, r)
+    with pytest.raises(ValueError):
+        regs_for_ctas(32, 1024)
+    with pytest.raises(TritonError, match="maxnreg"):
+        Blocks(maxnreg=8)
+
+
+def test_baseline_compile_modes():
+    from amk.commands.bench import compile_modes
+
+    assert compile_modes(argparse.Namespace(baseline_compile_mode="default,max-autotune-no-cudagraphs")) == \
+        [None, "max-autotune-no-cudagraphs"]
+    assert compile_modes(argparse.Namespace(baseline_compile_mode="max-autotune,max-autotune")) == ["max-autotune"]
+    with pytest.raises(AmkError, match="unknown mode 'fast'"):
+        compile_modes(argparse.Namespace(baseline_compile_mode="default,fast"))

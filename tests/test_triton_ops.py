@@ -537,7 +537,8 @@ M.triton.compile = spy
 cx = json.loads(sys.argv[2])
 text = open(sys.argv[1]).read()
 meta = json.loads([l for l in text.splitlines() if l.startswith("# amk-launch: ")][0][len("# amk-launch: "):])
-rep = M.compile_offline(text, {**meta["constexprs"], **cx}, 90, int(sys.argv[3]))
+rep = M.compile_offline(text, {**meta["constexprs"], **cx}, 90, int(sys.argv[3]),
+                        int(sys.argv[4]) if len(sys.argv) > 4 else None)
 rep["cp_async"] = seen["ptx"].count("cp.async.cg.shared.global")
 print(json.dumps(rep))
 """
@@ -586,5 +587,10 @@ def test_megakernel_attention_dot_and_unroll_compile_for_sm90(tmp_path):
             assert rep["regs"] <= 255 and rep["local_bytes"] == 0, rep
     # Blocks.row_prefetch is on by default: the emitted launch carries ROW_PREFETCH
     assert dot["row_prefetch"] and bcast["row_prefetch"] and not u8["row_prefetch"], (dot, u8)
+    # the register cap that lets two 8-warp workers share an SM (runtime.register_cap)
+    capped = _offline(_COMPILE_MEGAKERNEL, src, json.dumps({**base, "GEMV_K": 128, "GEMV_UNROLL": 8}), 8, 128)
+    assert capped["maxnreg"] == 128
+    if capped["regs"] is not None:
+        assert capped["regs"] <= 128, capped
     if dot["regs"] is not None and bcast["regs"] is not None:
         assert dot["regs"] < bcast["regs"], (dot, bcast)

@@ -50,9 +50,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(power of two, default 32); a context of <= T positions takes one block")
     p.add_argument("--row-prefetch", type=int, default=1, choices=(0, 1), metavar="0|1",
                    help="1 (default): prefetch the next task's table row into L1 during each task")
+    p.add_argument("--maxnreg", type=int, default=0, metavar="R",
+                   help="register cap per thread (24..255); 0 (default) = automatic: capped only when "
+                        "--workers exceeds the SM count, so that two (or more) workers share an SM")
     p.add_argument("--attention-dot", action="store_true",
                    help="decode attention's products as fp32 tl.dot (allows a larger --attention-block)")
     p.add_argument("--no-baselines", action="store_true", help="skip the HF baselines")
+    p.add_argument("--baseline-compile-mode", default="default,max-autotune-no-cudagraphs", metavar="MODES",
+                   help="comma list of torch.compile modes, one baseline (b) row each (default: "
+                        "default,max-autotune-no-cudagraphs; the second compiles for ~2 minutes and "
+                        "measured 23%% faster on the SmolLM2 shape); one GPU only")
     p.add_argument("--tp-checkpoint-dir", metavar="DIR", default=None,
                    help="--tp R: where rank 0 writes a random-weight model as safetensors for the HF "
                         "tensor-parallel baselines (default: a folder in the temp dir)")
@@ -102,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
         return code if code is not None else run_tp(args, ctx)
     if args.tokens < 4:
         raise AmkError("--tokens must be at least 4")
+    modes = compile_modes(args)
     dev = torch.device("cuda")
     props = torch.cuda.get_device_properties(dev)
     cfg = _config(args, props.multi_processor_count)
@@ -128,12 +136,15 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_baselines:
         with con.status("baseline (a): HF eager"):
             baselines.append(judge(hf_eager(model, prompt.to(dev), args.tokens), ref))
-        with con.status("baseline (b): torch.compile + CUDA graph, static cache"):
-            try:
-                baselines.append(judge(hf_compiled_graph(model, prompt.to(dev), args.tokens), ref))
-            except Exception as err:  # keep the row, with the reason, rather than lose the run
-                baselines.append(BaselineResult("hf_compiled_graph", [], None, False,
-                                                f"failed: {type(err).__name__}: {err}"))
+        for mode in modes:
+            name = "hf_compiled_graph" if mode is None else f"hf_compiled_graph[{mode}]"
+            with con.status(f"baseline (b): torch.compile ({mode or 'default'}) + CUDA graph, static cache"):
+                try:
+                    baselines.append(judge(hf_compiled_graph(model, prompt.to(dev), args.tokens,
+                                                             mode=mode), ref))
+                except Exception as err:  # keep the row, with the reason, rather than lose the run
+                    baselines.append(BaselineResult(name, [], None, False,
+                                                    f"failed: {type(err).__name__}: {err}"))
 
     def row(r: BaselineResult) -> dict:
         d = r.to_json()
@@ -228,10 +239,28 @@ def measure_megakernel(model_arg, resolved, cfg, target, prompt, ref, n_tokens: 
     return res, session, ex
 
 
+#: torch.compile modes `amk bench --baseline-compile-mode` accepts ("default" = no mode).
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def compile_modes(args) -> list[str | None]:
+    """The torch.compile modes of the baseline (b) rows, from --baseline-compile-mode (None
+    for "default"). Raises AmkError naming an unknown mode."""
+    text = getattr(args, "baseline_compile_mode", "default") or "default"
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    for m in modes:
+        if m not in COMPILE_MODES:
+            raise AmkError(f"--baseline-compile-mode: unknown mode {m!r}; expected one of "
+                           f"{', '.join(COMPILE_MODES)}")
+    if not modes:
+        raise AmkError("--baseline-compile-mode: give at least one mode")
+    return [None if m == "default" else m for m in dict.fromkeys(modes)]
+
+
 def backend_options(args) -> dict:
     """TritonExecutor options from --num-warps, --gemv-block NxK, --gemv-stages,
-    --prefetch, --gemv-unroll, --attention-block, --attention-dot and --row-prefetch.
-    Raises AmkError."""
+    --prefetch, --gemv-unroll, --attention-block, --attention-dot, --row-prefetch and
+    --maxnreg. Raises AmkError."""
     from lowering.triton.runtime import Blocks
 
     try:
@@ -248,11 +277,14 @@ def backend_options(args) -> dict:
     prefetch = getattr(args, "prefetch", 0)
     if not 0 <= prefetch <= 8:
         raise AmkError(f"--prefetch must be in 0..8, got {prefetch}")
+    maxnreg = getattr(args, "maxnreg", 0)
+    if maxnreg and not 24 <= maxnreg <= 255:
+        raise AmkError(f"--maxnreg must be 0 (automatic) or in 24..255, got {maxnreg}")
     return {"num_warps": args.num_warps,
             "blocks": Blocks(gemv_n=n, gemv_k=k, gemv_stages=stages, prefetch=prefetch, attention_t=att,
                              gemv_unroll=getattr(args, "gemv_unroll", 1),
                              attention_dot=bool(getattr(args, "attention_dot", False)),
-                             row_prefetch=bool(getattr(args, "row_prefetch", 1)))}
+                             row_prefetch=bool(getattr(args, "row_prefetch", 1)), maxnreg=maxnreg)}
 
 
 def _resolve_bf16(model_arg: str):

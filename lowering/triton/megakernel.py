@@ -771,7 +771,8 @@ _ARG_TYPES = {"A_BF16": "*bf16", "A_F16": "*fp16", "A_F32": "*fp32", "A_I32": "*
               "slots": "i32", "timeout": "i64", "PROF": "*i64"}
 
 
-def compile_offline(source: str, constexprs: dict[str, int], arch: int = 90, num_warps: int = 4) -> dict:
+def compile_offline(source: str, constexprs: dict[str, int], arch: int = 90, num_warps: int = 4,
+                    maxnreg: int | None = None) -> dict:
     """Compile a generated megakernel for ``sm_<arch>`` without a GPU (Triton's own LLVM and
     ptxas) and report what the GPU run depends on: shared memory, registers and spills per
     thread (from cuobjdump when Triton ships it) and whether the PTX holds the acquire
@@ -779,7 +780,7 @@ def compile_offline(source: str, constexprs: dict[str, int], arch: int = 90, num
 
     Must run in a process with ``TRITON_INTERPRET=0`` (the jit functions must be compiled
     ones); ``python -m lowering.triton.megakernel FILE`` does that. Raises RuntimeError
-    otherwise.
+    otherwise. ``maxnreg``: ptxas's register cap per thread (None: its own choice).
     """
     if INTERPRET:
         raise RuntimeError("compile_offline needs TRITON_INTERPRET=0 in this process")
@@ -795,9 +796,10 @@ def compile_offline(source: str, constexprs: dict[str, int], arch: int = 90, num
     sig = {n: ("constexpr" if n in constexprs else _ARG_TYPES[n]) for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if _ARG_TYPES.get(n, "")[:1] == "*"}
     k = triton.compile(ASTSource(fn, sig, constexprs=dict(constexprs), attrs=attrs),
-                       target=GPUTarget("cuda", arch, 32), options=dict(num_warps=num_warps))
+                       target=GPUTarget("cuda", arch, 32),
+                       options=dict(num_warps=num_warps, **({"maxnreg": maxnreg} if maxnreg else {})))
     ptx = k.asm["ptx"]
-    out = dict(arch=arch, num_warps=num_warps, shared=int(k.metadata.shared),
+    out = dict(arch=arch, num_warps=num_warps, maxnreg=maxnreg, shared=int(k.metadata.shared),
                acquire_polls="ld.acquire.gpu.global.b32" in ptx, global_timer="%globaltimer" in ptx,
                acquire_polls_sys="ld.acquire.sys.global.b32" in ptx,
                l2_prefetch="cp.async.bulk.prefetch.L2" in ptx, async_copy="cp.async" in ptx,
@@ -828,6 +830,7 @@ def _main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--num-warps", type=int, default=None, help="default: the emitted launch's, else 4")
     ap.add_argument("--constexprs", default="{}", help="JSON: block sizes overriding the emitted launch's")
+    ap.add_argument("--maxnreg", type=int, default=None, help="register cap per thread")
     a = ap.parse_args(argv)
     from lowering.triton.runtime import Blocks
 
@@ -841,8 +844,9 @@ def _main(argv: list[str] | None = None) -> int:
             meta = json.loads(line[len("# amk-launch: "):])
             cx.update(meta.get("constexprs", {}))
             warps = meta.get("num_warps", warps)
+            a.maxnreg = a.maxnreg or meta.get("maxnreg")
     cx.update(json.loads(a.constexprs))
-    print(json.dumps(compile_offline(text, cx, a.arch, a.num_warps or warps)))
+    print(json.dumps(compile_offline(text, cx, a.arch, a.num_warps or warps, a.maxnreg)))
     return 0
 
 

@@ -123,7 +123,11 @@ class Blocks:
     (ops.attention ``DOT``), allowing larger ``attention_t``. ``gemv_unroll``: the GEMV's K loop unrolled 1, 2, 4, 8 or 16
     times (STAGES = 1 only), so that many weight blocks can be in flight. ``elide_waits`` / ``coalesce_signals``: table options (table.elide_waits,
     table.coalesced_signals): skip a wait an earlier task of the same worker already did;
-    release several consecutive tiles' signals with one atomic."""
+    release several consecutive tiles' signals with one atomic. ``maxnreg``: ptxas's register
+    cap per thread; 0 (the default) = automatic: none while the workers fit one CTA per SM,
+    else the most that lets ceil(workers / SMs) CTAs share an SM's 64K registers
+    (``regs_for_ctas``), so a grid of two workers per SM fits whatever the largest op
+    variant would have asked for. Must be 0 or 24..255."""
 
     elementwise: int = 1024
     gemv_n: int = 16
@@ -140,14 +144,43 @@ class Blocks:
     row_prefetch: bool = True
     elide_waits: bool = True
     coalesce_signals: bool = True
+    maxnreg: int = 0
 
     def __post_init__(self) -> None:
+        if not isinstance(self.maxnreg, int) or not (self.maxnreg == 0 or 24 <= self.maxnreg <= 255):
+            raise TritonError(f"maxnreg must be 0 (automatic) or an integer in 24..255, got {self.maxnreg!r}",
+                              exit_code=2)
         if not isinstance(self.gemv_stages, int) or not 1 <= self.gemv_stages <= 8:
             raise TritonError(f"gemv_stages must be an integer in 1..8, got {self.gemv_stages!r}", exit_code=2)
         if self.gemv_unroll not in (1, 2, 4, 8, 16):
             raise TritonError(f"gemv_unroll must be 1, 2, 4, 8 or 16, got {self.gemv_unroll!r}", exit_code=2)
         if not isinstance(self.prefetch, int) or not 0 <= self.prefetch <= 8:
             raise TritonError(f"prefetch must be an integer in 0..8, got {self.prefetch!r}", exit_code=2)
+
+
+def regs_for_ctas(ctas_per_sm: int, threads: int, regs_per_sm: int = 65536) -> int:
+    """The largest per-thread register count at which ``ctas_per_sm`` CTAs of ``threads``
+    threads fit in an SM's register file: registers are allocated per warp in units of
+    256 (8 per thread; CUDA occupancy calculator, sm_90), at most 255 per thread. Raises
+    ValueError when even 24 do not fit."""
+    warps = ctas_per_sm * -(-threads // 32)
+    r = min(255, (regs_per_sm // warps // 256) * 256 // 32)
+    r -= r % 8
+    if r < 24:
+        raise ValueError(f"{ctas_per_sm} CTAs of {threads} threads cannot share {regs_per_sm} registers")
+    return r
+
+
+def register_cap(maxnreg: int, workers: int, sms: int, threads: int) -> int | None:
+    """The ``maxnreg`` compile option for a grid of ``workers`` CTAs of ``threads`` threads on
+    ``sms`` SMs: ``maxnreg`` itself when set (non-zero); else None (ptxas chooses) while the
+    grid fits one CTA per SM, and otherwise ``regs_for_ctas(ceil(workers / sms), threads)``,
+    the most registers at which every worker can be resident."""
+    if maxnreg:
+        return maxnreg
+    if workers <= sms:
+        return None
+    return regs_for_ctas(-(-workers // sms), threads)
 
 
 def _pow2(x: int) -> int:
@@ -364,6 +397,10 @@ class TritonExecutor:
         )
         if not self.interpret:
             kw["num_warps"] = self.num_warps
+            sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+            cap = register_cap(b.maxnreg, self.workers, sms, 32 * self.num_warps)
+            if cap:
+                kw["maxnreg"] = cap
             if self.profile:
                 kw["PROFILE"] = True
             if self.cooperative and _supports_cooperative_launch():
@@ -487,6 +524,8 @@ class TritonExecutor:
         path = Path(path)
         launch = {k: v for k, v in self._launch_kw.items() if k.isupper()}
         meta = dict(constexprs=launch, num_warps=self.num_warps, grid=self.workers)
+        if self._launch_kw.get("maxnreg"):
+            meta["maxnreg"] = self._launch_kw["maxnreg"]
         path.write_text(self.source + f"# amk-launch: {json.dumps(meta, sort_keys=True)}\n")
         return path
 
