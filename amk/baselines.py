@@ -17,7 +17,29 @@ from typing import Any
 
 import torch
 
+from amk.errors import AmkError
 from amk.timing import Timing, time_per_call
+
+#: torch.compile modes baseline (b) can be compiled with ("default" = no mode argument).
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def compile_modes(text: str, flag: str) -> list[str | None]:
+    """The torch.compile modes named by the comma list ``text`` (the value of the command-line
+    option ``flag``), duplicates dropped, None for "default". Raises AmkError naming an
+    unknown mode or an empty list."""
+    modes = [m.strip() for m in (text or "default").split(",") if m.strip()]
+    for m in modes:
+        if m not in COMPILE_MODES:
+            raise AmkError(f"{flag}: unknown mode {m!r}; expected one of {', '.join(COMPILE_MODES)}")
+    if not modes:
+        raise AmkError(f"{flag}: give at least one mode")
+    return [None if m == "default" else m for m in dict.fromkeys(modes)]
+
+
+def compiled_graph_name(mode: str | None) -> str:
+    """The result name of baseline (b) compiled in ``mode`` (None: torch.compile's default)."""
+    return "hf_compiled_graph" if mode is None else f"hf_compiled_graph[{mode}]"
 
 
 @dataclass
@@ -149,8 +171,8 @@ def hf_compiled_graph(model, prompt_ids: torch.Tensor, n_tokens: int,
     """Baseline (b): a decode step over a StaticCache, compiled, in one CUDA graph.
 
     The prompt is fed token by token through the same graph (position = step index).
-    ``mode``: torch.compile's mode (None: its default; the result is then named
-    ``hf_compiled_graph``, else ``hf_compiled_graph[mode]``).
+    ``mode``: torch.compile's mode (None: its default); the result is named by
+    ``compiled_graph_name(mode)``.
     Requires CUDA. Returns the ``n_tokens`` greedy tokens after the prompt and the per-replay
     timing of the decode steps (each replay is one whole decode step).
     """
@@ -169,8 +191,7 @@ def hf_compiled_graph(model, prompt_ids: torch.Tensor, n_tokens: int,
         st.feed_prompt(graph.replay)
         # Decode: each replay consumes the previous output token (copied inside the graph).
         timing = time_per_call(graph.replay, iters=n_tokens - 1, warmup=0, device=dev)
-    name = "hf_compiled_graph" if not mode else f"hf_compiled_graph[{mode}]"
-    return BaselineResult(name, st.tokens(n_tokens), timing)
+    return BaselineResult(compiled_graph_name(mode), st.tokens(n_tokens), timing)
 
 
 @dataclass

@@ -30,10 +30,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
-    from amk.baselines import hf_compiled_graph, hf_eager, judge, make_reference
+    from amk.baselines import compile_modes, compiled_graph_name, hf_compiled_graph, hf_eager, judge, make_reference
+    from amk.errors import AmkError
     from amk.timing import decode_weight_bytes, measure_hbm_bandwidth, roofline_ms
     from models.sources import resolve_model
 
+    try:
+        modes = compile_modes(args.compile_mode, "--compile-mode")
+    except AmkError as err:
+        print(err, file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("bench/baselines.py needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -53,15 +59,14 @@ def main(argv: list[str] | None = None) -> int:
         nbytes = decode_weight_bytes(model)
         floor = roofline_ms(nbytes, bw)
         results = [] if args.no_eager else [judge(hf_eager(model, prompt, args.tokens), ref)]
-        for mode in args.compile_mode.split(","):
+        for mode in modes:
             t1 = time.time()
             try:
-                r = judge(hf_compiled_graph(model, prompt, args.tokens,
-                                            mode=None if mode == "default" else mode), ref)
+                r = judge(hf_compiled_graph(model, prompt, args.tokens, mode=mode), ref)
                 r.note = f"{r.note}; compile + capture {time.time() - t1:.0f} s"
                 results.append(r)
             except Exception as err:  # report, don't hide: the row says why it has no number
-                print(f"  hf_compiled_graph[{mode}] failed: {type(err).__name__}: {err}")
+                print(f"  {compiled_graph_name(mode)} failed: {type(err).__name__}: {err}")
         rows = []
         for r in results:
             d = r.to_json()

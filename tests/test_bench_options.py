@@ -77,10 +77,10 @@ def test_register_cap_lets_every_worker_be_resident():
 
 
 def test_baseline_compile_modes():
-    from amk.commands.bench import compile_modes
+    from amk.baselines import compile_modes
 
-    assert compile_modes(argparse.Namespace(baseline_compile_mode="default,max-autotune-no-cudagraphs")) == \
-        [None, "max-autotune-no-cudagraphs"]
-    assert compile_modes(argparse.Namespace(baseline_compile_mode="max-autotune,max-autotune")) == ["max-autotune"]
+    flag = "--baseline-compile-mode"
+    assert compile_modes("default,max-autotune-no-cudagraphs", flag) == [None, "max-autotune-no-cudagraphs"]
+    assert compile_modes("max-autotune,max-autotune", flag) == ["max-autotune"]
     with pytest.raises(AmkError, match="unknown mode 'fast'"):
-        compile_modes(argparse.Namespace(baseline_compile_mode="default,fast"))
+        compile_modes("default,fast", flag)

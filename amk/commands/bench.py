@@ -95,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from amk import pipeline
-    from amk.baselines import BaselineResult, hf_compiled_graph, hf_eager, judge, make_reference
+    from amk.baselines import (BaselineResult, compile_modes, compiled_graph_name, hf_compiled_graph, hf_eager,
+                               judge, make_reference)
     from amk.timing import decode_weight_bytes, measure_hbm_bandwidth, roofline_ms
     con = Console(stderr=True)
     if args.tp < 1:
@@ -109,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         return code if code is not None else run_tp(args, ctx)
     if args.tokens < 4:
         raise AmkError("--tokens must be at least 4")
-    modes = compile_modes(args)
+    modes = compile_modes(getattr(args, "baseline_compile_mode", "default"), "--baseline-compile-mode")
     dev = torch.device("cuda")
     props = torch.cuda.get_device_properties(dev)
     cfg = _config(args, props.multi_processor_count)
@@ -137,13 +138,12 @@ def run(args: argparse.Namespace) -> int:
         with con.status("baseline (a): HF eager"):
             baselines.append(judge(hf_eager(model, prompt.to(dev), args.tokens), ref))
         for mode in modes:
-            name = "hf_compiled_graph" if mode is None else f"hf_compiled_graph[{mode}]"
             with con.status(f"baseline (b): torch.compile ({mode or 'default'}) + CUDA graph, static cache"):
                 try:
                     baselines.append(judge(hf_compiled_graph(model, prompt.to(dev), args.tokens,
                                                              mode=mode), ref))
                 except Exception as err:  # keep the row, with the reason, rather than lose the run
-                    baselines.append(BaselineResult(name, [], None, False,
+                    baselines.append(BaselineResult(compiled_graph_name(mode), [], None, False,
                                                     f"failed: {type(err).__name__}: {err}"))
 
     def row(r: BaselineResult) -> dict:
@@ -237,24 +237,6 @@ def measure_megakernel(model_arg, resolved, cfg, target, prompt, ref, n_tokens: 
                          {"first_divergence": first, "logit_check": report.to_json(),
                           "build_s": build_s, "tasks": len(session.program.tasks)})
     return res, session, ex
-
-
-#: torch.compile modes `amk bench --baseline-compile-mode` accepts ("default" = no mode).
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-
-
-def compile_modes(args) -> list[str | None]:
-    """The torch.compile modes of the baseline (b) rows, from --baseline-compile-mode (None
-    for "default"). Raises AmkError naming an unknown mode."""
-    text = getattr(args, "baseline_compile_mode", "default") or "default"
-    modes = [m.strip() for m in text.split(",") if m.strip()]
-    for m in modes:
-        if m not in COMPILE_MODES:
-            raise AmkError(f"--baseline-compile-mode: unknown mode {m!r}; expected one of "
-                           f"{', '.join(COMPILE_MODES)}")
-    if not modes:
-        raise AmkError("--baseline-compile-mode: give at least one mode")
-    return [None if m == "default" else m for m in dict.fromkeys(modes)]
 
 
 def backend_options(args) -> dict:
