@@ -51,6 +51,7 @@ def main(argv=None) -> int:
     ap.add_argument("--warps", type=int, default=8)
     ap.add_argument("--gemv-block", default="16x1024")
     ap.add_argument("--unroll", type=int, default=1, help="GEMV K-loop unroll (Blocks.gemv_unroll)")
+    ap.add_argument("--x-stage", type=int, default=1, choices=(0, 1), help="Blocks.x_stage")
     ap.add_argument("--no-profile", action="store_true",
                     help="time the kernel without the PROF stamps (CUDA events over 20 steps)")
     ap.add_argument("--giant", action="store_true", help="also compile a fused Llama's variants in")
@@ -86,19 +87,25 @@ def main(argv=None) -> int:
             "a": torch.randn(a.k, generator=g).to(torch.bfloat16)}
     bn, bk = (int(v) for v in a.gemv_block.split("x"))
     ex = TritonExecutor(prog, lambda buf, r: data.get(buf.name), check=True, num_warps=a.warps,
-                        blocks=Blocks(gemv_n=bn, gemv_k=bk, gemv_unroll=a.unroll), profile=not a.no_profile)
+                        blocks=Blocks(gemv_n=bn, gemv_k=bk, gemv_unroll=a.unroll, x_stage=bool(a.x_stage)),
+                        profile=not a.no_profile)
     x = torch.randn(a.k, generator=g).to(torch.bfloat16)
     for e in range(4):
         ex.write("x", 0, x)
         ex.step(e)
     torch.cuda.synchronize()
     y = ex.read("y").float().cpu()
-    ref = data["W"].float() @ x.float() if a.op == "gemv" else None
-    ok = bool(torch.allclose(y, ref, rtol=2e-2, atol=2e-1)) if ref is not None else None
+    xf = x.float()
+    if a.op == "norm_gemv":  # f(x) rounded to bf16, as the kernel's prologue
+        xf = (data["a"].float() * (xf * torch.rsqrt(xf.square().mean() + 1e-5))).bfloat16().float()
+    ref = data["W"].float() @ xf
+    ok = bool(torch.allclose(y, ref, rtol=2e-2, atol=2e-1))
     res = dict(regs=ex.occupancy.get("n_regs"), variants=len(ex.table.variants), correct=ok, op=a.op,
-               giant=a.giant, warps=a.warps, gemv_block=a.gemv_block, unroll=a.unroll, profile=not a.no_profile,
+               giant=a.giant, warps=a.warps, gemv_block=a.gemv_block, unroll=a.unroll, x_stage=a.x_stage,
+               profile=not a.no_profile,
                device=torch.cuda.get_device_name(dev), command=" ".join(sys.argv))
-    head = f"{a.op} giant={a.giant} block={a.gemv_block} unroll={a.unroll} warps={a.warps} regs={res['regs']}"
+    head = (f"{a.op} giant={a.giant} block={a.gemv_block} unroll={a.unroll} x_stage={a.x_stage} warps={a.warps} "
+            f"regs={res['regs']} correct={ok}")
     if a.no_profile:  # kernel time per step: CUDA events around single launches (launch gaps included)
         steps = iter(range(4, 1 << 30))
         span = time_per_call(lambda: ex.step(next(steps)), iters=20, warmup=0, device=dev).median_ms * 1e3

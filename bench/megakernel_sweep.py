@@ -35,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--unroll", default="1", help="comma list of GEMV unroll factors (Blocks.gemv_unroll)")
     ap.add_argument("--attn-split", default="1", help="comma list of the attn_split lowering knob")
     ap.add_argument("--row-prefetch", default="1", help="comma list of 0/1 (Blocks.row_prefetch)")
+    ap.add_argument("--x-stage", default="1", help="comma list of 0/1 (Blocks.x_stage)")
+    ap.add_argument("--relaxed-poll", default="0", help="comma list of 0/1 (Blocks.relaxed_poll)")
     ap.add_argument("--maxnreg", default="0", help="comma list of register caps (Blocks.maxnreg; 0 = automatic)")
     ap.add_argument("--sync-opt", default="1", help="comma list of 0/1: Blocks.elide_waits and "
                                                     "Blocks.coalesce_signals together")
@@ -62,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     target = cuda_target(props)
     rows = []
     print(f"{args.model} on {props.name}: HBM {bw / 1e12:.2f} TB/s, roofline {floor:.4f} ms")
-    for w, t, pol, nw, gb, gs, fuse, pf, wave, att, so, un, ad, asp, rp, mr in itertools.product([int(x) for x in args.workers.split(",")],
+    for w, t, pol, nw, gb, gs, fuse, pf, wave, att, so, un, ad, asp, rp, mr, xst, rpl in itertools.product([int(x) for x in args.workers.split(",")],
                                                    [int(x) for x in args.tile.split(",")],
                                                    args.policy.split(","),
                                                    [int(x) for x in args.warps.split(",")],
@@ -77,20 +79,22 @@ def main(argv: list[str] | None = None) -> int:
                                                    [bool(int(x)) for x in args.att_dot.split(",")],
                                                    [int(x) for x in args.attn_split.split(",")],
                                                    [bool(int(x)) for x in args.row_prefetch.split(",")],
-                                                   [int(x) for x in args.maxnreg.split(",")]):
+                                                   [int(x) for x in args.maxnreg.split(",")],
+                                                   [bool(int(x)) for x in args.x_stage.split(",")],
+                                                   [bool(int(x)) for x in args.relaxed_poll.split(",")]):
         bn, bk = (int(v) for v in gb.split("x"))
         opts = {"num_warps": nw, "blocks": Blocks(gemv_n=bn, gemv_k=bk, gemv_stages=gs, prefetch=pf,
                                                   attention_t=att, elide_waits=so, coalesce_signals=so,
                                                   gemv_unroll=un, attention_dot=ad, row_prefetch=rp,
-                                                  maxnreg=mr)}
+                                                  maxnreg=mr, x_stage=xst, relaxed_poll=rpl)}
         tag = (f"workers={w:<4} tile={t:<4} {pol:<12} warps={nw} gemv={gb:<7} stages={gs} "
                f"fuse={int(fuse)} prefetch={pf} wave={int(wave)} att_t={att} sync_opt={int(so)} unroll={un} att_dot={int(ad)} "
-               f"attn_split={asp} row_prefetch={int(rp)} maxnreg={mr}")
+               f"attn_split={asp} row_prefetch={int(rp)} maxnreg={mr} x_stage={int(xst)} relaxed_poll={int(rpl)}")
         cfg = LoweringConfig(tile=t, workers=w, policy=pol, dtype="bf16", fuse=fuse, wave=wave, attn_split=asp,
                              max_seq=max(256, args.prompt_len + args.tokens + 8)).validate()
         knobs = {"config": cfg.to_json(), "num_warps": nw, "gemv_block": gb, "gemv_stages": gs,
                  "prefetch": pf, "attention_t": att, "sync_opt": so, "gemv_unroll": un, "attention_dot": ad,
-                 "row_prefetch": rp, "maxnreg": mr}
+                 "row_prefetch": rp, "maxnreg": mr, "x_stage": xst, "relaxed_poll": rpl}
         try:
             res, session, ex = measure_megakernel(args.model, resolved, cfg, target, prompt, ref,
                                                   args.tokens, opts)

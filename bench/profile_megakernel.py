@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--att-t", type=int, default=32, help="attention position block (Blocks.attention_t)")
     ap.add_argument("--row-prefetch", type=int, default=1, help="0/1: Blocks.row_prefetch")
     ap.add_argument("--maxnreg", type=int, default=0, help="register cap (Blocks.maxnreg; 0 = automatic)")
+    ap.add_argument("--x-stage", type=int, default=1, help="0/1: Blocks.x_stage")
     ap.add_argument("--attn-split", type=int, default=1, help="the attn_split lowering knob")
     ap.add_argument("--layer", type=int, default=None,
                     help="also print the stage timeline of this layer (default: the middle one)")
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
                                                          coalesce_signals=bool(args.sync_opt),
                                                          gemv_unroll=args.unroll, attention_t=args.att_t,
                                                          row_prefetch=bool(args.row_prefetch),
-                                                         maxnreg=args.maxnreg),
+                                                         maxnreg=args.maxnreg, x_stage=bool(args.x_stage)),
         "profile": True})
     ex = dec.ex
     tok = 1

@@ -56,6 +56,11 @@ def test_maxnreg_flag_reaches_blocks_and_is_checked():
         backend_options(_args(maxnreg=300))
 
 
+def test_x_stage_flag_reaches_blocks():
+    assert backend_options(_args()).get("blocks").x_stage is True  # on by default
+    assert backend_options(_args(x_stage=0))["blocks"].x_stage is False
+
+
 def test_register_cap_lets_every_worker_be_resident():
     """Automatic cap: none at one worker per SM; at two or three 8-warp workers per SM, the
     most registers at which they share the SM's 64K (allocated in units of 256 per warp)."""
@@ -84,3 +89,25 @@ def test_baseline_compile_modes():
     assert compile_modes("max-autotune,max-autotune", flag) == ["max-autotune"]
     with pytest.raises(AmkError, match="unknown mode 'fast'"):
         compile_modes("default,fast", flag)
+
+
+def test_results_table_shows_names_and_notes_verbatim():
+    """A (b) row's compile mode in brackets reaches the printed table (rich would take
+    "[max-autotune-no-cudagraphs]" for markup and drop it)."""
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from amk.commands.bench import results_table
+
+    timing = SimpleNamespace(median_ms=1.3883, p10_ms=1.385, p90_ms=1.391)
+    res = [SimpleNamespace(name="hf_compiled_graph[max-autotune-no-cudagraphs]", timing=timing, correct=True,
+                           note="diverges at token 2 [near-tie]"),
+           SimpleNamespace(name="hf_eager", timing=None, correct=False, note="")]
+    rows = [{"roofline_pct": 41.9, "tokens_per_s": 720.0}, {"roofline_pct": None, "tokens_per_s": None}]
+    out = io.StringIO()
+    Console(file=out, width=200).print(results_table("t", res, rows))
+    text = out.getvalue()
+    assert "hf_compiled_graph[max-autotune-no-cudagraphs]" in text and "[near-tie]" in text
+    assert "1.3883" in text and "41.9" in text and "720" in text

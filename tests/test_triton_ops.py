@@ -376,6 +376,33 @@ def test_gemv_ex_odd_sizes_every_prologue(device, dt, stages, pro):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dt", [F32, BF16])
+@pytest.mark.parametrize("unroll", [1, 2, 8])
+@pytest.mark.parametrize("pro", [1, 2], ids=["norm", "swiglu"])
+def test_gemv_ex_x_stage(device, dt, unroll, pro):
+    """X_STAGE (f(x) staged once in a scratch vector, then a plain weight loop) against
+    reference.py: every odd size, with and without the epilogue vector, contiguous and
+    strided x, plain and 16-byte aligned W, each unroll form of the weight loop."""
+    g = gen(40 + pro)
+    tol = dict(rtol=1e-4, atol=1e-4) if dt == F32 else {}
+    for n, k, bn, bk in ODD_GEMV:
+        W = torch.randn(n, k, generator=g).to(dt).to(device)
+        X = (torch.randn(k, 2, generator=g) * 2).to(dt).to(device)
+        a = torch.randn(k, generator=g).to(dt).to(device)
+        r = torch.randn(n, generator=g).to(dt).to(device)
+        vec = 16 // W.element_size()
+        align = vec if k % vec == 0 else 0
+        op, params = ("norm_gemv", {"eps": 1e-5}) if pro == 1 else ("swiglu_gemv", {})
+        for x, bias in ((X[:, 0].contiguous(), None), (X[:, 1], r)):
+            y = torch.full((n,), float("nan"), dtype=dt, device=device)
+            O.run_gemv_ex(x, a, W, y, pro=pro, eps=1e-5, bias=bias, block_n=bn, block_k=bk, w_align=align,
+                          x_stage=True, unroll=unroll)
+            (want,) = ref(op, params, [x, a, W] + ([bias] if bias is not None else []), [y])
+            assert not torch.isnan(y.cpu()).any(), (n, k, bn, bk)
+            close(y, want, dt, **tol)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dt", [F32, BF16])
 def test_rope_append(device, dt):
     g = gen(13)
     G, S, D = 2, 9, 16
@@ -445,9 +472,9 @@ stages, bn, bk, warps = (int(v) for v in sys.argv[1:5])
 fn = O._k_gemv_ex
 ptrs = {"x", "a", "w", "b", "y"}
 cx = dict(PRO=1, HAS_BIAS=True, X_CONTIG=True, W_CONTIG=True, W_ALIGN=8, BLOCK_N=bn, BLOCK_K=bk,
-          GEMV_STAGES=stages)
-sig = {n: "constexpr" if n in cx else "*bf16" if n in ptrs else "fp32" if n == "eps" else "i32"
-       for n in fn.arg_names}
+          GEMV_STAGES=stages, X_STAGE=False, UNROLL=1)
+sig = {n: "constexpr" if n in cx else "*bf16" if n in ptrs else "*fp32" if n == "XS" else "fp32" if n == "eps"
+       else "i32" for n in fn.arg_names}
 # what the jit's specialisation gives a launch with 16-aligned pointers, row stride and K
 attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n in ptrs | {"w_rs", "K"}}
 k = triton.compile(ASTSource(fn, sig, constexprs=cx, attrs=attrs), target=GPUTarget("cuda", 90, 32),

@@ -50,6 +50,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(power of two, default 32); a context of <= T positions takes one block")
     p.add_argument("--row-prefetch", type=int, default=1, choices=(0, 1), metavar="0|1",
                    help="1 (default): prefetch the next task's table row into L1 during each task")
+    p.add_argument("--x-stage", type=int, default=1, choices=(0, 1), metavar="0|1",
+                   help="1 (default): norm_gemv / swiglu_gemv compute their prologue (RMSNorm, SiLU x up) "
+                        "once per task into a per-worker scratch instead of inside the weight loop")
+    p.add_argument("--relaxed-poll", type=int, default=0, choices=(0, 1), metavar="0|1",
+                   help="1: waits poll with relaxed loads and one acquire fence when satisfied, instead of "
+                        "an acquire load (an L1 invalidation) per poll (default 0)")
     p.add_argument("--maxnreg", type=int, default=0, metavar="R",
                    help="register cap per thread (24..255); 0 (default) = automatic: capped only when "
                         "--workers exceeds the SM count, so that two (or more) workers share an SM")
@@ -88,11 +94,33 @@ def _config(args, sms: int):
     return LoweringConfig.from_json(base, source=args.config or "bench config")
 
 
+def results_table(title: str, results: list, rows: list[dict]):
+    """The printed table of `amk bench`: one line per method (megakernel, baselines) with
+    its median, p10-p90, roofline share, tokens/s and verdict. ``results`` are the measured
+    objects (``name``, ``timing``, ``correct``, ``note``), ``rows`` their JSON rows. Names and
+    notes are shown verbatim: a (b) row's name carries its compile mode in brackets, which
+    rich would otherwise read as markup and drop."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    tab = Table(title=title)
+    width = max(len(r.name) for r in results)
+    for c in ("method", "ms/token (median)", "p10-p90", "% roofline", "tokens/s", "correct", "note"):
+        tab.add_column(c, min_width=width if c == "method" else None, overflow="fold" if c == "note" else "ellipsis")
+    for r, d in zip(results, rows):
+        t = r.timing
+        tab.add_row(escape(r.name), f"{t.median_ms:.4f}" if t else "-",
+                    f"{t.p10_ms:.3f}-{t.p90_ms:.3f}" if t else "-",
+                    f"{d['roofline_pct']:.1f}" if d["roofline_pct"] else "-",
+                    f"{d['tokens_per_s']:.0f}" if d["tokens_per_s"] else "-",
+                    str(r.correct), escape(r.note))
+    return tab
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
     from rich.console import Console
-    from rich.table import Table
 
     from amk import pipeline
     from amk.baselines import (BaselineResult, compile_modes, compiled_graph_name, hf_compiled_graph, hf_eager,
@@ -169,18 +197,9 @@ def run(args: argparse.Namespace) -> int:
         "tokens": ours.tokens,
         "baselines": [row(b) for b in baselines],
     }
-    tab = Table(title=f"{args.model} on {props.name}: weights {nbytes / 1e6:.1f} MB, HBM "
-                      f"{bw / 1e12:.2f} TB/s, roofline {floor:.3f} ms/token")
-    for c in ("method", "ms/token (median)", "p10-p90", "% roofline", "tokens/s", "correct", "note"):
-        tab.add_column(c)
-    for r in [ours] + baselines:
-        d = row(r)
-        t = r.timing
-        tab.add_row(r.name, f"{t.median_ms:.4f}" if t else "-",
-                    f"{t.p10_ms:.3f}-{t.p90_ms:.3f}" if t else "-",
-                    f"{d['roofline_pct']:.1f}" if d["roofline_pct"] else "-",
-                    f"{d['tokens_per_s']:.0f}" if d["tokens_per_s"] else "-",
-                    str(r.correct), r.note)
+    title = (f"{args.model} on {props.name}: weights {nbytes / 1e6:.1f} MB, HBM {bw / 1e12:.2f} TB/s, "
+             f"roofline {floor:.3f} ms/token")
+    tab = results_table(title, [ours] + baselines, [row(r) for r in [ours] + baselines])
     Console(width=200).print(tab)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
@@ -241,8 +260,8 @@ def measure_megakernel(model_arg, resolved, cfg, target, prompt, ref, n_tokens: 
 
 def backend_options(args) -> dict:
     """TritonExecutor options from --num-warps, --gemv-block NxK, --gemv-stages,
-    --prefetch, --gemv-unroll, --attention-block, --attention-dot, --row-prefetch and
-    --maxnreg. Raises AmkError."""
+    --prefetch, --gemv-unroll, --attention-block, --attention-dot, --row-prefetch,
+    --x-stage, --relaxed-poll and --maxnreg. Raises AmkError."""
     from lowering.triton.runtime import Blocks
 
     try:
@@ -266,7 +285,9 @@ def backend_options(args) -> dict:
             "blocks": Blocks(gemv_n=n, gemv_k=k, gemv_stages=stages, prefetch=prefetch, attention_t=att,
                              gemv_unroll=getattr(args, "gemv_unroll", 1),
                              attention_dot=bool(getattr(args, "attention_dot", False)),
-                             row_prefetch=bool(getattr(args, "row_prefetch", 1)), maxnreg=maxnreg)}
+                             row_prefetch=bool(getattr(args, "row_prefetch", 1)), maxnreg=maxnreg,
+                             x_stage=bool(getattr(args, "x_stage", 1)),
+                             relaxed_poll=bool(getattr(args, "relaxed_poll", 0)))}
 
 
 def _resolve_bf16(model_arg: str):

@@ -114,6 +114,39 @@ def acquire_load(p, SYS: tl.constexpr):
 
 
 @device
+def relaxed_load(p, SYS: tl.constexpr):
+    """int32 at ``p``, a relaxed (strong, unordered) load at GPU or system (``SYS``) scope:
+    ``ld.relaxed.gpu`` / ``ld.relaxed.sys``. Unlike ``ld.acquire`` it does not invalidate
+    the SM's L1 (the acquire's CCTL.IVALL: 10% of the Llama-3.2-1B kernel's stall samples
+    while workers spin, Nsight Compute, H200); a poll that saw the value then makes it an
+    acquire with ``acquire_fence``. Interpreter: a volatile load."""
+    if INTERPRET:
+        v = tl.load(p, volatile=True)
+    elif SYS:
+        v = tl.inline_asm_elementwise("ld.relaxed.sys.global.b32 $0, [$1];", "=r,l", [p],
+                                      dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        v = tl.inline_asm_elementwise("ld.relaxed.gpu.global.b32 $0, [$1];", "=r,l", [p],
+                                      dtype=tl.int32, is_pure=False, pack=1)
+    return v
+
+
+@device
+def acquire_fence(SYS: tl.constexpr):
+    """``fence.acq_rel.gpu`` (``.sys`` when SYS) in every thread. After a relaxed read that
+    observed a release, it completes the PTX memory model's acquire pattern (PTX ISA, memory
+    consistency model: "a strong read followed by a fence"), so the releasing task's writes
+    are visible to this thread's later loads. A no-op under the interpreter."""
+    if not INTERPRET:
+        if SYS:
+            tl.inline_asm_elementwise("fence.acq_rel.sys; mov.u32 $0, 0;", "=r", [], dtype=tl.int32,
+                                      is_pure=False, pack=1)
+        else:
+            tl.inline_asm_elementwise("fence.acq_rel.gpu; mov.u32 $0, 0;", "=r", [], dtype=tl.int32,
+                                      is_pure=False, pack=1)
+
+
+@device
 def l2_prefetch(A_I32, row):
     """Start an L2 prefetch of the weight tile of the task at ``row`` (table fields F_PFO /
     F_PFN; nothing when its length is 0): one ``cp.async.bulk.prefetch.L2.global`` (sm_90,
@@ -178,16 +211,23 @@ def cta_all(p):
 
 
 @device
-def wait_counter(ctr, need, abort_ptr, abort_tag, timeout, SYS: tl.constexpr):
+def wait_counter(ctr, need, abort_ptr, abort_tag, timeout, SYS: tl.constexpr, RELAXED: tl.constexpr = False):
     """Spin until ``*ctr - need >= 0`` (wrapping int32). Returns (value seen, kind):
     kind 0 = satisfied, 1 = timed out, 4 = another worker aborted this epoch.
     ``timeout``: ns on the GPU, number of polls under the interpreter.
+
+    Each poll is an acquire load, or with ``RELAXED`` a relaxed load, and one
+    ``acquire_fence`` once the wait is over (the same synchronisation, without an L1
+    invalidation per poll).
 
     Fast path (GPU): the first acquire poll of every thread is voted over the CTA
     (``cta_all``); when it already satisfies the wait in all threads -- the common case
     once a worker trails its producers -- the timer, the abort word and ``cta_max`` are
     skipped. Otherwise the watched spin loop below runs as before."""
-    v = acquire_load(ctr, SYS)
+    if RELAXED:
+        v = relaxed_load(ctr, SYS)
+    else:
+        v = acquire_load(ctr, SYS)
     if INTERPRET:
         it = 0
         while ((v - need) < 0) & (it < timeout):
@@ -201,11 +241,16 @@ def wait_counter(ctr, need, abort_ptr, abort_tag, timeout, SYS: tl.constexpr):
             now = t0
             ab = abort_tag - 1
             while ((v - need) < 0) & ((now - t0) < timeout) & (ab != abort_tag):
-                v = acquire_load(ctr, SYS)
+                if RELAXED:
+                    v = relaxed_load(ctr, SYS)
+                else:
+                    v = acquire_load(ctr, SYS)
                 now = global_timer()
                 ab = tl.load(abort_ptr, volatile=True)
             kind = tl.where((v - need) < 0, tl.where(ab == abort_tag, _KIND_ABORTED, _KIND_TIMEOUT), 0)
             kind = cta_max(kind)  # one decision for the whole CTA (see cta_max)
+        if RELAXED:
+            acquire_fence(SYS)
     return v, kind
 
 
@@ -299,10 +344,11 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
            DW: tl.constexpr, DB: tl.constexpr, DY: tl.constexpr, PRO: tl.constexpr, HAS_BIAS: tl.constexpr,
            X_CONTIG: tl.constexpr, W_CONTIG: tl.constexpr, W_ALIGN: tl.constexpr, BLOCK_N: tl.constexpr,
            BLOCK_K: tl.constexpr, STAGES: tl.constexpr = 1, PROF=None, PROFILE: tl.constexpr = False,
-           X_ALIGN: tl.constexpr = 0, UNROLL: tl.constexpr = 1):
+           X_ALIGN: tl.constexpr = 0, UNROLL: tl.constexpr = 1, XS=None, X_STAGE: tl.constexpr = False):
     """gemv, norm_gemv, gemv_res, swiglu_gemv (ops.gemv_ex; ``PRO`` the prologue, ``STAGES``
-    its weight-streaming pipeline depth). Operands: x, [a (norm weight / up) when PRO != plain],
-    W, [b (bias / residual)], y."""
+    its weight-streaming pipeline depth, ``X_STAGE`` its f(x) staged once in the worker's
+    scratch ``XS``). Operands: x, [a (norm weight / up) when PRO != plain], W, [b (bias /
+    residual)], y."""
     xo, xn0, xn1, xn2, xs0, xs1, xs2 = _opnd(row, 0, slot)
     if PRO == K.PRO_PLAIN:
         ao, an1, an2, as0, as1, as2 = xo, xn1, xn2, xs0, xs1, xs2
@@ -311,15 +357,15 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
         ao, an0, an1, an2, as0, as1, as2 = _opnd(row, 1, slot)
         WI: tl.constexpr = 2
     if X_ALIGN > 1:
-        xo = tl.multiple_of(xo, X_ALIGN)
-        ao = tl.multiple_of(ao, X_ALIGN)
+        xo = K.aligned(xo, X_ALIGN)
+        ao = K.aligned(ao, X_ALIGN)
     if PRO == K.PRO_PLAIN:
         ap = _ptr(A_BF16, A_F16, A_F32, A_I32, DX) + ao
     else:
         ap = _ptr(A_BF16, A_F16, A_F32, A_I32, DA) + ao
     wo, wn0, wn1, wn2, ws0, ws1, ws2 = _opnd(row, WI, slot)
     if W_ALIGN > 1:
-        wo = tl.multiple_of(wo, W_ALIGN)
+        wo = K.aligned(wo, W_ALIGN)
     if HAS_BIAS:
         bo, bn0, bn1, bn2, bs0, bs1, bs2 = _opnd(row, WI + 1, slot)
         yo, yn0, yn1, yn2, ys0, ys1, ys2 = _opnd(row, WI + 2, slot)
@@ -337,7 +383,8 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
     K.gemv_ex(_ptr(A_BF16, A_F16, A_F32, A_I32, DX) + xo, xn1, xn2, xs0, xs1, xs2, ap, an1, an2, as0, as1, as2,
               eps, _ptr(A_BF16, A_F16, A_F32, A_I32, DW) + wo, ws1, ws2, bp, bn1, bn2, bs0, bs1, bs2,
               _ptr(A_BF16, A_F16, A_F32, A_I32, DY) + yo, yn1, yn2, ys0, ys1, ys2, wn1, wn2,
-              PRO, HAS_BIAS, X_CONTIG, W_CONTIG, W_ALIGN, BLOCK_N, BLOCK_K, STAGES, PROF, PROFILE, X_ALIGN, UNROLL)
+              PRO, HAS_BIAS, X_CONTIG, W_CONTIG, W_ALIGN, BLOCK_N, BLOCK_K, STAGES, PROF, PROFILE, X_ALIGN, UNROLL,
+              XS, X_STAGE)
     return _ok()
 
 
@@ -552,7 +599,8 @@ def task_header(row):
 
 
 @device
-def run_waits(nw, w0, wc, wn, wb, WAITS, A_I32, err, i, epoch, abort_ptr, timeout, SYS: tl.constexpr):
+def run_waits(nw, w0, wc, wn, wb, WAITS, A_I32, err, i, epoch, abort_ptr, timeout, SYS: tl.constexpr,
+              RELAXED: tl.constexpr = False):
     """Run every wait of a row; returns 1 if they all held, 0 after recording a failure.
     The first wait comes from the row header (wc, wn, wb: need = epoch * wn + wb), the
     others from ``WAITS``."""
@@ -565,7 +613,7 @@ def run_waits(nw, w0, wc, wn, wb, WAITS, A_I32, err, i, epoch, abort_ptr, timeou
             wp = WAITS + (w0 + j) * _WAIT_W
             ctr = tl.load(wp)
             need = ((epoch + tl.load(wp + 2)) * tl.load(wp + 1) + tl.load(wp + 3)).to(tl.int32)
-        v, kind = wait_counter(A_I32 + ctr, need, abort_ptr, epoch + 1, timeout, SYS)
+        v, kind = wait_counter(A_I32 + ctr, need, abort_ptr, epoch + 1, timeout, SYS, RELAXED)
         if kind != 0:
             tl.store(err + 1, i.to(tl.int64))
             tl.store(err + 2, (w0 + j).to(tl.int64))
@@ -632,7 +680,7 @@ def _call(v: T.Variant) -> str:
         xalign = 16 // T.DTYPE_BYTES[v.dtypes[xi]] if v.flag("xaligned") else 0
         return (f"t_gemv({_COMMON}, {d[xi]}, {da}, {d[wi]}, {db}, {d[-1]}, {pro}, {bias}, "
                 f"{v.flag('xcontig')}, {v.flag('contig')}, {align}, GEMV_N, GEMV_K, GEMV_STAGES, "
-                f"PROF + i.to(tl.int64) * PROF_W, PROFILE, {xalign}, GEMV_UNROLL)")
+                f"PROF + i.to(tl.int64) * PROF_W, PROFILE, {xalign}, GEMV_UNROLL, XSW, X_STAGE)")
     if op == "rope":
         return f"t_rope({_COMMON}, {d[0]}, {d[1]}, {d[2]}, {d[3]}, ROPE_BLOCK)"
     if op == "kv_append":
@@ -682,13 +730,15 @@ from lowering.triton.megakernel import (
 
 @triton.jit
 def amk_megakernel(A_BF16, A_F16, A_F32, A_I32, TASKS, WAITS, SIGS, QSTART, ERR, EPOCH, slots, timeout,
-                   PROF, BLOCK: tl.constexpr, GEMV_N: tl.constexpr, GEMV_K: tl.constexpr,
+                   PROF, XS, xs_w, BLOCK: tl.constexpr, GEMV_N: tl.constexpr, GEMV_K: tl.constexpr,
                    ROPE_BLOCK: tl.constexpr, ATT_T: tl.constexpr, ATT_D: tl.constexpr,
                    ATT_Q: tl.constexpr, PAIR_BLOCK: tl.constexpr, GEMV_STAGES: tl.constexpr = 1,
                    PREFETCH: tl.constexpr = 0, PROFILE: tl.constexpr = False, GEMV_UNROLL: tl.constexpr = 1,
-                   ATT_DOT: tl.constexpr = False, ROW_PREFETCH: tl.constexpr = False):
+                   ATT_DOT: tl.constexpr = False, ROW_PREFETCH: tl.constexpr = False,
+                   X_STAGE: tl.constexpr = False, POLL_RELAXED: tl.constexpr = False):
     PROF_W: tl.constexpr = {prof_w}
     w, i, end, err, epoch, slot, abort_ptr = worker_loop_prologue(ERR, EPOCH, QSTART, slots)
+    XSW = XS + w.to(tl.int64) * xs_w  # this worker's GEMV f(x) scratch (X_STAGE)
     ok = tl.full([], 1, dtype=tl.int32)
     done = epoch * 0
     if PREFETCH > 0:  # the first PREFETCH tasks' weight tiles; then task i + PREFETCH at task i
@@ -706,7 +756,8 @@ def amk_megakernel(A_BF16, A_F16, A_F32, A_I32, TASKS, WAITS, SIGS, QSTART, ERR,
         if PROFILE:
             tl.store(PROF + i.to(tl.int64) * PROF_W, global_timer())
         op, nw, w0, wc, wn, wb, ns, s0, sc, sa, ss, fl = task_header(row)
-        ok = run_waits(nw, w0, wc, wn, wb, WAITS, A_I32, err, i, epoch, abort_ptr, timeout, {sys_waits})
+        ok = run_waits(nw, w0, wc, wn, wb, WAITS, A_I32, err, i, epoch, abort_ptr, timeout, {sys_waits},
+                       POLL_RELAXED)
         if ok != 0:
             if PROFILE:
                 tl.store(PROF + i.to(tl.int64) * PROF_W + 1, global_timer())
@@ -768,7 +819,7 @@ def load_kernel(source: str):
 #: Kernel argument types for an offline compile (pointer args are 16-byte aligned views).
 _ARG_TYPES = {"A_BF16": "*bf16", "A_F16": "*fp16", "A_F32": "*fp32", "A_I32": "*i32", "TASKS": "*i64",
               "WAITS": "*i64", "SIGS": "*i64", "QSTART": "*i32", "ERR": "*i64", "EPOCH": "*i64",
-              "slots": "i32", "timeout": "i64", "PROF": "*i64"}
+              "slots": "i32", "timeout": "i64", "PROF": "*i64", "XS": "*fp32", "xs_w": "i32"}
 
 
 def compile_offline(source: str, constexprs: dict[str, int], arch: int = 90, num_warps: int = 4,
@@ -794,13 +845,17 @@ def compile_offline(source: str, constexprs: dict[str, int], arch: int = 90, num
     fn = load_kernel(source)
     constexprs = {"PROFILE": False, "GEMV_STAGES": 1, "PREFETCH": 0, **constexprs}
     sig = {n: ("constexpr" if n in constexprs else _ARG_TYPES[n]) for n in fn.arg_names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if _ARG_TYPES.get(n, "")[:1] == "*"}
+    # pointers are 16-byte aligned; xs_w (scratch row, elements) is a multiple of 16 (runtime)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+             if _ARG_TYPES.get(n, "")[:1] == "*" or n == "xs_w"}
     k = triton.compile(ASTSource(fn, sig, constexprs=dict(constexprs), attrs=attrs),
                        target=GPUTarget("cuda", arch, 32),
                        options=dict(num_warps=num_warps, **({"maxnreg": maxnreg} if maxnreg else {})))
     ptx = k.asm["ptx"]
     out = dict(arch=arch, num_warps=num_warps, maxnreg=maxnreg, shared=int(k.metadata.shared),
                acquire_polls="ld.acquire.gpu.global.b32" in ptx, global_timer="%globaltimer" in ptx,
+               relaxed_polls="ld.relaxed.gpu.global.b32" in ptx, acquire_fence="fence.acq_rel.gpu" in ptx,
+               relaxed_polls_sys="ld.relaxed.sys.global.b32" in ptx,
                acquire_polls_sys="ld.acquire.sys.global.b32" in ptx,
                l2_prefetch="cp.async.bulk.prefetch.L2" in ptx, async_copy="cp.async" in ptx,
                row_prefetch="prefetch.global.L1" in ptx,

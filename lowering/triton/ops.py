@@ -65,6 +65,18 @@ def device(fn):
 
 # ---------------------------------------------------------------- addressing
 @device
+def aligned(v, A: tl.constexpr):
+    """``v`` (a non-negative integer scalar that the caller knows is a multiple of ``A``)
+    with that fact visible to Triton's alignment analysis, so loads through it can be
+    16-byte vectors. The value is restated as ``(v // A) * A`` as well as hinted with
+    ``tl.multiple_of``: on Triton 3.6 (the GPU machines' version) a bare ``multiple_of`` on
+    an offset loaded from the task table is lost, and the megakernel's GEMV weights were
+    loaded 2 bytes at a time (SASS: LDG.E.U16 only; Nsight Compute on the H200, sixth
+    session). The arithmetic costs a few integer instructions per task."""
+    return tl.multiple_of((v // A) * A, A)
+
+
+@device
 def flat_off(i, n1, n2, s0, s1, s2):
     """Element offset of flat index ``i`` (any int tensor) in a region of up to 3 strided
     axes with extents (n0, n1, n2) and strides (s0, s1, s2); n0 is implied."""
@@ -201,73 +213,13 @@ def _gemv_wload(w, w_rs, w_cs, rows, rm, cols, cm, W_CONTIG: tl.constexpr):
 
 
 @device
-def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, eps,
-            w, w_rs, w_cs, b, b_n1, b_n2, b_s0, b_s1, b_s2,
-            y, y_n1, y_n2, y_s0, y_s1, y_s2, N, K,
-            PRO: tl.constexpr, HAS_BIAS: tl.constexpr, X_CONTIG: tl.constexpr, W_CONTIG: tl.constexpr,
-            W_ALIGN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr = 1,
-            PROF=None, PROFILE: tl.constexpr = False, X_ALIGN: tl.constexpr = 0, UNROLL: tl.constexpr = 1):
-    """y[N] = W[N, K] @ f(x)[K] (+ b), fp32 accumulation, with a fused prologue f (``PRO``):
-
-    * PRO_PLAIN: f(x) = x (gemv; ``a`` and ``eps`` unused).
-    * PRO_NORM: f(x) = round(a * (x * rsqrt(mean(x^2) + eps))), a = the RMSNorm weight
-      (norm_gemv). Every call first sums x^2 over all K (one pass over x, fp32), then
-      streams W; ``round`` is to x's dtype, as the unfused rmsnorm's stored output.
-    * PRO_SWIGLU: f(x) = round(silu(x) * a), x = gate, a = up (swiglu_gemv).
-
-    ``b`` (HAS_BIAS) is added in the epilogue: the bias of gemv / norm_gemv or the residual
-    of gemv_res / swiglu_gemv (y = W @ f(x) + r). Streams W in [BLOCK_N, BLOCK_K] tiles and
-    accumulates a 2-D fp32 tile, reduced once per row block, so loads stay wide and
-    independent (batch-1 decode is bound by weight bandwidth). ``W_CONTIG``: columns have
-    stride 1 (w_cs ignored). ``W_ALIGN`` (0 or a power of two, in elements): the caller
-    guarantees w, w_rs and K are multiples of it (16-byte vector loads). ``X_CONTIG``: x
-    (and a) have one strided axis. ``X_ALIGN`` (0 or a power of two): x (and a) also have
-    unit stride and start on a multiple of X_ALIGN elements (wide loads, no stride
-    arithmetic). The epilogue reads b before y is written, row block by
-    row block, so y may be b (an in-place residual) but must not overlap x, a or W.
-    ``PROFILE``: store %globaltimer at ``PROF + 4`` (prologue done) and ``PROF + 5`` (all
-    row blocks stored), the megakernel's profiling stamps (megakernel.PROF_W).
-
-    ``STAGES`` (weight-streaming pipeline depth, >= 1; the same arithmetic for every value,
-    except that S >= 2 sums PRO_NORM's x^2 in chunks of BLOCK_N * BLOCK_K elements instead of
-    BLOCK_K, one round trip for K up to that: fp32 summation order only):
-
-    * 1: each iteration loads its W block and x block and consumes them; the next block's
-      loads issue only after that (one block in flight per CTA). ``UNROLL`` = 2: each
-      iteration loads two K blocks (both weight loads first), so two blocks are in flight,
-      with one accumulator. ``UNROLL`` = 4, 8 or 16: the loop is unrolled by Triton
-      (``loop_unroll_factor``) and ptxas hoists the weight loads, UNROLL blocks in flight,
-      when BLOCK_K < 32 * num_warps (then x is loaded straight into the layout it is
-      broadcast in; a larger x block goes through shared memory, whose bar.syncs stop
-      the hoisting). Every value sums the K blocks in the same order: bit-identical.
-    * S >= 2: the K loop is ``tl.range(..., num_stages=S)``: Triton's software pipeliner
-      turns the W loads into asynchronous global->shared copies (``cp.async.cg``, L1
-      bypassed), issued S - 1 blocks ahead, so (S - 1) * BLOCK_N * BLOCK_K weight elements
-      are in flight while a block is consumed (Little's law: bytes in flight = bandwidth x
-      latency; ~32-64 KB per SM on an H200). Costs (S - 1) blocks of shared memory. The x
-      (and a) block for the next iteration is loaded into registers one iteration ahead
-      (too narrow per thread for cp.async), so its L2 latency is hidden too. Under the
-      interpreter the loop is an ordinary loop.
-    """
-    if W_ALIGN > 1:
-        w_rs = tl.multiple_of(w_rs, W_ALIGN)
-        K = tl.multiple_of(K, W_ALIGN)
-    rstd = tl.full([], 1.0, dtype=tl.float32)
-    if PRO == PRO_NORM:
-        # STAGES >= 2: x in blocks of BLOCK_N * BLOCK_K (the registers of one W block), so a
-        # K <= BLOCK_N * BLOCK_K costs one round trip instead of K / BLOCK_K dependent ones.
-        NB: tl.constexpr = BLOCK_K if STAGES <= 1 else BLOCK_N * BLOCK_K
-        # unrolled like the W loop: UNROLL x blocks in flight, summed in the same order
-        PU: tl.constexpr = UNROLL if STAGES <= 1 else 1
-        sq = tl.zeros([NB], dtype=tl.float32)
-        for k0 in tl.range(0, K, NB, loop_unroll_factor=PU):
-            cols = k0 + tl.arange(0, NB)
-            xv, _ = _gemv_xload(x, x_n1, x_n2, x_s0, x_s1, x_s2, x, x_n1, x_n2, x_s0, x_s1, x_s2,
-                                cols, cols < K, PRO_PLAIN, X_CONTIG, X_ALIGN)
-            sq += xv * xv
-        rstd = tl.rsqrt(tl.sum(sq, axis=0) / K + eps)
-    if PROFILE:
-        tl.store(PROF + 4, global_timer())
+def _gemv_rows(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, rstd,
+               w, w_rs, w_cs, b, b_n1, b_n2, b_s0, b_s1, b_s2, y, y_n1, y_n2, y_s0, y_s1, y_s2, N, K,
+               PRO: tl.constexpr, HAS_BIAS: tl.constexpr, X_CONTIG: tl.constexpr, W_CONTIG: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, X_ALIGN: tl.constexpr,
+               UNROLL: tl.constexpr):
+    """gemv_ex's row blocks: y[rows] = W[rows, :] @ f(x) (+ b) for every BLOCK_N rows, f the
+    prologue ``PRO`` with the RMSNorm factor ``rstd`` already known (loop forms: gemv_ex)."""
     for n0 in range(0, N, BLOCK_N):
         rows = n0 + tl.arange(0, BLOCK_N)
         rm = rows < N
@@ -325,6 +277,112 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
         if HAS_BIAS:
             out += tl.load(b + flat_off(rows, b_n1, b_n2, b_s0, b_s1, b_s2), mask=rm, other=0).to(tl.float32)
         store(y + flat_off(rows, y_n1, y_n2, y_s0, y_s1, y_s2), out, rm)
+
+
+@device
+def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, eps,
+            w, w_rs, w_cs, b, b_n1, b_n2, b_s0, b_s1, b_s2,
+            y, y_n1, y_n2, y_s0, y_s1, y_s2, N, K,
+            PRO: tl.constexpr, HAS_BIAS: tl.constexpr, X_CONTIG: tl.constexpr, W_CONTIG: tl.constexpr,
+            W_ALIGN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr = 1,
+            PROF=None, PROFILE: tl.constexpr = False, X_ALIGN: tl.constexpr = 0, UNROLL: tl.constexpr = 1,
+            XS=None, X_STAGE: tl.constexpr = False):
+    """y[N] = W[N, K] @ f(x)[K] (+ b), fp32 accumulation, with a fused prologue f (``PRO``):
+
+    * PRO_PLAIN: f(x) = x (gemv; ``a`` and ``eps`` unused).
+    * PRO_NORM: f(x) = round(a * (x * rsqrt(mean(x^2) + eps))), a = the RMSNorm weight
+      (norm_gemv). Every call first sums x^2 over all K (one pass over x, fp32), then
+      streams W; ``round`` is to x's dtype, as the unfused rmsnorm's stored output.
+    * PRO_SWIGLU: f(x) = round(silu(x) * a), x = gate, a = up (swiglu_gemv).
+
+    ``b`` (HAS_BIAS) is added in the epilogue: the bias of gemv / norm_gemv or the residual
+    of gemv_res / swiglu_gemv (y = W @ f(x) + r). Streams W in [BLOCK_N, BLOCK_K] tiles and
+    accumulates a 2-D fp32 tile, reduced once per row block, so loads stay wide and
+    independent (batch-1 decode is bound by weight bandwidth). ``W_CONTIG``: columns have
+    stride 1 (w_cs ignored). ``W_ALIGN`` (0 or a power of two, in elements): the caller
+    guarantees w, w_rs and K are multiples of it (16-byte vector loads). ``X_CONTIG``: x
+    (and a) have one strided axis. ``X_ALIGN`` (0 or a power of two): x (and a) also have
+    unit stride and start on a multiple of X_ALIGN elements (wide loads, no stride
+    arithmetic). The epilogue reads b before y is written, row block by
+    row block, so y may be b (an in-place residual) but must not overlap x, a or W.
+    ``PROFILE``: store %globaltimer at ``PROF + 4`` (prologue done) and ``PROF + 5`` (all
+    row blocks stored), the megakernel's profiling stamps (megakernel.PROF_W).
+
+    ``X_STAGE`` (PRO_NORM / PRO_SWIGLU; ignored for PRO_PLAIN): f(x) is computed once per call,
+    for all K, into ``XS`` (scratch of at least K elements of 4 bytes, 16-byte aligned, used
+    by this CTA alone), and the weight loop then reads it as a plain aligned vector. Without
+    it, f is evaluated inside the weight loop by every thread that holds a column, i.e.
+    once per row of the block (BLOCK_N times per element: the prologue's multiplies, exp
+    and reciprocal then outnumber the FMAs; SASS of the 16 x 128 loop: 747 instructions per
+    8 blocks for PRO_NORM, 1387 for PRO_SWIGLU, 364 for PRO_PLAIN). Same values: f(x) is
+    stored rounded to x's dtype, exactly what the loop would have used. Two CTA barriers
+    per call (before the scratch is overwritten, after it is written). PRO_NORM's x^2 pass
+    then reads x in chunks of BLOCK_N * BLOCK_K (fp32 summation order only).
+
+    ``STAGES`` (weight-streaming pipeline depth, >= 1; the same arithmetic for every value,
+    except that S >= 2 sums PRO_NORM's x^2 in chunks of BLOCK_N * BLOCK_K elements instead of
+    BLOCK_K, one round trip for K up to that: fp32 summation order only):
+
+    * 1: each iteration loads its W block and x block and consumes them; the next block's
+      loads issue only after that (one block in flight per CTA). ``UNROLL`` = 2: each
+      iteration loads two K blocks (both weight loads first), so two blocks are in flight,
+      with one accumulator. ``UNROLL`` = 4, 8 or 16: the loop is unrolled by Triton
+      (``loop_unroll_factor``) and ptxas hoists the weight loads, UNROLL blocks in flight,
+      when BLOCK_K < 32 * num_warps (then x is loaded straight into the layout it is
+      broadcast in; a larger x block goes through shared memory, whose bar.syncs stop
+      the hoisting). Every value sums the K blocks in the same order: bit-identical.
+    * S >= 2: the K loop is ``tl.range(..., num_stages=S)``: Triton's software pipeliner
+      turns the W loads into asynchronous global->shared copies (``cp.async.cg``, L1
+      bypassed), issued S - 1 blocks ahead, so (S - 1) * BLOCK_N * BLOCK_K weight elements
+      are in flight while a block is consumed (Little's law: bytes in flight = bandwidth x
+      latency; ~32-64 KB per SM on an H200). Costs (S - 1) blocks of shared memory. The x
+      (and a) block for the next iteration is loaded into registers one iteration ahead
+      (too narrow per thread for cp.async), so its L2 latency is hidden too. Under the
+      interpreter the loop is an ordinary loop.
+    """
+    if W_ALIGN > 1:
+        w_rs = aligned(w_rs, W_ALIGN)
+        K = aligned(K, W_ALIGN)
+    rstd = tl.full([], 1.0, dtype=tl.float32)
+    if PRO == PRO_NORM:
+        # STAGES >= 2: x in blocks of BLOCK_N * BLOCK_K (the registers of one W block), so a
+        # K <= BLOCK_N * BLOCK_K costs one round trip instead of K / BLOCK_K dependent ones.
+        # X_STAGE: likewise (its f(x) pass reads x in such chunks too).
+        NB: tl.constexpr = BLOCK_N * BLOCK_K if (STAGES > 1 or X_STAGE) else BLOCK_K
+        # unrolled like the W loop: UNROLL x blocks in flight, summed in the same order
+        PU: tl.constexpr = 1 if (STAGES > 1 or X_STAGE) else UNROLL
+        sq = tl.zeros([NB], dtype=tl.float32)
+        for k0 in tl.range(0, K, NB, loop_unroll_factor=PU):
+            cols = k0 + tl.arange(0, NB)
+            xv, _ = _gemv_xload(x, x_n1, x_n2, x_s0, x_s1, x_s2, x, x_n1, x_n2, x_s0, x_s1, x_s2,
+                                cols, cols < K, PRO_PLAIN, X_CONTIG, X_ALIGN)
+            sq += xv * xv
+        rstd = tl.rsqrt(tl.sum(sq, axis=0) / K + eps)
+    if X_STAGE and PRO != PRO_PLAIN:
+        # f(x) once per call into the worker's scratch, instead of once per weight element
+        # (each x column is shared by the BLOCK_N rows' threads, which would all compute it)
+        xs = tl.multiple_of(XS.to(x.dtype, bitcast=True), 16)  # 16-byte aligned (the caller)
+        XA: tl.constexpr = 128 // x.dtype.element_ty.primitive_bitwidth
+        XB: tl.constexpr = BLOCK_N * BLOCK_K
+        tl.debug_barrier()  # no thread still reads the previous call's f(x)
+        for k0 in range(0, K, XB):
+            cols = k0 + tl.arange(0, XB)
+            cm = cols < K
+            xv, av = _gemv_xload(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2,
+                                 cols, cm, PRO, X_CONTIG, X_ALIGN)
+            tl.store(xs + cols, _gemv_xfn(x, xv, av, rstd, PRO), mask=cm)
+        tl.debug_barrier()  # every f(x) stored before any thread reads it
+        if PROFILE:
+            tl.store(PROF + 4, global_timer())
+        _gemv_rows(xs, 1, K, 0, 0, 1, xs, 1, K, 0, 0, 1, rstd, w, w_rs, w_cs, b, b_n1, b_n2, b_s0, b_s1, b_s2,
+                   y, y_n1, y_n2, y_s0, y_s1, y_s2, N, K, PRO_PLAIN, HAS_BIAS, True, W_CONTIG,
+                   BLOCK_N, BLOCK_K, STAGES, XA, UNROLL)
+    else:
+        if PROFILE:
+            tl.store(PROF + 4, global_timer())
+        _gemv_rows(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, rstd,
+                   w, w_rs, w_cs, b, b_n1, b_n2, b_s0, b_s1, b_s2, y, y_n1, y_n2, y_s0, y_s1, y_s2, N, K,
+                   PRO, HAS_BIAS, X_CONTIG, W_CONTIG, BLOCK_N, BLOCK_K, STAGES, X_ALIGN, UNROLL)
     if PROFILE:
         tl.store(PROF + 5, global_timer())
 
@@ -653,10 +711,12 @@ def _k_gemv(x, x_n1, x_n2, x_s0, x_s1, x_s2, w, w_rs, w_cs, b, b_n1, b_n2, b_s0,
 def _k_gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, eps,
                w, w_rs, w_cs, b, b_n1, b_n2, b_s0, b_s1, b_s2, y, y_n1, y_n2, y_s0, y_s1, y_s2, N, K,
                PRO: tl.constexpr, HAS_BIAS: tl.constexpr, X_CONTIG: tl.constexpr, W_CONTIG: tl.constexpr,
-               W_ALIGN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GEMV_STAGES: tl.constexpr = 1):
+               W_ALIGN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GEMV_STAGES: tl.constexpr = 1,
+               XS=None, X_STAGE: tl.constexpr = False, UNROLL: tl.constexpr = 1):
     gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, eps,
             w, w_rs, w_cs, b, b_n1, b_n2, b_s0, b_s1, b_s2, y, y_n1, y_n2, y_s0, y_s1, y_s2, N, K,
-            PRO, HAS_BIAS, X_CONTIG, W_CONTIG, W_ALIGN, BLOCK_N, BLOCK_K, GEMV_STAGES)
+            PRO, HAS_BIAS, X_CONTIG, W_CONTIG, W_ALIGN, BLOCK_N, BLOCK_K, GEMV_STAGES, UNROLL=UNROLL,
+            XS=XS, X_STAGE=X_STAGE)
 
 
 @triton.jit
@@ -790,16 +850,20 @@ def _xcontig(*descs) -> bool:
 
 
 def run_gemv_ex(x, a, w, y, pro: int, eps: float = 0.0, bias=None, block_n: int = 16,
-                block_k: int = 64, w_align: int = 0, stages: int = 1) -> None:
+                block_k: int = 64, w_align: int = 0, stages: int = 1, x_stage: bool = False,
+                unroll: int = 1) -> None:
     """y = w @ f(x) (+ bias) with prologue ``pro`` (PRO_NORM: a = norm weight; PRO_SWIGLU:
-    x = gate, a = up); see ``gemv_ex`` (``stages``: its STAGES). norm_gemv, gemv_res and
+    x = gate, a = up); see ``gemv_ex`` (``stages``: its STAGES; ``x_stage``: X_STAGE, with a
+    scratch of K fp32 allocated here; ``unroll``: UNROLL). norm_gemv, gemv_res and
     swiglu_gemv in one."""
     n, k, rs, cs = _matrix(w)
     b = bias if bias is not None else y
     xd, ad = flat_desc(x), flat_desc(a)
     _k_gemv_ex[(1,)](x, *xd, a, *ad, eps, w, rs, cs, b, *flat_desc(b), y, *flat_desc(y), n, k,
                      PRO=pro, HAS_BIAS=bias is not None, X_CONTIG=_xcontig(xd, ad), W_CONTIG=cs == 1,
-                     W_ALIGN=w_align, BLOCK_N=block_n, BLOCK_K=block_k, GEMV_STAGES=stages)
+                     W_ALIGN=w_align, BLOCK_N=block_n, BLOCK_K=block_k, GEMV_STAGES=stages,
+                     XS=y.new_zeros(max(16, k)).float(), X_STAGE=x_stage,
+                     UNROLL=unroll)
 
 
 def run_rope_append(k, v, inv_freq, pos, kc, vc, block: int = 64) -> None:
