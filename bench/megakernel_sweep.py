@@ -17,6 +17,16 @@ import sys
 import torch
 
 
+def ints(s: str) -> list[int]:
+    """A comma-list flag's integers."""
+    return [int(x) for x in s.split(",")]
+
+
+def flags(s: str) -> list[bool]:
+    """A comma-list flag of 0/1 values."""
+    return [bool(x) for x in ints(s)]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
@@ -64,24 +74,13 @@ def main(argv: list[str] | None = None) -> int:
     target = cuda_target(props)
     rows = []
     print(f"{args.model} on {props.name}: HBM {bw / 1e12:.2f} TB/s, roofline {floor:.4f} ms")
-    for w, t, pol, nw, gb, gs, fuse, pf, wave, att, so, un, ad, asp, rp, mr, xst, rpl in itertools.product([int(x) for x in args.workers.split(",")],
-                                                   [int(x) for x in args.tile.split(",")],
-                                                   args.policy.split(","),
-                                                   [int(x) for x in args.warps.split(",")],
-                                                   args.gemv_block.split(","),
-                                                   [int(x) for x in args.gemv_stages.split(",")],
-                                                   [bool(int(x)) for x in args.fuse.split(",")],
-                                                   [int(x) for x in args.prefetch.split(",")],
-                                                   [bool(int(x)) for x in args.wave.split(",")],
-                                                   [int(x) for x in args.att_t.split(",")],
-                                                   [bool(int(x)) for x in args.sync_opt.split(",")],
-                                                   [int(x) for x in args.unroll.split(",")],
-                                                   [bool(int(x)) for x in args.att_dot.split(",")],
-                                                   [int(x) for x in args.attn_split.split(",")],
-                                                   [bool(int(x)) for x in args.row_prefetch.split(",")],
-                                                   [int(x) for x in args.maxnreg.split(",")],
-                                                   [bool(int(x)) for x in args.x_stage.split(",")],
-                                                   [bool(int(x)) for x in args.relaxed_poll.split(",")]):
+    grid = itertools.product(ints(args.workers), ints(args.tile), args.policy.split(","), ints(args.warps),
+                             args.gemv_block.split(","), ints(args.gemv_stages), flags(args.fuse),
+                             ints(args.prefetch), flags(args.wave), ints(args.att_t), flags(args.sync_opt),
+                             ints(args.unroll), flags(args.att_dot), ints(args.attn_split),
+                             flags(args.row_prefetch), ints(args.maxnreg), flags(args.x_stage),
+                             flags(args.relaxed_poll))
+    for w, t, pol, nw, gb, gs, fuse, pf, wave, att, so, un, ad, asp, rp, mr, xst, rpl in grid:
         bn, bk = (int(v) for v in gb.split("x"))
         opts = {"num_warps": nw, "blocks": Blocks(gemv_n=bn, gemv_k=bk, gemv_stages=gs, prefetch=pf,
                                                   attention_t=att, elide_waits=so, coalesce_signals=so,

@@ -40,7 +40,7 @@ ncu)
         "$NCU" -i "$OUT/ncu_probe_xs$xs.ncu-rep" --page details --csv > "$OUT/ncu_probe_xs${xs}_details.csv" 2>&1
         "$NCU" -i "$OUT/ncu_probe_xs$xs.ncu-rep" --page source --csv --print-source sass \
             > "$OUT/ncu_probe_xs${xs}_sass.csv" 2>&1
-        python3 scripts/ncu_hot.py "$OUT/ncu_probe_xs${xs}_sass.csv" > "$OUT/ncu_probe_xs${xs}_hot.txt" 2>&1
+        python3 scripts/ncu_sass.py hot "$OUT/ncu_probe_xs${xs}_sass.csv" > "$OUT/ncu_probe_xs${xs}_hot.txt" 2>&1
         gzip -f "$OUT/ncu_probe_xs${xs}_sass.csv"; rm -f "$OUT/ncu_probe_xs$xs.ncu-rep"
     done
     tail -n 40 "$OUT"/ncu_probe_xs*_hot.txt; grep -h -i "stall\|throughput\|Warp Cycles" "$OUT"/ncu_probe_xs*_details.csv | head -60 ;;
@@ -54,8 +54,8 @@ ncu-model)  # Nsight Compute on the real Llama-3.2-1B-shape megakernel (one deco
         "$NCU" -i "$OUT/ncu_llama_xs$xs.ncu-rep" --page details --csv > "$OUT/ncu_llama_xs${xs}_details.csv" 2>&1
         "$NCU" -i "$OUT/ncu_llama_xs$xs.ncu-rep" --page source --csv --print-source sass \
             > "$OUT/ncu_llama_xs${xs}_sass.csv" 2>&1
-        python3 scripts/ncu_hot.py "$OUT/ncu_llama_xs${xs}_sass.csv" --top 30 > "$OUT/ncu_llama_xs${xs}_hot.txt" 2>&1
-        python3 scripts/ncu_loops.py "$OUT/ncu_llama_xs${xs}_sass.csv" > "$OUT/ncu_llama_xs${xs}_loops.txt" 2>&1
+        python3 scripts/ncu_sass.py hot "$OUT/ncu_llama_xs${xs}_sass.csv" --top 30 > "$OUT/ncu_llama_xs${xs}_hot.txt" 2>&1
+        python3 scripts/ncu_sass.py loops "$OUT/ncu_llama_xs${xs}_sass.csv" > "$OUT/ncu_llama_xs${xs}_loops.txt" 2>&1
         gzip -f "$OUT/ncu_llama_xs${xs}_sass.csv"; rm -f "$OUT/ncu_llama_xs$xs.ncu-rep"
         cat "$OUT/ncu_llama_xs${xs}_loops.txt"; head -20 "$OUT/ncu_llama_xs${xs}_hot.txt"
     done

@@ -337,16 +337,12 @@ def test_gemv_res_and_swiglu_gemv(device, dt, stages):
 ODD_GEMV = [(37, 203, 16, 64), (5, 19, 8, 32), (24, 128, 8, 32), (3, 96, 16, 256), (9, 520, 8, 64)]
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dt", [F32, BF16])
-@pytest.mark.parametrize("stages", STAGES)
-@pytest.mark.parametrize("pro", [0, 1, 2], ids=["plain", "norm", "swiglu"])
-def test_gemv_ex_odd_sizes_every_prologue(device, dt, stages, pro):
-    """gemv_ex at every STAGES with sizes that are not multiples of the blocks, every
-    prologue (gemv / norm_gemv / swiglu_gemv) with and without the epilogue vector (bias or
-    residual: gemv_res), contiguous and strided x, plain and 16-byte aligned W, against
-    reference.py."""
-    g = gen(20 + pro)
+def _check_gemv_ex_odd_sizes(device, dt, pro: int, seed: int, **run_kw):
+    """run_gemv_ex with prologue ``pro`` (0 plain, 1 norm, 2 swiglu) over every ODD_GEMV
+    size, with and without the epilogue vector (bias or residual: gemv_res), contiguous and
+    strided x, plain and 16-byte aligned W, against reference.py; ``run_kw`` (stages,
+    x_stage, unroll) go to run_gemv_ex."""
+    g = gen(seed)
     tol = dict(rtol=1e-4, atol=1e-4) if dt == F32 else {}
     for n, k, bn, bk in ODD_GEMV:
         W = torch.randn(n, k, generator=g).to(dt).to(device)
@@ -359,19 +355,25 @@ def test_gemv_ex_odd_sizes_every_prologue(device, dt, stages, pro):
             y = torch.full((n,), float("nan"), dtype=dt, device=device)
             if pro == 0:
                 op, params, ins = ("gemv_res" if bias is not None else "gemv"), {}, [x, W]
-                O.run_gemv_ex(x, x, W, y, pro=0, bias=bias, block_n=bn, block_k=bk, w_align=align,
-                              stages=stages)
             elif pro == 1:
                 op, params, ins = "norm_gemv", {"eps": 1e-5}, [x, a, W]
-                O.run_gemv_ex(x, a, W, y, pro=1, eps=1e-5, bias=bias, block_n=bn, block_k=bk,
-                              w_align=align, stages=stages)
             else:
                 op, params, ins = "swiglu_gemv", {}, [x, a, W]
-                O.run_gemv_ex(x, a, W, y, pro=2, bias=bias, block_n=bn, block_k=bk, w_align=align,
-                              stages=stages)
+            O.run_gemv_ex(x, a if pro else x, W, y, pro=pro, eps=params.get("eps", 0.0), bias=bias, block_n=bn,
+                          block_k=bk, w_align=align, **run_kw)
             (want,) = ref(op, params, ins + ([bias] if bias is not None else []), [y])
             assert not torch.isnan(y.cpu()).any(), (n, k, bn, bk)  # every row written
             close(y, want, dt, **tol)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dt", [F32, BF16])
+@pytest.mark.parametrize("stages", STAGES)
+@pytest.mark.parametrize("pro", [0, 1, 2], ids=["plain", "norm", "swiglu"])
+def test_gemv_ex_odd_sizes_every_prologue(device, dt, stages, pro):
+    """gemv_ex at every STAGES with sizes that are not multiples of the blocks, every
+    prologue (gemv / norm_gemv / swiglu_gemv), against reference.py (_check_gemv_ex_odd_sizes)."""
+    _check_gemv_ex_odd_sizes(device, dt, pro, 20 + pro, stages=stages)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -380,25 +382,9 @@ def test_gemv_ex_odd_sizes_every_prologue(device, dt, stages, pro):
 @pytest.mark.parametrize("pro", [1, 2], ids=["norm", "swiglu"])
 def test_gemv_ex_x_stage(device, dt, unroll, pro):
     """X_STAGE (f(x) staged once in a scratch vector, then a plain weight loop) against
-    reference.py: every odd size, with and without the epilogue vector, contiguous and
-    strided x, plain and 16-byte aligned W, each unroll form of the weight loop."""
-    g = gen(40 + pro)
-    tol = dict(rtol=1e-4, atol=1e-4) if dt == F32 else {}
-    for n, k, bn, bk in ODD_GEMV:
-        W = torch.randn(n, k, generator=g).to(dt).to(device)
-        X = (torch.randn(k, 2, generator=g) * 2).to(dt).to(device)
-        a = torch.randn(k, generator=g).to(dt).to(device)
-        r = torch.randn(n, generator=g).to(dt).to(device)
-        vec = 16 // W.element_size()
-        align = vec if k % vec == 0 else 0
-        op, params = ("norm_gemv", {"eps": 1e-5}) if pro == 1 else ("swiglu_gemv", {})
-        for x, bias in ((X[:, 0].contiguous(), None), (X[:, 1], r)):
-            y = torch.full((n,), float("nan"), dtype=dt, device=device)
-            O.run_gemv_ex(x, a, W, y, pro=pro, eps=1e-5, bias=bias, block_n=bn, block_k=bk, w_align=align,
-                          x_stage=True, unroll=unroll)
-            (want,) = ref(op, params, [x, a, W] + ([bias] if bias is not None else []), [y])
-            assert not torch.isnan(y.cpu()).any(), (n, k, bn, bk)
-            close(y, want, dt, **tol)
+    reference.py at every odd size, each unroll form of the weight loop
+    (_check_gemv_ex_odd_sizes)."""
+    _check_gemv_ex_odd_sizes(device, dt, pro, 40 + pro, x_stage=True, unroll=unroll)
 
 
 @pytest.mark.parametrize("device", DEVICES)

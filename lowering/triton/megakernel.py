@@ -96,37 +96,30 @@ _KIND_ABORTED = tl.constexpr(KIND_ABORTED)
 
 # ---------------------------------------------------------------- sync primitives
 @device
-def acquire_load(p, SYS: tl.constexpr):
-    """int32 at ``p`` with acquire semantics, executed by every thread: at GPU scope
-    (``ld.acquire.gpu``) for single-rank programs, at system scope (``ld.acquire.sys``) when
-    ``SYS`` (multi-rank programs: the releasing signal may come from a peer GPU, and an
-    acquire synchronises with a release only at a scope that contains both threads; PTX ISA,
-    memory consistency model). Interpreter: a volatile load."""
+def poll_load(p, SYS: tl.constexpr, RELAXED: tl.constexpr = False):
+    """int32 at ``p``, one poll of a counter, executed by every thread. Scope: GPU
+    (single-rank programs) or system when ``SYS`` (multi-rank programs: the releasing signal
+    may come from a peer GPU, and an acquire synchronises with a release only at a scope that
+    contains both threads; PTX ISA, memory consistency model). Order: acquire
+    (``ld.acquire.gpu`` / ``.sys``), or with ``RELAXED`` a relaxed (strong, unordered) load
+    (``ld.relaxed``), which does not invalidate the SM's L1 as the acquire does (its
+    CCTL.IVALL held 10% of the Llama-3.2-1B kernel's stall samples while workers spin,
+    Nsight Compute, H200); a relaxed poll that saw the value becomes an acquire with
+    ``acquire_fence``. Interpreter: a volatile load."""
     if INTERPRET:
         v = tl.load(p, volatile=True)
+    elif RELAXED:
+        if SYS:
+            v = tl.inline_asm_elementwise("ld.relaxed.sys.global.b32 $0, [$1];", "=r,l", [p],
+                                          dtype=tl.int32, is_pure=False, pack=1)
+        else:
+            v = tl.inline_asm_elementwise("ld.relaxed.gpu.global.b32 $0, [$1];", "=r,l", [p],
+                                          dtype=tl.int32, is_pure=False, pack=1)
     elif SYS:
         v = tl.inline_asm_elementwise("ld.acquire.sys.global.b32 $0, [$1];", "=r,l", [p],
                                       dtype=tl.int32, is_pure=False, pack=1)
     else:
         v = tl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [p],
-                                      dtype=tl.int32, is_pure=False, pack=1)
-    return v
-
-
-@device
-def relaxed_load(p, SYS: tl.constexpr):
-    """int32 at ``p``, a relaxed (strong, unordered) load at GPU or system (``SYS``) scope:
-    ``ld.relaxed.gpu`` / ``ld.relaxed.sys``. Unlike ``ld.acquire`` it does not invalidate
-    the SM's L1 (the acquire's CCTL.IVALL: 10% of the Llama-3.2-1B kernel's stall samples
-    while workers spin, Nsight Compute, H200); a poll that saw the value then makes it an
-    acquire with ``acquire_fence``. Interpreter: a volatile load."""
-    if INTERPRET:
-        v = tl.load(p, volatile=True)
-    elif SYS:
-        v = tl.inline_asm_elementwise("ld.relaxed.sys.global.b32 $0, [$1];", "=r,l", [p],
-                                      dtype=tl.int32, is_pure=False, pack=1)
-    else:
-        v = tl.inline_asm_elementwise("ld.relaxed.gpu.global.b32 $0, [$1];", "=r,l", [p],
                                       dtype=tl.int32, is_pure=False, pack=1)
     return v
 
@@ -220,18 +213,15 @@ def wait_counter(ctr, need, abort_ptr, abort_tag, timeout, SYS: tl.constexpr, RE
     ``acquire_fence`` once the wait is over (the same synchronisation, without an L1
     invalidation per poll).
 
-    Fast path (GPU): the first acquire poll of every thread is voted over the CTA
+    Fast path (GPU): the first poll of every thread is voted over the CTA
     (``cta_all``); when it already satisfies the wait in all threads -- the common case
     once a worker trails its producers -- the timer, the abort word and ``cta_max`` are
     skipped. Otherwise the watched spin loop below runs as before."""
-    if RELAXED:
-        v = relaxed_load(ctr, SYS)
-    else:
-        v = acquire_load(ctr, SYS)
+    v = poll_load(ctr, SYS, RELAXED)
     if INTERPRET:
         it = 0
         while ((v - need) < 0) & (it < timeout):
-            v = acquire_load(ctr, SYS)
+            v = poll_load(ctr, SYS, RELAXED)
             it += 1
         kind = tl.where((v - need) < 0, _KIND_TIMEOUT, 0)
     else:
@@ -241,10 +231,7 @@ def wait_counter(ctr, need, abort_ptr, abort_tag, timeout, SYS: tl.constexpr, RE
             now = t0
             ab = abort_tag - 1
             while ((v - need) < 0) & ((now - t0) < timeout) & (ab != abort_tag):
-                if RELAXED:
-                    v = relaxed_load(ctr, SYS)
-                else:
-                    v = acquire_load(ctr, SYS)
+                v = poll_load(ctr, SYS, RELAXED)
                 now = global_timer()
                 ab = tl.load(abort_ptr, volatile=True)
             kind = tl.where((v - need) < 0, tl.where(ab == abort_tag, _KIND_ABORTED, _KIND_TIMEOUT), 0)
