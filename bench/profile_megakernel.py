@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policy", default="balanced")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--fuse", action="store_true", help="lower with the fuse knob")
+    ap.add_argument("--wave", action="store_true", help="lower with the wave knob")
     ap.add_argument("--prefetch", type=int, default=0, help="L2 prefetch look-ahead (Blocks.prefetch)")
     ap.add_argument("--tp", type=int, default=1,
                     help="ranks, co-located on this one GPU (workers is then per rank: R x W must be co-resident)")
@@ -38,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--row-prefetch", type=int, default=1, help="0/1: Blocks.row_prefetch")
     ap.add_argument("--maxnreg", type=int, default=0, help="register cap (Blocks.maxnreg; 0 = automatic)")
     ap.add_argument("--x-stage", type=int, default=1, help="0/1: Blocks.x_stage")
+    ap.add_argument("--x-reuse", type=int, default=1, help="0/1: Blocks.x_reuse")
     ap.add_argument("--attn-split", type=int, default=1, help="the attn_split lowering knob")
     ap.add_argument("--layer", type=int, default=None,
                     help="also print the stage timeline of this layer (default: the middle one)")
@@ -55,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     props = torch.cuda.get_device_properties(dev)
     resolved = resolve_model(args.model, dtype="bf16")
     cfg = LoweringConfig(tile=args.tile, workers=args.workers, policy=args.policy, dtype="bf16",
-                         max_seq=256, fuse=args.fuse, attn_split=args.attn_split).validate()
+                         max_seq=256, fuse=args.fuse, wave=args.wave, attn_split=args.attn_split).validate()
     target = cuda_target(props)
     session = pipeline.Session.build(args.model, args.tp, cfg, target, resolved=resolved)
     bn, bk = (int(v) for v in args.gemv_block.split("x"))
@@ -65,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
                                                          coalesce_signals=bool(args.sync_opt),
                                                          gemv_unroll=args.unroll, attention_t=args.att_t,
                                                          row_prefetch=bool(args.row_prefetch),
-                                                         maxnreg=args.maxnreg, x_stage=bool(args.x_stage)),
+                                                         maxnreg=args.maxnreg, x_stage=bool(args.x_stage),
+                                                         x_reuse=bool(args.x_reuse)),
         "profile": True})
     ex = dec.ex
     tok = 1

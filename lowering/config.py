@@ -28,7 +28,9 @@ wave       size each GEMV stage's tiles to fill one wave of workers: a stage of 
            (q+k+v together, a gate/up tile pair, o, down, the LM head) gets tiles of
            ``ceil(n / workers)`` rows rounded up to a multiple of ``tile`` (``tile`` is
            then the granularity). Fewer, larger tasks: each worker streams one tile per
-           stage instead of paying the per-task cost several times. Default off.
+           stage instead of paying the per-task cost several times. With ``fuse`` the
+           gate and up tiles are separate tasks on separate workers, sized over gate+up
+           together (2 x the MLP width). Default off.
 attn_split attention tasks per KV head: the query heads attending with one KV head are
            split into this many contiguous groups, each one task on its own worker
            (capped at the GQA group size; 1 = one task per KV head, the default). The

@@ -566,7 +566,10 @@ class _Lowerer:
                hn: dict[int, Loc | Prologue]) -> dict[int, Loc | Prologue]:
         """gate/up column tiles and silu_mul, each tile's three tasks on one worker. With
         ``fuse``: no silu_mul task; returns a ``swiglu_gemv`` prologue (gate, up) that the
-        down projection's tiles apply."""
+        down projection's tiles apply. With ``fuse`` and ``wave`` the gate and up tiles are
+        independent tasks (each waits on the input and signals the counter itself), sized
+        for one wave over the stage's 2n rows and placed apart, so a stage of fewer rows
+        than two tiles per worker runs in one round instead of gate then up."""
         e, H = self.e, self.H
         out: dict[int, Loc] = {}
         for r in range(self.R):
@@ -583,6 +586,17 @@ class _Lowerer:
             cm = e.counter(f"c.l{i}.act.r{r}", r)
             nt = 0
             src = _prologue(hn[r])
+            if mb is None and self.cfg.wave:
+                size = self.stage_tile(2 * n)
+                for tag, wb, yb in (("gate", wg, gb), ("up", wu, ub)):
+                    for j, (a, b) in enumerate(tiles(0, n, size)):
+                        self.chain(i, r, [(src.op, list(src.ins) + [Region(wb, r, (_r(a, b), _r(0, H)))],
+                                           [Region(yb, r, (_r(a, b),))], dict(src.params), f"{tag}.t{j}")],
+                                   list(src.ready), cm)
+                        nt += 1
+                out[r] = Prologue("swiglu_gemv", (Region(gb, r, (_r(0, n),)), Region(ub, r, (_r(0, n),))),
+                                  (self.ready(cm, nt),), n, {})
+                continue
             for a, b in tiles(0, n, self.stage_tile(n)):  # a gate tile and its up tile per worker
                 steps = []
                 for tag, wb, yb in (("gate", wg, gb), ("up", wu, ub)):

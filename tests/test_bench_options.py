@@ -61,6 +61,15 @@ def test_x_stage_flag_reaches_blocks():
     assert backend_options(_args(x_stage=0))["blocks"].x_stage is False
 
 
+def test_x_reuse_and_x_chunk_flags_reach_blocks():
+    b = backend_options(_args())["blocks"]
+    assert b.x_reuse is True and b.x_chunk == 8192  # the defaults
+    b = backend_options(_args(x_reuse=0, x_chunk=1024))["blocks"]
+    assert b.x_reuse is False and b.x_chunk == 1024
+    with pytest.raises(AmkError, match="--x-chunk must be a power of two"):
+        backend_options(_args(x_chunk=3000))
+
+
 def test_register_cap_lets_every_worker_be_resident():
     """Automatic cap: none at one worker per SM; at two or three 8-warp workers per SM, the
     most registers at which they share the SM's 64K (allocated in units of 256 per warp)."""

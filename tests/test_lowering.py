@@ -349,3 +349,26 @@ def test_cost_model_is_a_labelled_roofline():
     # the weights of smollm2 (fp32, tied) are about 135M * 4 bytes
     assert 4.5e8 < b1 < 6.5e8
     assert estimate(p1, 64).roofline_s > e1.roofline_s
+
+
+@pytest.mark.parametrize("name,R", [("tiny-llama", 1), ("tiny-qwen2", 2), ("smollm2-135m", 1)])
+def test_fused_wave_places_gate_and_up_tiles_apart(name, R):
+    """fuse + wave: gate and up tiles are separate tasks sized for one wave over gate+up
+    together (2n rows), each waiting on the norm input itself, never sharing a worker with
+    its partner; the down projection waits for all of them; the program validates."""
+    workers = 8 if name.startswith("tiny") else 132
+    prog = lower(graph_of(name), R, config=LoweringConfig(max_seq=32, fuse=True, wave=True, tile=8,
+                                                          workers=workers, policy="balanced"))
+    _validate(prog)
+    gate = [t for t in prog.tasks if t.rank == 0 and t.id.startswith("l0.gate.")]
+    up = {t.id.replace(".up.", ".gate."): t for t in prog.tasks if t.rank == 0 and t.id.startswith("l0.up.")}
+    assert gate and len(gate) == len(up)
+    n = sum(t.outs[0].numel() for t in gate)  # this rank's MLP width
+    per_worker = -(-2 * n // workers)
+    assert all(t.outs[0].numel() <= -(-per_worker // 8) * 8 for t in gate)
+    for g in gate:
+        u = up[g.id]
+        assert g.worker != u.worker and g.waits and u.waits and g.signals and u.signals
+    down = [t for t in prog.tasks if t.rank == 0 and t.op == "swiglu_gemv" and t.id.startswith("l0.")]
+    act = {w.counter: w.threshold for w in down[0].waits}
+    assert act[gate[0].signals[0].counter] == 2 * len(gate)

@@ -702,6 +702,73 @@ def test_coalesced_signals_defer_only_onto_a_waitless_task_of_the_same_counters(
     assert int(raw.rows[raw.task_ids.index("e"), T.F_NWAIT]) == 1
 
 
+def _reuse_program():
+    """One worker's queue of norm_gemv tiles over x (tile rows 0:4 and 4:8 of W, then of U),
+    with a task in between that either waits on something new or writes x."""
+    b = ProgramBuilder("reuse", ranks=1, workers=2, target=Target(name="t", sms=4, max_workers=4))
+    b.buffer("x", "activation", "f32", (8,))
+    b.buffer("z", "activation", "f32", (8,))
+    b.buffer("n", "weight", "f32", (8,))
+    b.buffer("n2", "weight", "f32", (8,))
+    for w in ("W", "U"):
+        b.buffer(w, "weight", "f32", (8, 8))
+    b.buffer("y", "activation", "f32", (8,))
+    b.buffer("v", "activation", "f32", (8,))
+    for name in ("c.x", "c.z"):
+        b.counter(name, 0)
+    ng = {"eps": 1e-5}
+    b.task("p", 0, 1, "nop", signals=["c.x+=1", "c.z+=1"])
+    b.task("a", 0, 0, "norm_gemv", ins=["x[0:8]", "n[0:8]", "W[0:4, 0:8]"], outs=["y[0:4]"], params=ng,
+           waits=["c.x>=1"])
+    b.task("b", 0, 0, "norm_gemv", ins=["x[0:8]", "n[0:8]", "W[4:8, 0:8]"], outs=["y[4:8]"], params=ng)
+    b.task("c", 0, 0, "norm_gemv", ins=["x[0:8]", "n2[0:8]", "U[0:4, 0:8]"], outs=["v[0:4]"], params=ng)
+    b.task("d", 0, 0, "norm_gemv", ins=["x[0:8]", "n2[0:8]", "U[4:8, 0:8]"], outs=["v[4:8]"], params=ng)
+    b.task("e", 0, 0, "nop", waits=["c.z>=1"])  # a new wait: x may have been written since
+    b.task("f", 0, 0, "norm_gemv", ins=["x[0:8]", "n2[0:8]", "U[0:4, 0:8]"], outs=["v[0:4]"], params=ng)
+    b.task("g", 0, 0, "copy", ins=["z[2:4]"], outs=["x[2:4]"])  # writes x in program order
+    b.task("h", 0, 0, "norm_gemv", ins=["x[0:8]", "n2[0:8]", "U[4:8, 0:8]"], outs=["v[4:8]"], params=ng)
+    b.task("i", 0, 0, "norm_gemv", ins=["x[0:8]", "n2[0:8]", "U[0:4, 0:8]"], outs=["v[0:4]"],
+           params={"eps": 1e-6})
+    return b.build()
+
+
+def test_staged_x_reuse_needs_same_prologue_no_new_wait_and_no_write_of_x():
+    p = _reuse_program()
+    q = p.queues()[(0, 0)]
+    got = dict(zip([t.id for t in q], T.staged_x_reuse(q)))
+    # b reuses a's RMSNorm of x; c has another norm weight (restages), d reuses c's; e's new
+    # wait invalidates (f restages); g writes x (h restages); i has another eps
+    assert got == {"a": False, "b": True, "c": False, "d": True, "e": False, "f": False,
+                   "g": False, "h": False, "i": False}
+    tab = build_table(p, 0, [q], build_layout(p, 0), reuse_x=True)
+    flagged = {tid for tid, r in zip(tab.task_ids, tab.rows) if int(r[T.F_FLAGS]) & T.FLAG_X_READY}
+    assert flagged == {"b", "d"}
+    assert not any(int(r[T.F_FLAGS]) & T.FLAG_X_READY for r in build_table(p, 0, [q], build_layout(p, 0)).rows)
+
+
+@cpu_only
+def test_x_reuse_is_bit_identical_and_honoured():
+    """Blocks.x_reuse (a GEMV skips the x pass when the worker's previous staging task left
+    its f(x) in the scratch) gives exactly the logits of restaging every task; and the kernel
+    really skips: flagging every staging row (the first ones too, whose scratch then holds
+    nothing yet) changes the result."""
+    from lowering.triton.runtime import Blocks
+
+    prog, init, _ = lowered("tiny-llama", workers=3, dtype="bf16", fuse=True)
+    blk = dict(gemv_n=16, gemv_k=32, x_stage=True)
+    ex = TritonExecutor(prog, init, check=False, blocks=Blocks(**blk, x_reuse=True))
+    ref = TritonExecutor(prog, init, check=False, blocks=Blocks(**blk, x_reuse=False))
+    reused = int((ex.table.rows[:, T.F_FLAGS] & T.FLAG_X_READY != 0).sum())
+    assert reused > 0 and not (ref.table.rows[:, T.F_FLAGS] & T.FLAG_X_READY).any()
+    got, want = run_decode(ex, TOKENS[:2]), run_decode(ref, TOKENS[:2])
+    for (lg, nt), (lr, nr) in zip(got, want):
+        assert torch.equal(lg, lr) and nt == nr
+    bad = TritonExecutor(prog, init, check=False, blocks=Blocks(**blk, x_reuse=True))
+    staging = [i for i, op in enumerate(bad.table.task_ops) if op in T.STAGED_PROLOGUE_OPS]
+    bad._rows[staging, T.F_FLAGS] |= T.FLAG_X_READY
+    assert not torch.equal(run_decode(bad, TOKENS[:1])[0][0], want[0][0])
+
+
 @cpu_only
 @pytest.mark.parametrize("opt", [False, True])
 def test_sync_options_keep_results(opt):
@@ -736,16 +803,20 @@ def test_gemv_unroll_is_bit_identical(unroll):
 
 
 @cpu_only
-@pytest.mark.parametrize("dtype,unroll", [("f32", 1), ("bf16", 8)])
-def test_x_stage_matches_sim(dtype, unroll):
+@pytest.mark.parametrize("dtype,unroll,block,chunk", [("f32", 1, (16, 32), 8192), ("bf16", 8, (16, 32), 8192),
+                                                      ("f32", 1, (2, 16), 1)])
+def test_x_stage_matches_sim(dtype, unroll, block, chunk):
     """Blocks.x_stage (norm_gemv / swiglu_gemv stage f(x) in a per-worker scratch row, then
     stream W against it) gives the sim's logits and tokens: fused tiny Llama, K spanning
-    several 16 x 32 blocks, the scratch rows sized to the longest GEMV input."""
+    several 16 x 32 blocks, the scratch rows sized to the longest GEMV input. With 2 x 16
+    blocks and ``x_chunk`` 1 the x pass takes several 32-element chunks (the last masked)
+    instead of loading x once."""
     from lowering.triton.runtime import Blocks
 
     prog, init, _ = lowered("tiny-llama", workers=3, dtype=dtype, fuse=True)
     ex = TritonExecutor(prog, init, check=False,
-                        blocks=Blocks(gemv_n=16, gemv_k=32, gemv_unroll=unroll, x_stage=True))
+                        blocks=Blocks(gemv_n=block[0], gemv_k=block[1], gemv_unroll=unroll, x_stage=True,
+                                      x_chunk=chunk))
     longest = max(t.ins[0].numel() for t in prog.tasks if t.op in ("norm_gemv", "swiglu_gemv"))
     assert ex._xs_w % 16 == 0 and longest <= ex._xs_w < longest + 16
     assert ex._xs.numel() == ex.workers * ex._xs_w

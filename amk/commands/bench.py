@@ -53,6 +53,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--x-stage", type=int, default=1, choices=(0, 1), metavar="0|1",
                    help="1 (default): norm_gemv / swiglu_gemv compute their prologue (RMSNorm, SiLU x up) "
                         "once per task into a per-worker scratch instead of inside the weight loop")
+    p.add_argument("--x-reuse", type=int, default=1, choices=(0, 1), metavar="0|1",
+                   help="1 (default, with --x-stage 1): a GEMV task whose prologue the worker's previous "
+                        "task already staged (same x, same norm weight, nothing waited on or written "
+                        "since) skips it")
+    p.add_argument("--x-chunk", type=int, default=8192, metavar="E",
+                   help="elements of x the GEMV prologue loads at once (power of two, default 8192); "
+                        "an x that fits is loaded once")
     p.add_argument("--relaxed-poll", type=int, default=0, choices=(0, 1), metavar="0|1",
                    help="1: waits poll with relaxed loads and one acquire fence when satisfied, instead of "
                         "an acquire load (an L1 invalidation) per poll (default 0)")
@@ -261,7 +268,7 @@ def measure_megakernel(model_arg, resolved, cfg, target, prompt, ref, n_tokens: 
 def backend_options(args) -> dict:
     """TritonExecutor options from --num-warps, --gemv-block NxK, --gemv-stages,
     --prefetch, --gemv-unroll, --attention-block, --attention-dot, --row-prefetch,
-    --x-stage, --relaxed-poll and --maxnreg. Raises AmkError."""
+    --x-stage, --x-reuse, --x-chunk, --relaxed-poll and --maxnreg. Raises AmkError."""
     from lowering.triton.runtime import Blocks
 
     try:
@@ -281,12 +288,16 @@ def backend_options(args) -> dict:
     maxnreg = getattr(args, "maxnreg", 0)
     if maxnreg and not 24 <= maxnreg <= 255:
         raise AmkError(f"--maxnreg must be 0 (automatic) or in 24..255, got {maxnreg}")
+    x_chunk = getattr(args, "x_chunk", 8192)
+    if x_chunk < 1 or x_chunk & (x_chunk - 1):
+        raise AmkError(f"--x-chunk must be a power of two, got {x_chunk}")
     return {"num_warps": args.num_warps,
             "blocks": Blocks(gemv_n=n, gemv_k=k, gemv_stages=stages, prefetch=prefetch, attention_t=att,
                              gemv_unroll=getattr(args, "gemv_unroll", 1),
                              attention_dot=bool(getattr(args, "attention_dot", False)),
                              row_prefetch=bool(getattr(args, "row_prefetch", 1)), maxnreg=maxnreg,
                              x_stage=bool(getattr(args, "x_stage", 1)),
+                             x_reuse=bool(getattr(args, "x_reuse", 1)), x_chunk=x_chunk,
                              relaxed_poll=bool(getattr(args, "relaxed_poll", 0)))}
 
 

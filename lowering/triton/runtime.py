@@ -130,7 +130,11 @@ class Blocks:
     variant would have asked for. Must be 0 or 24..255. ``x_stage`` (default on): norm_gemv and
     swiglu_gemv compute their prologue f(x) once per task into a per-worker scratch row and
     stream W against it (ops.gemv_ex ``X_STAGE``) instead of recomputing f inside the weight
-    loop (H200, Llama-3.2-1B shape: 2.35 -> 1.91 ms per token, sixth session). ``relaxed_poll``:
+    loop (H200, Llama-3.2-1B shape: 2.35 -> 1.91 ms per token, sixth session). ``x_reuse``
+    (default on, with ``x_stage``): a GEMV whose f(x) the worker's previous staging task
+    already left in the scratch skips the x pass (table.staged_x_reuse). ``x_chunk``: elements
+    of x the staging pass loads at once (at least gemv_n x gemv_k; a power of two); an x that
+    fits is loaded once, RMSNorm's sum of squares included. ``relaxed_poll``:
     waits poll with relaxed loads and issue one acquire fence when satisfied
     (megakernel.wait_counter ``RELAXED``) instead of an acquire load per poll."""
 
@@ -151,6 +155,8 @@ class Blocks:
     coalesce_signals: bool = True
     maxnreg: int = 0
     x_stage: bool = True
+    x_reuse: bool = True
+    x_chunk: int = 8192
     relaxed_poll: bool = False
 
     def __post_init__(self) -> None:
@@ -161,6 +167,8 @@ class Blocks:
             raise TritonError(f"gemv_stages must be an integer in 1..8, got {self.gemv_stages!r}", exit_code=2)
         if self.gemv_unroll not in (1, 2, 4, 8, 16):
             raise TritonError(f"gemv_unroll must be 1, 2, 4, 8 or 16, got {self.gemv_unroll!r}", exit_code=2)
+        if not isinstance(self.x_chunk, int) or self.x_chunk < 1 or self.x_chunk & (self.x_chunk - 1):
+            raise TritonError(f"x_chunk must be a power of two, got {self.x_chunk!r}", exit_code=2)
         if not isinstance(self.prefetch, int) or not 0 <= self.prefetch <= 8:
             raise TritonError(f"prefetch must be an integer in 0..8, got {self.prefetch!r}", exit_code=2)
 
@@ -332,6 +340,7 @@ class TritonExecutor:
         topological order of all local ranks' tasks (the interpreter runs programs one
         after another, so the ranks must interleave inside one queue)."""
         program = self.program
+        self._reuse_x = self.blocks.x_stage and self.blocks.x_reuse
         tables: list[T.TaskTable] = []
         variants: list[T.Variant] = []
         if self.linear:
@@ -342,9 +351,12 @@ class TritonExecutor:
                 mine = [t for t in order if t.rank == r]
                 # the ranks' linear queues are interleaved by merge_tables: a deferred signal
                 # could be waited on by another rank's task in between, so no coalescing
+                # (nor staged-x reuse: another rank's task in between restages the scratch)
+                alone = len(self.local_ranks) == 1
                 tab = T.build_table(program, r, [mine], self.layouts[r], deltas[r], variants,
                                     elide=self.blocks.elide_waits,
-                                    coalesce=self.blocks.coalesce_signals and len(self.local_ranks) == 1)
+                                    coalesce=self.blocks.coalesce_signals and alone,
+                                    reuse_x=self._reuse_x and alone)
                 variants = tab.variants
                 tables.append(tab)
                 pos.update({t.id: (ri, i) for i, t in enumerate(mine)})
@@ -355,7 +367,7 @@ class TritonExecutor:
             for ri, r in enumerate(self.local_ranks):
                 tab = T.build_table(program, r, [q.get((r, w), []) for w in range(program.workers)],
                                     self.layouts[r], deltas[r], variants, elide=self.blocks.elide_waits,
-                                    coalesce=self.blocks.coalesce_signals)
+                                    coalesce=self.blocks.coalesce_signals, reuse_x=self._reuse_x)
                 variants = tab.variants
                 tables.append(tab)
                 queues += [[(ri, i) for i in range(int(tab.qstart[w]), int(tab.qstart[w + 1]))]
@@ -414,7 +426,7 @@ class TritonExecutor:
             ATT_T=b.attention_t, ATT_D=b.attention_d, ATT_Q=b.attention_q, PAIR_BLOCK=b.pairs,
             GEMV_STAGES=b.gemv_stages, PREFETCH=b.prefetch, GEMV_UNROLL=b.gemv_unroll,
             ATT_DOT=bool(b.attention_dot), ROW_PREFETCH=bool(b.row_prefetch), X_STAGE=bool(b.x_stage),
-            POLL_RELAXED=bool(b.relaxed_poll),
+            POLL_RELAXED=bool(b.relaxed_poll), X_CHUNK=b.x_chunk,
         )
         if not self.interpret:
             kw["num_warps"] = self.num_warps

@@ -38,7 +38,9 @@ row field             meaning
 ``F_OPND + 8*k + j``  operand k (ins then outs, IR order): j=0 element offset at slot 0,
                       j=1 element offset added per slot (regions affine in ``s``),
                       j=2..4 extents (n0, n1, n2), j=5..7 strides (s0, s1, s2) in elements
-``F_FLAGS``           bit 0: the task signals another rank (fence at system scope first)
+``F_FLAGS``           bit 0: the task signals another rank (fence at system scope first);
+                      bit 1: a norm_gemv / swiglu_gemv whose prologue f(x) is already in the
+                      worker's scratch (staged_x_reuse; read only with ``Blocks.x_stage``)
 ``F_W0C .. F_W0B``    copy of the first wait: counter index, N(c), offset * N(c) + threshold
 ``F_S0C .. F_S0S``    copy of the first signal: counter index, amount, scope
 ``F_PFO, F_PFN``      the weight tile of a GEMV task as one contiguous byte range for an L2
@@ -117,6 +119,7 @@ F_PFN = F_FLAGS + 8
 ROW = 72  # F_PFN + 1 = 66 fields, padded to 72
 assert F_PFN < ROW
 FLAG_SYS_SIGNAL = 1
+FLAG_X_READY = 2
 
 WAIT_W = 4
 SIG_W = 3
@@ -617,10 +620,49 @@ def coalesced_signals(queue: Sequence[Task], live: Sequence[Sequence]) -> list[l
     return out
 
 
+#: GEMV ops with a prologue f(x) that the kernel stages into the worker's scratch
+#: (ops.gemv_ex X_STAGE); plain gemv / gemv_res read x directly.
+STAGED_PROLOGUE_OPS = frozenset({"norm_gemv", "swiglu_gemv"})
+
+
+def staged_x_reuse(queue: Sequence[Task], slots: int = 1) -> list[bool]:
+    """Per task of one worker's queue: True when its prologue f(x) (norm_gemv: RMSNorm of x
+    by the weight a; swiglu_gemv: silu(gate) * up) is already in the worker's scratch,
+    staged by the last staging task ``i`` before it, so the kernel can skip the x pass.
+
+    Needs the same op, the same x and a regions and the same eps as ``i``, and x and a
+    unchanged since ``i`` read them. The last holds because every task after ``i`` up to
+    this one has no wait left after ``elide_waits`` and writes nothing overlapping x or a:
+    in a race-free program (the validator's verdict) every write W of x or a is ordered
+    with both reads; if W happens before this task, that order comes from a wait of a task
+    in ``i+1 ..`` this one, or through program order from ``i`` or earlier. The first is
+    excluded (their waits were all held by tasks up to ``i``, so the same waits order W
+    before ``i`` too), and a write by a task in between is excluded by the overlap test.
+    So W happened before ``i`` as well, or after this task. Valid only where the queue
+    runs back to back on one worker (the scratch is the worker's)."""
+    live = elide_waits(queue)
+    out: list[bool] = []
+    staged = None  # (op, x, a, eps) of the last staging task, while still valid
+    for t, lw in zip(queue, live):
+        if lw:
+            staged = None
+        key = None
+        if t.op in STAGED_PROLOGUE_OPS:
+            xi, ai, _ = GEMV_OPS[t.op]
+            key = (t.op, t.ins[xi], t.ins[ai], t.params.get("eps"))
+        out.append(key is not None and key == staged)
+        if key is not None:
+            staged = key
+        if staged is not None and any(_boxes_overlap(o, r, s) for o in t.outs for r in staged[1:3]
+                                      for s in range(slots)):
+            staged = None
+    return out
+
+
 def build_table(program: ScheduleProgram, rank: int, order: Sequence[Sequence[Task]],
                 layout: ArenaLayout | None = None, peer_delta: Mapping[int, int] | None = None,
                 variants: list[Variant] | None = None, elide: bool = True,
-                coalesce: bool = True) -> TaskTable:
+                coalesce: bool = True, reuse_x: bool = False) -> TaskTable:
     """Build the task table of ``rank`` with ``order[w]`` as worker w's queue.
 
     ``order`` is usually ``[queue for (r, w) in program.queues() if r == rank]`` (one queue
@@ -631,7 +673,9 @@ def build_table(program: ScheduleProgram, rank: int, order: Sequence[Sequence[Ta
     earlier task of the same queue already did (elide_waits). ``coalesce``: defer a task's
     signals onto the next task of its queue where that is safe (coalesced_signals); only
     where each queue runs back to back on one worker, not when queues are interleaved later
-    (merge_tables of several ranks' linear queues).
+    (merge_tables of several ranks' linear queues). ``reuse_x``: set ``FLAG_X_READY`` on the
+    GEMV tasks whose staged prologue the previous staging task of the queue left in the
+    worker's scratch (staged_x_reuse); same condition on the queues as ``coalesce``.
 
     Raises TableError naming the task and operand for anything the kernel could not execute
     safely (see the module docstring).
@@ -665,6 +709,7 @@ def build_table(program: ScheduleProgram, rank: int, order: Sequence[Sequence[Ta
                     raise TableError(f"task {t.id}: negative signal amount {sg.amount}")
         signals = (coalesced_signals(queue, live_waits) if coalesce
                    else [[(sg.counter, sg.amount) for sg in t.signals] for t in queue])
+        x_ready = staged_x_reuse(queue, slots) if reuse_x else [False] * len(queue)
         for ti, t in enumerate(queue):
             if t.rank != rank:
                 raise TableError(f"task {t.id} belongs to rank {t.rank}, not rank {rank}")
@@ -687,6 +732,8 @@ def build_table(program: ScheduleProgram, rank: int, order: Sequence[Sequence[Ta
                 row[F_OPND + k * OPND_W:F_OPND + (k + 1) * OPND_W] = f
             _check_descs(t, descs)
             _check_alias(t, slots)
+            if x_ready[ti]:
+                row[F_FLAGS] |= FLAG_X_READY
             if t.op in GEMV_OPS:
                 row[F_PFO], row[F_PFN] = _prefetch_range(descs[GEMV_OPS[t.op][2]], row, GEMV_OPS[t.op][2],
                                                          DTYPE_BYTES[bufs[t.ins[GEMV_OPS[t.op][2]].buffer].dtype],
