@@ -46,9 +46,10 @@ reuse)
 chunk)
     $S $L --tile 16 --attn-split 4 --gemv-block 16x128 --unroll 8 --x-chunk 1,8192 $C \
         --json "$OUT/chunk_llama.json"
-    $S $L --tile 8 --wave 1 --attn-split 4 --gemv-block 16x128,8x128 --unroll 8 $C \
+    # (the seventh session's run lacked --workers 132 here and also timed 32 and 66 workers)
+    $S $L --tile 8 --wave 1 --attn-split 4 --gemv-block 16x128,8x128 --unroll 8 --workers 132 $C \
         --json "$OUT/wave8_llama.json"
-    $S $SM --tile 8,16 --wave 0,1 --attn-split 3 --gemv-block 16x64,8x128 --unroll 8 $C \
+    $S $SM --tile 8,16 --wave 0,1 --attn-split 3 --gemv-block 16x64,8x128 --unroll 8 --workers 132 $C \
         --json "$OUT/wave8_smol.json"
     $PR $SM --tile 8 --wave --gemv-block 16x64 --unroll 8 --prefetch 1 --attn-split 3 --fuse \
         --json "$OUT/profile_smol_wave8.json" 2>&1 | grep -v Warning ;;
