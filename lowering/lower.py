@@ -586,32 +586,24 @@ class _Lowerer:
             cm = e.counter(f"c.l{i}.act.r{r}", r)
             nt = 0
             src = _prologue(hn[r])
-            if mb is None and self.cfg.wave:
-                size = self.stage_tile(2 * n)
+
+            def step(tag: str, wb: str, yb: str, a: int, b: int, t: int) -> tuple:
+                return (src.op, list(src.ins) + [Region(wb, r, (_r(a, b), _r(0, H)))],
+                        [Region(yb, r, (_r(a, b),))], dict(src.params), f"{tag}.t{t}")
+
+            if mb is None and self.cfg.wave:  # gate and up tiles apart, one wave over 2n rows
                 for tag, wb, yb in (("gate", wg, gb), ("up", wu, ub)):
-                    for j, (a, b) in enumerate(tiles(0, n, size)):
-                        self.chain(i, r, [(src.op, list(src.ins) + [Region(wb, r, (_r(a, b), _r(0, H)))],
-                                           [Region(yb, r, (_r(a, b),))], dict(src.params), f"{tag}.t{j}")],
-                                   list(src.ready), cm)
+                    for j, (a, b) in enumerate(tiles(0, n, self.stage_tile(2 * n))):
+                        self.chain(i, r, [step(tag, wb, yb, a, b, j)], list(src.ready), cm)
                         nt += 1
-                out[r] = Prologue("swiglu_gemv", (Region(gb, r, (_r(0, n),)), Region(ub, r, (_r(0, n),))),
-                                  (self.ready(cm, nt),), n, {})
-                continue
-            for a, b in tiles(0, n, self.stage_tile(n)):  # a gate tile and its up tile per worker
-                steps = []
-                for tag, wb, yb in (("gate", wg, gb), ("up", wu, ub)):
-                    steps.append((src.op, list(src.ins) + [Region(wb, r, (_r(a, b), _r(0, H)))],
-                                  [Region(yb, r, (_r(a, b),))], dict(src.params), f"{tag}.t{nt}"))
-                if mb is not None:
-                    steps.append(("silu_mul", [Region(gb, r, (_r(a, b),)), Region(ub, r, (_r(a, b),))],
-                                  [Region(mb, r, (_r(a, b),))], {}, f"silu.t{nt}"))
-                cost = sum(e.cost(op, ins, outs) for op, ins, outs, _, _ in steps)
-                w = e.place(r, cost)
-                for k, (op, ins, outs, params, tag) in enumerate(steps):
-                    e.task(f"l{i}.{tag}.r{r}", r, w, op, ins, outs, params,
-                           ready=src.ready if k == 0 else (),
-                           signals=[cm] if k == len(steps) - 1 else [])
-                nt += 1
+            else:
+                for a, b in tiles(0, n, self.stage_tile(n)):  # a gate tile and its up tile per worker
+                    steps = [step(tag, wb, yb, a, b, nt) for tag, wb, yb in (("gate", wg, gb), ("up", wu, ub))]
+                    if mb is not None:
+                        steps.append(("silu_mul", [Region(gb, r, (_r(a, b),)), Region(ub, r, (_r(a, b),))],
+                                      [Region(mb, r, (_r(a, b),))], {}, f"silu.t{nt}"))
+                    self.chain(i, r, steps, list(src.ready), cm)
+                    nt += 1
             if mb is None:
                 out[r] = Prologue("swiglu_gemv", (Region(gb, r, (_r(0, n),)), Region(ub, r, (_r(0, n),))),
                                   (self.ready(cm, nt),), n, {})

@@ -203,6 +203,20 @@ def _gemv_xfn(x, xv, av, rstd, PRO: tl.constexpr):
 
 
 @device
+def _gemv_rstd(x, x_n1, x_n2, x_s0, x_s1, x_s2, K, eps, NB: tl.constexpr, PU: tl.constexpr,
+               X_CONTIG: tl.constexpr, X_ALIGN: tl.constexpr):
+    """RMSNorm's 1 / sqrt(mean(x^2) + eps) over x[0:K] (fp32), x read in chunks of NB
+    elements (PU chunks unrolled), the squares summed per lane then across lanes."""
+    sq = tl.zeros([NB], dtype=tl.float32)
+    for k0 in tl.range(0, K, NB, loop_unroll_factor=PU):
+        cols = k0 + tl.arange(0, NB)
+        xv, _ = _gemv_xload(x, x_n1, x_n2, x_s0, x_s1, x_s2, x, x_n1, x_n2, x_s0, x_s1, x_s2,
+                            cols, cols < K, PRO_PLAIN, X_CONTIG, X_ALIGN)
+        sq += xv * xv
+    return tl.rsqrt(tl.sum(sq, axis=0) / K + eps)
+
+
+@device
 def _gemv_wload(w, w_rs, w_cs, rows, rm, cols, cm, W_CONTIG: tl.constexpr):
     """The fp32 weight block W[rows, cols] (zeros outside the masks)."""
     if W_CONTIG:
@@ -358,13 +372,7 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
         NB: tl.constexpr = BLOCK_N * BLOCK_K if STAGES > 1 else BLOCK_K
         # unrolled like the W loop: UNROLL x blocks in flight, summed in the same order
         PU: tl.constexpr = 1 if STAGES > 1 else UNROLL
-        sq = tl.zeros([NB], dtype=tl.float32)
-        for k0 in tl.range(0, K, NB, loop_unroll_factor=PU):
-            cols = k0 + tl.arange(0, NB)
-            xv, _ = _gemv_xload(x, x_n1, x_n2, x_s0, x_s1, x_s2, x, x_n1, x_n2, x_s0, x_s1, x_s2,
-                                cols, cols < K, PRO_PLAIN, X_CONTIG, X_ALIGN)
-            sq += xv * xv
-        rstd = tl.rsqrt(tl.sum(sq, axis=0) / K + eps)
+        rstd = _gemv_rstd(x, x_n1, x_n2, x_s0, x_s1, x_s2, K, eps, NB, PU, X_CONTIG, X_ALIGN)
     if STAGED:
         # f(x) once per call into the worker's scratch, instead of once per weight element
         # (each x column is shared by the BLOCK_N rows' threads, which would all compute it)
@@ -383,13 +391,7 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
                 tl.store(xs + cols, _gemv_xfn(x, xv, av, rstd, PRO), mask=cm)
             else:
                 if PRO == PRO_NORM:  # x^2 in chunks of XB elements
-                    sq = tl.zeros([XB], dtype=tl.float32)
-                    for k0 in range(0, K, XB):
-                        cols = k0 + tl.arange(0, XB)
-                        xv, _ = _gemv_xload(x, x_n1, x_n2, x_s0, x_s1, x_s2, x, x_n1, x_n2, x_s0, x_s1, x_s2,
-                                            cols, cols < K, PRO_PLAIN, X_CONTIG, X_ALIGN)
-                        sq += xv * xv
-                    rstd = tl.rsqrt(tl.sum(sq, axis=0) / K + eps)
+                    rstd = _gemv_rstd(x, x_n1, x_n2, x_s0, x_s1, x_s2, K, eps, XB, 1, X_CONTIG, X_ALIGN)
                 tl.debug_barrier()  # no thread still reads the previous call's f(x)
                 for k0 in range(0, K, XB):
                     cols = k0 + tl.arange(0, XB)

@@ -340,7 +340,7 @@ class TritonExecutor:
         topological order of all local ranks' tasks (the interpreter runs programs one
         after another, so the ranks must interleave inside one queue)."""
         program = self.program
-        self._reuse_x = self.blocks.x_stage and self.blocks.x_reuse
+        reuse_x = self.blocks.x_stage and self.blocks.x_reuse
         tables: list[T.TaskTable] = []
         variants: list[T.Variant] = []
         if self.linear:
@@ -356,7 +356,7 @@ class TritonExecutor:
                 tab = T.build_table(program, r, [mine], self.layouts[r], deltas[r], variants,
                                     elide=self.blocks.elide_waits,
                                     coalesce=self.blocks.coalesce_signals and alone,
-                                    reuse_x=self._reuse_x and alone)
+                                    reuse_x=reuse_x and alone)
                 variants = tab.variants
                 tables.append(tab)
                 pos.update({t.id: (ri, i) for i, t in enumerate(mine)})
@@ -367,7 +367,7 @@ class TritonExecutor:
             for ri, r in enumerate(self.local_ranks):
                 tab = T.build_table(program, r, [q.get((r, w), []) for w in range(program.workers)],
                                     self.layouts[r], deltas[r], variants, elide=self.blocks.elide_waits,
-                                    coalesce=self.blocks.coalesce_signals, reuse_x=self._reuse_x)
+                                    coalesce=self.blocks.coalesce_signals, reuse_x=reuse_x)
                 variants = tab.variants
                 tables.append(tab)
                 queues += [[(ri, i) for i in range(int(tab.qstart[w]), int(tab.qstart[w + 1]))]
