@@ -40,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--maxnreg", type=int, default=0, help="register cap (Blocks.maxnreg; 0 = automatic)")
     ap.add_argument("--x-stage", type=int, default=1, help="0/1: Blocks.x_stage")
     ap.add_argument("--x-reuse", type=int, default=1, help="0/1: Blocks.x_reuse")
+    ap.add_argument("--w-preload", type=int, default=0, help="Blocks.w_preload (0 = off)")
+    ap.add_argument("--prefetch-cap", type=int, default=0, help="Blocks.prefetch_cap (bytes; 0 = whole tile)")
+    ap.add_argument("--roll", type=int, default=0, help="Blocks.roll (row blocks; 0 = off)")
     ap.add_argument("--attn-split", type=int, default=1, help="the attn_split lowering knob")
     ap.add_argument("--layer", type=int, default=None,
                     help="also print the stage timeline of this layer (default: the middle one)")
@@ -68,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
                                                          gemv_unroll=args.unroll, attention_t=args.att_t,
                                                          row_prefetch=bool(args.row_prefetch),
                                                          maxnreg=args.maxnreg, x_stage=bool(args.x_stage),
-                                                         x_reuse=bool(args.x_reuse)),
+                                                         x_reuse=bool(args.x_reuse), w_preload=args.w_preload,
+                                                         prefetch_cap=args.prefetch_cap, roll=args.roll),
         "profile": True})
     ex = dec.ex
     tok = 1

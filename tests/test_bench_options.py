@@ -70,6 +70,25 @@ def test_x_reuse_and_x_chunk_flags_reach_blocks():
         backend_options(_args(x_chunk=3000))
 
 
+def test_w_preload_flag_reaches_blocks():
+    assert backend_options(_args())["blocks"].w_preload == 0  # off by default
+    assert backend_options(_args(w_preload=1024))["blocks"].w_preload == 1024
+    for bad in (1000, 8):  # not a power of two; below the GEMV block's K
+        with pytest.raises(AmkError, match="--w-preload"):
+            backend_options(_args(w_preload=bad))
+
+
+def test_prefetch_cap_and_roll_flags_reach_blocks():
+    b = backend_options(_args())["blocks"]
+    assert (b.prefetch_cap, b.roll) == (0, 0)  # off by default
+    b = backend_options(_args(prefetch_cap=65536, roll=1))["blocks"]
+    assert (b.prefetch_cap, b.roll) == (65536, 1)
+    with pytest.raises(AmkError, match="--prefetch-cap"):
+        backend_options(_args(prefetch_cap=1000))
+    with pytest.raises(AmkError, match="--roll"):
+        backend_options(_args(roll=9))
+
+
 def test_register_cap_lets_every_worker_be_resident():
     """Automatic cap: none at one worker per SM; at two or three 8-warp workers per SM, the
     most registers at which they share the SM's 64K (allocated in units of 256 per warp)."""

@@ -491,6 +491,13 @@ def test_offline_compile_with_l2_prefetch_and_sys_waits(tmp_path):
         f = rows[i, T.F_OPND + k * T.OPND_W:T.F_OPND + (k + 1) * T.OPND_W]
         lo, hi = rows[i, T.F_PFO] * 4, rows[i, T.F_PFO] * 4 + rows[i, T.F_PFN]
         assert lo <= f[0] * 2 and f[0] * 2 + f[3] * f[4] * 2 <= hi, (lo, hi, f)
+    assert not rows[:, T.F_APFN].any()  # Blocks(prefetch=0): nothing ahead
+    T.prefetch_ahead(ex.table, 2)  # row i carries the range of row i + 2 of the same worker
+    for w in range(ex.table.workers):
+        a, b = int(ex.table.qstart[w]), int(ex.table.qstart[w + 1])
+        assert (rows[a:b - 2, T.F_APFO] == rows[a + 2:b, T.F_PFO]).all()
+        assert (rows[a:b - 2, T.F_APFN] == rows[a + 2:b, T.F_PFN]).all()
+        assert not rows[max(a, b - 2):b, T.F_APFN].any()
     src = ex.emit_source(tmp_path / "kernel.py")
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(ROOT), TRITON_DEFAULT_FP_FUSION="1")
     code = "import sys; from lowering.triton.megakernel import _main; sys.exit(_main(sys.argv[1:]))"
@@ -532,18 +539,19 @@ def test_offline_compile_relaxed_polls(tmp_path, ranks):
 
 @pytest.mark.skipif(not os.environ.get("AMK_DEVICE_TRITON"),
                     reason="AMK_DEVICE_TRITON (a folder holding the GPU machines' Triton, .ci/run installs 3.6) unset")
-@pytest.mark.parametrize("x_stage", [False, True])
-def test_device_triton_streams_gemv_weights_in_16_byte_loads(tmp_path, x_stage):
+@pytest.mark.parametrize("x_stage,w_preload", [(False, 0), (True, 0), (True, 1024)])
+def test_device_triton_streams_gemv_weights_in_16_byte_loads(tmp_path, x_stage, w_preload):
     """With the GPU machines' Triton (3.6; this machine's may differ), the megakernel's GEMV
     loops load weights and x as 16-byte vectors (LDG.E.128), not 2 bytes at a time: 3.6
     dropped the bare tl.multiple_of hints on table offsets and every GEMV ran on scalar
     loads until ops.aligned restated them (sixth session). Fused bf16 tiny Llama, 16 x 128
-    blocks unrolled 8 times at 8 warps, compiled offline for sm_90."""
+    blocks unrolled 8 times at 8 warps, compiled offline for sm_90; with ``w_preload`` the
+    block loaded before the waits must not spill either."""
     from lowering.triton.runtime import Blocks
 
     prog, init, _ = lowered("tiny-llama", workers=3, dtype="bf16", fuse=True)
     ex = TritonExecutor(prog, init, check=False, num_warps=8,
-                        blocks=Blocks(gemv_n=16, gemv_k=128, gemv_unroll=8, x_stage=x_stage))
+                        blocks=Blocks(gemv_n=16, gemv_k=128, gemv_unroll=8, x_stage=x_stage, w_preload=w_preload))
     src = ex.emit_source(tmp_path / "kernel.py")
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1",
                PYTHONPATH=os.pathsep.join([os.environ["AMK_DEVICE_TRITON"], str(ROOT)]))
@@ -767,6 +775,52 @@ def test_x_reuse_is_bit_identical_and_honoured():
     staging = [i for i, op in enumerate(bad.table.task_ops) if op in T.STAGED_PROLOGUE_OPS]
     bad._rows[staging, T.F_FLAGS] |= T.FLAG_X_READY
     assert not torch.equal(run_decode(bad, TOKENS[:1])[0][0], want[0][0])
+
+
+@cpu_only
+@pytest.mark.parametrize("w_preload", [32, 128])
+def test_w_preload_keeps_results(w_preload):
+    """Blocks.w_preload (the first columns of a GEMV's weight tile loaded before its waits)
+    gives the logits and tokens of the plain loop, both when the rows say W is constant
+    (FLAG_W_CONST: loaded before the waits) and when the flag is cleared (loaded after
+    them); 128 covers more columns than the tiny model's K, so the loop gets nothing."""
+    from lowering.triton.runtime import Blocks
+
+    prog, init, _ = lowered("tiny-llama", workers=3, dtype="bf16", fuse=True)
+    blk = dict(gemv_n=16, gemv_k=32, x_stage=True)
+    want = run_decode(TritonExecutor(prog, init, check=False, blocks=Blocks(**blk)), TOKENS[:2])
+    ex = TritonExecutor(prog, init, check=False, blocks=Blocks(**blk, w_preload=w_preload))
+    gemv = [i for i, op in enumerate(ex.table.task_ops) if op in T.GEMV_OPS]
+    assert gemv and all(int(ex.table.rows[i, T.F_FLAGS]) & T.FLAG_W_CONST for i in gemv)
+    late = TritonExecutor(prog, init, check=False, blocks=Blocks(**blk, w_preload=w_preload))
+    late._rows[:, T.F_FLAGS] &= ~T.FLAG_W_CONST
+    for got in (run_decode(ex, TOKENS[:2]), run_decode(late, TOKENS[:2])):
+        for (lg, nt), (lr, nr) in zip(got, want):
+            assert torch.allclose(lg, lr, rtol=1e-2, atol=1e-2) and nt == nr
+
+
+def test_w_const_flag_only_for_weights_no_task_writes():
+    """table.FLAG_W_CONST marks a GEMV row only when no task of the program writes its W
+    buffer: a program in which one task copies into the gate weights loses the flag on the
+    gate rows (and keeps it elsewhere)."""
+    from ir.program import Task
+    from lowering.triton.table import build_layout, build_table, linearize
+
+    prog, _, _ = lowered("tiny-llama", workers=3, dtype="bf16", fuse=True)
+    gemv = [t for t in prog.tasks if t.op in T.GEMV_OPS]
+    wreg = lambda t: t.ins[T.GEMV_OPS[t.op][2]]  # noqa: E731
+    target = next(t for t in gemv if any(wreg(u).buffer == wreg(t).buffer and wreg(u) != wreg(t)
+                                         and wreg(u).numel() == wreg(t).numel() for u in gemv))
+    twin = next(u for u in gemv if wreg(u).buffer == wreg(target).buffer and wreg(u) != wreg(target)
+                and wreg(u).numel() == wreg(target).numel())
+    p2 = prog.copy()
+    p2.tasks.append(Task(id="poke", rank=0, worker=0, op="copy", ins=(wreg(twin),), outs=(wreg(target),)))
+    for p, poked in ((prog, False), (p2, True)):
+        tab = build_table(p, 0, [linearize(p, 0)], build_layout(p, 0))
+        for tid, op, row in zip(tab.task_ids, tab.task_ops, tab.rows):
+            if op in T.GEMV_OPS:
+                hit = wreg(p.task_map()[tid]).buffer == wreg(target).buffer
+                assert bool(int(row[T.F_FLAGS]) & T.FLAG_W_CONST) == (not (poked and hit)), tid
 
 
 @cpu_only

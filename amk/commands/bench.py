@@ -60,6 +60,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--x-chunk", type=int, default=8192, metavar="E",
                    help="elements of x the GEMV prologue loads at once (power of two, default 8192); "
                         "an x that fits is loaded once")
+    p.add_argument("--w-preload", type=int, default=0, metavar="E",
+                   help="columns of its weight tile a GEMV task loads before its waits (0 = off, the "
+                        "default; else a power of two of at least the --gemv-block K)")
+    p.add_argument("--prefetch-cap", type=int, default=0, metavar="BYTES",
+                   help="the --prefetch L2 prefetch covers at most a tile's first BYTES (a multiple of "
+                        "16; 0, the default: the whole tile)")
+    p.add_argument("--roll", type=int, default=0, metavar="B",
+                   help="a GEMV tile of several row blocks prefetches the row block B blocks ahead into "
+                        "L2 while it streams (0..8; 0, the default: off)")
     p.add_argument("--relaxed-poll", type=int, default=0, choices=(0, 1), metavar="0|1",
                    help="1: waits poll with relaxed loads and one acquire fence when satisfied, instead of "
                         "an acquire load (an L1 invalidation) per poll (default 0)")
@@ -268,7 +277,8 @@ def measure_megakernel(model_arg, resolved, cfg, target, prompt, ref, n_tokens: 
 def backend_options(args) -> dict:
     """TritonExecutor options from --num-warps, --gemv-block NxK, --gemv-stages,
     --prefetch, --gemv-unroll, --attention-block, --attention-dot, --row-prefetch,
-    --x-stage, --x-reuse, --x-chunk, --relaxed-poll and --maxnreg. Raises AmkError."""
+    --x-stage, --x-reuse, --x-chunk, --w-preload, --prefetch-cap, --roll, --relaxed-poll and
+    --maxnreg. Raises AmkError."""
     from lowering.triton.runtime import Blocks
 
     try:
@@ -291,13 +301,23 @@ def backend_options(args) -> dict:
     x_chunk = getattr(args, "x_chunk", 8192)
     if x_chunk < 1 or x_chunk & (x_chunk - 1):
         raise AmkError(f"--x-chunk must be a power of two, got {x_chunk}")
+    w_pre = getattr(args, "w_preload", 0)
+    if w_pre and (w_pre & (w_pre - 1) or w_pre < k * (2 if getattr(args, "gemv_unroll", 1) == 2 else 1)):
+        raise AmkError(f"--w-preload must be 0 or a power of two of at least the --gemv-block K ({k}; "
+                       f"twice that with --gemv-unroll 2), got {w_pre}")
+    cap, roll = getattr(args, "prefetch_cap", 0), getattr(args, "roll", 0)
+    if cap < 0 or cap % 16:
+        raise AmkError(f"--prefetch-cap must be 0 or a positive multiple of 16 bytes, got {cap}")
+    if not 0 <= roll <= 8:
+        raise AmkError(f"--roll must be in 0..8, got {roll}")
     return {"num_warps": args.num_warps,
             "blocks": Blocks(gemv_n=n, gemv_k=k, gemv_stages=stages, prefetch=prefetch, attention_t=att,
                              gemv_unroll=getattr(args, "gemv_unroll", 1),
                              attention_dot=bool(getattr(args, "attention_dot", False)),
                              row_prefetch=bool(getattr(args, "row_prefetch", 1)), maxnreg=maxnreg,
                              x_stage=bool(getattr(args, "x_stage", 1)),
-                             x_reuse=bool(getattr(args, "x_reuse", 1)), x_chunk=x_chunk,
+                             x_reuse=bool(getattr(args, "x_reuse", 1)), x_chunk=x_chunk, w_preload=w_pre,
+                             prefetch_cap=cap, roll=roll,
                              relaxed_poll=bool(getattr(args, "relaxed_poll", 0)))}
 
 

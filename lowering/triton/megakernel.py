@@ -81,6 +81,8 @@ _OPND_W = tl.constexpr(T.OPND_W)
 _ROW = tl.constexpr(T.ROW)
 _F_PFO = tl.constexpr(T.F_PFO)
 _F_PFN = tl.constexpr(T.F_PFN)
+_F_APFO = tl.constexpr(T.F_APFO)
+_F_APFN = tl.constexpr(T.F_APFN)
 _WAIT_W = tl.constexpr(T.WAIT_W)
 _SIG_W = tl.constexpr(T.SIG_W)
 _SCOPE_GPU = tl.constexpr(T.SCOPE_GPU)
@@ -140,20 +142,28 @@ def acquire_fence(SYS: tl.constexpr):
 
 
 @device
-def l2_prefetch(A_I32, row):
+def l2_prefetch(A_I32, row, AHEAD: tl.constexpr = False, CAP: tl.constexpr = 0):
     """Start an L2 prefetch of the weight tile of the task at ``row`` (table fields F_PFO /
-    F_PFN; nothing when its length is 0): one ``cp.async.bulk.prefetch.L2.global`` (sm_90,
-    PTX ISA "cp.async.bulk.prefetch") issued by thread 0. It has no effect on memory
-    contents, so it is safe before the task's waits hold: weights never change during a
-    step. Issued ahead of time it overlaps DRAM streaming with waits and other tasks; the
-    GEMV then reads its tile from L2. A no-op under the interpreter."""
+    F_PFN), or with ``AHEAD`` of the later task whose range table.prefetch_ahead copied into
+    this row (F_APFO / F_APFN: loaded in the same round trip as the row's header instead of
+    one more dependent read of another row); nothing when the length is 0. One
+    ``cp.async.bulk.prefetch.L2.global`` (sm_90, PTX ISA "cp.async.bulk.prefetch") issued by
+    thread 0. It has no effect on memory contents, so it is safe before the task's waits
+    hold: weights never change during a step. Issued ahead of time it overlaps DRAM
+    streaming with waits and other tasks; the GEMV then reads its tile from L2. ``CAP``
+    (bytes, a multiple of 16; 0 = none): prefetch at most the tile's first CAP bytes (a
+    large tile's rest comes from its own rolling prefetch, ops.gemv_ex ``ROLL``, instead of
+    flooding L2 a whole task ahead). A no-op under the interpreter."""
     if not INTERPRET:
-        n = tl.load(row + _F_PFN).to(tl.int32)
-        if n > 0:
-            tl.inline_asm_elementwise(
-                "{ .reg .pred %pf_p; .reg .u32 %pf_t; mov.u32 %pf_t, %tid.x; setp.eq.u32 %pf_p, %pf_t, 0; "
-                "@%pf_p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-                "=r,l,r", [A_I32 + tl.load(row + _F_PFO), n], dtype=tl.int32, is_pure=False, pack=1)
+        if AHEAD:
+            n = tl.load(row + _F_APFN).to(tl.int32)
+            o = tl.load(row + _F_APFO)
+        else:
+            n = tl.load(row + _F_PFN).to(tl.int32)
+            o = tl.load(row + _F_PFO)
+        if CAP > 0:
+            n = tl.minimum(n, CAP)
+        K.l2_prefetch_bytes(A_I32 + o, n)
 
 
 @device
@@ -332,12 +342,21 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
            X_CONTIG: tl.constexpr, W_CONTIG: tl.constexpr, W_ALIGN: tl.constexpr, BLOCK_N: tl.constexpr,
            BLOCK_K: tl.constexpr, STAGES: tl.constexpr = 1, PROF=None, PROFILE: tl.constexpr = False,
            X_ALIGN: tl.constexpr = 0, UNROLL: tl.constexpr = 1, XS=None, X_STAGE: tl.constexpr = False,
-           X_CHUNK: tl.constexpr = 0):
+           X_CHUNK: tl.constexpr = 0, W_PRE: tl.constexpr = 0, ROLL: tl.constexpr = 0, fl=0, nw=0, w0=0, wc=0, wn=0, wb=0, WAITS=None,
+           i=0, epoch=0, abort_ptr=None, timeout=0, SYS: tl.constexpr = False, RELAXED: tl.constexpr = False):
     """gemv, norm_gemv, gemv_res, swiglu_gemv (ops.gemv_ex; ``PRO`` the prologue, ``STAGES``
     its weight-streaming pipeline depth, ``X_STAGE`` its f(x) staged once in the worker's
     scratch ``XS``, skipped when the row's ``FLAG_X_READY`` says an earlier task of this
     worker left the same f(x) there). Operands: x, [a (norm weight / up) when PRO != plain], W, [b (bias /
-    residual)], y."""
+    residual)], y.
+
+    Runs the row's waits itself (``nw`` .. ``RELAXED``: run_waits's arguments, ``fl`` the row
+    flags) after decoding the operands, so the decode overlaps the wait. ``W_PRE`` > 0: the
+    first ``W_PRE`` columns of the first row block of W are loaded before the waits when the
+    row's ``FLAG_W_CONST`` says no task writes W (weights do not change during a step, so
+    the load needs no happens-before edge; the table proves it per program), and after them
+    otherwise: the wait and the x pass then overlap that part of the weight stream.
+    Returns (1 if the waits held else 0, op status)."""
     xo, xn0, xn1, xn2, xs0, xs1, xs2 = _opnd(row, 0, slot)
     if PRO == K.PRO_PLAIN:
         ao, an1, an2, as0, as1, as2 = xo, xn1, xn2, xs0, xs1, xs2
@@ -368,17 +387,30 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
     else:
         eps = 0.0
     if X_STAGE and PRO != K.PRO_PLAIN:  # table.FLAG_X_READY: f(x) already staged (staged_x_reuse)
-        x_ready = (tl.load(row + _F_FLAGS) >> 1) & 1
+        x_ready = (fl >> 1) & 1
     else:
         x_ready = 0
-    if PROFILE:
-        tl.store(PROF + 3, global_timer())
-    K.gemv_ex(_ptr(A_BF16, A_F16, A_F32, A_I32, DX) + xo, xn1, xn2, xs0, xs1, xs2, ap, an1, an2, as0, as1, as2,
-              eps, _ptr(A_BF16, A_F16, A_F32, A_I32, DW) + wo, ws1, ws2, bp, bn1, bn2, bs0, bs1, bs2,
-              _ptr(A_BF16, A_F16, A_F32, A_I32, DY) + yo, yn1, yn2, ys0, ys1, ys2, wn1, wn2,
-              PRO, HAS_BIAS, X_CONTIG, W_CONTIG, W_ALIGN, BLOCK_N, BLOCK_K, STAGES, PROF, PROFILE, X_ALIGN, UNROLL,
-              XS, X_STAGE, x_ready, X_CHUNK)
-    return _ok()
+    wp = _ptr(A_BF16, A_F16, A_F32, A_I32, DW) + wo
+    if W_PRE > 0:  # table.FLAG_W_CONST: W is written by no task, so it may be read before the waits
+        w_const = (fl >> 2) & 1
+        wpre = K.gemv_wpre(wp, ws1, ws2, wn1, wn2, w_const, W_CONTIG, W_ALIGN, BLOCK_N, W_PRE)
+    else:
+        w_const = 1
+        wpre = 0
+    ok = run_waits(nw, w0, wc, wn, wb, WAITS, A_I32, err, i, epoch, abort_ptr, timeout, SYS, RELAXED)
+    if ok != 0:
+        if PROFILE:
+            tl.store(PROF + 1, global_timer())
+            tl.store(PROF + 3, global_timer())
+        if W_PRE > 0:
+            if w_const == 0:  # W may be written in this step: read it only now
+                wpre = K.gemv_wpre(wp, ws1, ws2, wn1, wn2, w_const + 1, W_CONTIG, W_ALIGN, BLOCK_N, W_PRE)
+        K.gemv_ex(_ptr(A_BF16, A_F16, A_F32, A_I32, DX) + xo, xn1, xn2, xs0, xs1, xs2, ap, an1, an2, as0, as1, as2,
+                  eps, wp, ws1, ws2, bp, bn1, bn2, bs0, bs1, bs2,
+                  _ptr(A_BF16, A_F16, A_F32, A_I32, DY) + yo, yn1, yn2, ys0, ys1, ys2, wn1, wn2,
+                  PRO, HAS_BIAS, X_CONTIG, W_CONTIG, W_ALIGN, BLOCK_N, BLOCK_K, STAGES, PROF, PROFILE, X_ALIGN,
+                  UNROLL, XS, X_STAGE, x_ready, X_CHUNK, wpre, W_PRE, ROLL)
+    return ok, _ok()
 
 
 @device
@@ -729,7 +761,8 @@ def amk_megakernel(A_BF16, A_F16, A_F32, A_I32, TASKS, WAITS, SIGS, QSTART, ERR,
                    PREFETCH: tl.constexpr = 0, PROFILE: tl.constexpr = False, GEMV_UNROLL: tl.constexpr = 1,
                    ATT_DOT: tl.constexpr = False, ROW_PREFETCH: tl.constexpr = False,
                    X_STAGE: tl.constexpr = False, POLL_RELAXED: tl.constexpr = False,
-                   X_CHUNK: tl.constexpr = 0):
+                   X_CHUNK: tl.constexpr = 0, W_PRELOAD: tl.constexpr = 0, PREFETCH_CAP: tl.constexpr = 0,
+                   ROLL: tl.constexpr = 0):
     PROF_W: tl.constexpr = {prof_w}
     w, i, end, err, epoch, slot, abort_ptr = worker_loop_prologue(ERR, EPOCH, QSTART, slots)
     XSW = XS + w.to(tl.int64) * xs_w  # this worker's GEMV f(x) scratch (X_STAGE)
@@ -738,25 +771,20 @@ def amk_megakernel(A_BF16, A_F16, A_F32, A_I32, TASKS, WAITS, SIGS, QSTART, ERR,
     if PREFETCH > 0:  # the first PREFETCH tasks' weight tiles; then task i + PREFETCH at task i
         for d in tl.static_range(PREFETCH):
             if i + d < end:
-                l2_prefetch(A_I32, TASKS + (i + d).to(tl.int64) * {row})
+                l2_prefetch(A_I32, TASKS + (i + d).to(tl.int64) * {row}, False, PREFETCH_CAP)
     while (i < end) & (ok != 0):
         row = TASKS + i.to(tl.int64) * {row}
-        if PREFETCH > 0:
-            if i + PREFETCH < end:
-                l2_prefetch(A_I32, row + PREFETCH * {row})
         if ROW_PREFETCH:  # the next task's table row into L1 while this task runs
             if i + 1 < end:
                 row_prefetch(row + {row})
         if PROFILE:
             tl.store(PROF + i.to(tl.int64) * PROF_W, global_timer())
         op, nw, w0, wc, wn, wb, ns, s0, sc, sa, ss, fl = task_header(row)
-        ok = run_waits(nw, w0, wc, wn, wb, WAITS, A_I32, err, i, epoch, abort_ptr, timeout, {sys_waits},
-                       POLL_RELAXED)
-        if ok != 0:
-            if PROFILE:
-                tl.store(PROF + i.to(tl.int64) * PROF_W + 1, global_timer())
-            st = tl.full([], 0, dtype=tl.int32)
+        if PREFETCH > 0:  # task i + PREFETCH's tile, its range in this row (table.prefetch_ahead)
+            l2_prefetch(A_I32, row, True, PREFETCH_CAP)
+        st = tl.full([], 0, dtype=tl.int32)
 {dispatch}
+        if ok != 0:
             if PROFILE:
                 tl.store(PROF + i.to(tl.int64) * PROF_W + 6, global_timer())
             ok = finish_task(ns, s0, sc, sa, ss, fl, SIGS, A_I32, err, i, epoch, abort_ptr, st)
@@ -768,18 +796,38 @@ def amk_megakernel(A_BF16, A_F16, A_F32, A_I32, TASKS, WAITS, SIGS, QSTART, ERR,
 '''
 
 
+#: The GEMV call's extra arguments: it runs the row's waits itself (t_gemv).
+_GEMV_WAITS = ("W_PRE=W_PRELOAD, ROLL=ROLL, fl=fl, nw=nw, w0=w0, wc=wc, wn=wn, wb=wb, WAITS=WAITS, i=i, epoch=epoch, "
+               "abort_ptr=abort_ptr, timeout=timeout, SYS={sys}, RELAXED=POLL_RELAXED")
+
+
+def _dispatch(variants: list[T.Variant], sys_waits: bool) -> str:
+    """The generated loop body after the row header: GEMV variants first (each runs its own
+    waits, see t_gemv), then every other variant after ``run_waits``."""
+    ind = lambda n, text: "\n".join(" " * n + ln for ln in text.splitlines())  # noqa: E731
+    gemv = [(c, v) for c, v in enumerate(variants) if v.op in T.GEMV_OPS]
+    rest = [(c, v) for c, v in enumerate(variants) if v.op not in T.GEMV_OPS]
+    waits = ("ok = run_waits(nw, w0, wc, wn, wb, WAITS, A_I32, err, i, epoch, abort_ptr, timeout, "
+             f"{bool(sys_waits)}, POLL_RELAXED)\nif ok != 0:\n    if PROFILE:\n"
+             "        tl.store(PROF + i.to(tl.int64) * PROF_W + 1, global_timer())\n")
+    waits += "\n".join(f"    {'if' if j == 0 else 'elif'} op == {c}:\n        st = {_call(v)}"
+                        for j, (c, v) in enumerate(rest)) or "    pass"
+    if not gemv:
+        return ind(8, waits)
+    extra = _GEMV_WAITS.format(sys=bool(sys_waits))
+    cond = " | ".join(f"(op == {c})" for c, _ in gemv)
+    body = "\n".join(f"    {'if' if j == 0 else 'elif'} op == {c}:\n        ok, st = {_call(v)[:-1]}, {extra})"
+                      for j, (c, v) in enumerate(gemv))
+    return ind(8, f"if {cond}:\n{body}\nelse:\n{ind(4, waits)}")
+
+
 def generate_source(tab: T.TaskTable, name: str, sys_waits: bool = False) -> str:
     """The Python/Triton source of the megakernel for one task table (see module doc).
     ``sys_waits``: poll counters with system-scope acquires (multi-rank programs)."""
-    lines, disp = [], []
-    for code, v in enumerate(tab.variants):
-        lines.append(f"#   {code}: {v.describe()}")
-        kw = "if" if code == 0 else "elif"
-        disp.append(f"            {kw} op == {code}:\n                st = {_call(v)}")
+    lines = [f"#   {code}: {v.describe()}" for code, v in enumerate(tab.variants)]
     return _TEMPLATE.format(name=name, rank=tab.rank, ntasks=tab.n_tasks, workers=tab.workers,
                             variant_lines="\n".join(lines) or "#   (none)", row=T.ROW,
-                            dispatch="\n".join(disp) or "            pass", sys_waits=bool(sys_waits),
-                            prof_w=PROF_W)
+                            dispatch=_dispatch(tab.variants, sys_waits), prof_w=PROF_W)
 
 
 def cache_dir() -> Path:

@@ -112,6 +112,20 @@ def global_timer():
                                      is_pure=False, pack=1)
 
 
+@device
+def l2_prefetch_bytes(p, n):
+    """Start an L2 prefetch of the ``n`` bytes at ``p`` (both multiples of 16; nothing when
+    n <= 0): one ``cp.async.bulk.prefetch.L2.global`` (sm_90, PTX ISA
+    "cp.async.bulk.prefetch") issued by thread 0. A hint with no effect on memory contents.
+    A no-op under the interpreter."""
+    if not INTERPRET:
+        if n > 0:
+            tl.inline_asm_elementwise(
+                "{ .reg .pred %pf_p; .reg .u32 %pf_t; mov.u32 %pf_t, %tid.x; setp.eq.u32 %pf_p, %pf_t, 0; "
+                "@%pf_p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+                "=r,l,r", [p, n.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+
 # ---------------------------------------------------------------- compute ops
 @device
 def round_as(v, DT: tl.constexpr):
@@ -227,19 +241,61 @@ def _gemv_wload(w, w_rs, w_cs, rows, rm, cols, cm, W_CONTIG: tl.constexpr):
 
 
 @device
+def gemv_wpre(w, w_rs, w_cs, N, K, ok, W_CONTIG: tl.constexpr, W_ALIGN: tl.constexpr, BLOCK_N: tl.constexpr,
+              PK: tl.constexpr):
+    """W[0:BLOCK_N, 0:PK] in W's own dtype (unconverted: half the registers of fp32 for bf16),
+    zeros outside [N, K] and everywhere when ``ok`` == 0 (then no memory is read): the block
+    gemv_ex's ``wpre`` takes, loaded early so that its latency overlaps other work.
+    ``W_CONTIG`` / ``W_ALIGN``: as gemv_ex."""
+    if W_ALIGN > 1:
+        w_rs = aligned(w_rs, W_ALIGN)
+        K = aligned(K, W_ALIGN)
+    rows = tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, PK)
+    if W_CONTIG:
+        wp = w + rows[:, None] * w_rs + cols[None, :]
+    else:
+        wp = w + rows[:, None] * w_rs + cols[None, :] * w_cs
+    n = tl.where(ok != 0, N, 0)  # ok == 0: every row masked off
+    return tl.load(wp, mask=(rows < n)[:, None] & (cols < K)[None, :], other=0)
+
+
+@device
 def _gemv_rows(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, rstd,
                w, w_rs, w_cs, b, b_n1, b_n2, b_s0, b_s1, b_s2, y, y_n1, y_n2, y_s0, y_s1, y_s2, N, K,
                PRO: tl.constexpr, HAS_BIAS: tl.constexpr, X_CONTIG: tl.constexpr, W_CONTIG: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, X_ALIGN: tl.constexpr,
-               UNROLL: tl.constexpr):
+               UNROLL: tl.constexpr, wpre=0, W_PRE: tl.constexpr = 0, ROLL: tl.constexpr = 0, roll_ok=0):
     """gemv_ex's row blocks: y[rows] = W[rows, :] @ f(x) (+ b) for every BLOCK_N rows, f the
-    prologue ``PRO`` with the RMSNorm factor ``rstd`` already known (loop forms: gemv_ex)."""
+    prologue ``PRO`` with the RMSNorm factor ``rstd`` already known (loop forms: gemv_ex).
+    ``W_PRE`` > 0: ``wpre`` holds W[0:BLOCK_N, 0:W_PRE] (gemv_wpre); the first row block
+    takes those columns from it and streams only the rest. ``ROLL`` > 0 and ``roll_ok``: at
+    each row block, start an L2 prefetch of the row block ``ROLL`` blocks later (its rows
+    are one contiguous range: the caller checked)."""
+    pre = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if W_PRE > 0:
+        pc = tl.arange(0, W_PRE)
+        px, pa = _gemv_xload(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2,
+                             pc, pc < K, PRO, X_CONTIG, X_ALIGN)
+        pre = tl.sum(wpre.to(tl.float32) * _gemv_xfn(x, px, pa, rstd, PRO)[None, :], axis=1)
     for n0 in range(0, N, BLOCK_N):
+        if ROLL > 0:  # a large tile keeps its own stream ahead in L2
+            if roll_ok != 0:
+                nxt = n0 + ROLL * BLOCK_N
+                if nxt < N:
+                    l2_prefetch_bytes(w + nxt.to(tl.int64) * w_rs,
+                                      tl.minimum(N - nxt, BLOCK_N) * K * (w.dtype.element_ty.primitive_bitwidth // 8))
         rows = n0 + tl.arange(0, BLOCK_N)
         rm = rows < N
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        kb = 0
+        if W_PRE > 0:
+            if n0 == 0:
+                # at most K: an unrolled loop's remainder would start below a start above its
+                # end (the GPU build summed columns twice when W_PRE > K, eighth session)
+                kb = tl.minimum(K, W_PRE)
         if STAGES <= 1 and UNROLL == 2:
-            for k0 in range(0, K, 2 * BLOCK_K):
+            for k0 in range(kb, K, 2 * BLOCK_K):
                 # both K blocks' weight loads go out before either is consumed: two blocks in
                 # flight per CTA, one [BLOCK_N, BLOCK_K] accumulator
                 c0 = k0 + tl.arange(0, BLOCK_K)
@@ -256,7 +312,7 @@ def _gemv_rows(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2,
             # the loop unrolled by the compiler: straight-line code in which ptxas issues all
             # UNROLL weight loads ahead of the FMAs, provided x needs no layout conversion
             # (its bar.syncs would fence the loads): BLOCK_K < 32 * num_warps (docs/triton.md)
-            for k0 in tl.range(0, K, BLOCK_K, loop_unroll_factor=UNROLL):
+            for k0 in tl.range(kb, K, BLOCK_K, loop_unroll_factor=UNROLL):
                 cols = k0 + tl.arange(0, BLOCK_K)
                 cm = cols < K
                 wv = _gemv_wload(w, w_rs, w_cs, rows, rm, cols, cm, W_CONTIG)
@@ -264,7 +320,7 @@ def _gemv_rows(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2,
                                      cols, cm, PRO, X_CONTIG, X_ALIGN)
                 acc += wv * _gemv_xfn(x, xv, av, rstd, PRO)[None, :]
         elif STAGES <= 1:
-            for k0 in range(0, K, BLOCK_K):
+            for k0 in range(kb, K, BLOCK_K):
                 cols = k0 + tl.arange(0, BLOCK_K)
                 cm = cols < K
                 xv, av = _gemv_xload(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2,
@@ -273,10 +329,10 @@ def _gemv_rows(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2,
                 wv = _gemv_wload(w, w_rs, w_cs, rows, rm, cols, cm, W_CONTIG)
                 acc += wv * xv[None, :]
         else:
-            cols = tl.arange(0, BLOCK_K)
+            cols = kb + tl.arange(0, BLOCK_K)
             xv, av = _gemv_xload(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2,
                                  cols, cols < K, PRO, X_CONTIG)
-            for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+            for k0 in tl.range(kb, K, BLOCK_K, num_stages=STAGES):
                 cols = k0 + tl.arange(0, BLOCK_K)
                 cm = cols < K
                 # next iteration's x / a (all masked off after the last block: no traffic)
@@ -288,6 +344,9 @@ def _gemv_rows(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2,
                 xv = xn
                 av = an
         out = tl.sum(acc, axis=1)
+        if W_PRE > 0:
+            if n0 == 0:
+                out += pre
         if HAS_BIAS:
             out += tl.load(b + flat_off(rows, b_n1, b_n2, b_s0, b_s1, b_s2), mask=rm, other=0).to(tl.float32)
         store(y + flat_off(rows, y_n1, y_n2, y_s0, y_s1, y_s2), out, rm)
@@ -300,7 +359,8 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
             PRO: tl.constexpr, HAS_BIAS: tl.constexpr, X_CONTIG: tl.constexpr, W_CONTIG: tl.constexpr,
             W_ALIGN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr = 1,
             PROF=None, PROFILE: tl.constexpr = False, X_ALIGN: tl.constexpr = 0, UNROLL: tl.constexpr = 1,
-            XS=None, X_STAGE: tl.constexpr = False, x_ready=0, X_CHUNK: tl.constexpr = 0):
+            XS=None, X_STAGE: tl.constexpr = False, x_ready=0, X_CHUNK: tl.constexpr = 0,
+            wpre=0, W_PRE: tl.constexpr = 0, ROLL: tl.constexpr = 0):
     """y[N] = W[N, K] @ f(x)[K] (+ b), fp32 accumulation, with a fused prologue f (``PRO``):
 
     * PRO_PLAIN: f(x) = x (gemv; ``a`` and ``eps`` unused).
@@ -339,6 +399,16 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
     per call (before the scratch is overwritten, after it is written). PRO_NORM's x^2 pass
     then reads x in chunks of BLOCK_N * BLOCK_K (fp32 summation order only).
 
+    ``W_PRE`` (0 or a power of two multiple of BLOCK_K, 2 * BLOCK_K for ``UNROLL`` = 2): ``wpre`` is
+    W[0:BLOCK_N, 0:W_PRE] already loaded by the caller (gemv_wpre), e.g. before the task's
+    waits; the first row block uses it for those columns (its dot product over them is
+    summed apart and added at the end: fp32 summation order only).
+
+    ``ROLL`` (row blocks, 0 = off): while streaming row block j, start an L2 prefetch of
+    row block j + ROLL, when the rows of W are one contiguous range (W_CONTIG, W_ALIGN and
+    a row stride of K; checked here at run time), so a tile of many row blocks streams
+    from L2 as a task of one row block does after the kernel's task-ahead prefetch.
+
     ``STAGES`` (weight-streaming pipeline depth, >= 1; the same arithmetic for every value,
     except that S >= 2 sums PRO_NORM's x^2 in chunks of BLOCK_N * BLOCK_K elements instead of
     BLOCK_K, one round trip for K up to that: fp32 summation order only):
@@ -364,6 +434,9 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
         w_rs = aligned(w_rs, W_ALIGN)
         K = aligned(K, W_ALIGN)
     rstd = tl.full([], 1.0, dtype=tl.float32)
+    roll_ok = 0
+    if ROLL > 0 and W_CONTIG and W_ALIGN > 1:
+        roll_ok = (w_rs == K).to(tl.int32)
     STAGED: tl.constexpr = X_STAGE and PRO != PRO_PLAIN
     if PRO == PRO_NORM and not STAGED:
         # STAGES >= 2: x in blocks of BLOCK_N * BLOCK_K (the registers of one W block), so a
@@ -404,13 +477,14 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
             tl.store(PROF + 4, global_timer())
         _gemv_rows(xs, 1, K, 0, 0, 1, xs, 1, K, 0, 0, 1, rstd, w, w_rs, w_cs, b, b_n1, b_n2, b_s0, b_s1, b_s2,
                    y, y_n1, y_n2, y_s0, y_s1, y_s2, N, K, PRO_PLAIN, HAS_BIAS, True, W_CONTIG,
-                   BLOCK_N, BLOCK_K, STAGES, XA, UNROLL)
+                   BLOCK_N, BLOCK_K, STAGES, XA, UNROLL, wpre, W_PRE, ROLL, roll_ok)
     else:
         if PROFILE:
             tl.store(PROF + 4, global_timer())
         _gemv_rows(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, rstd,
                    w, w_rs, w_cs, b, b_n1, b_n2, b_s0, b_s1, b_s2, y, y_n1, y_n2, y_s0, y_s1, y_s2, N, K,
-                   PRO, HAS_BIAS, X_CONTIG, W_CONTIG, BLOCK_N, BLOCK_K, STAGES, X_ALIGN, UNROLL)
+                   PRO, HAS_BIAS, X_CONTIG, W_CONTIG, BLOCK_N, BLOCK_K, STAGES, X_ALIGN, UNROLL, wpre, W_PRE,
+                   ROLL, roll_ok)
     if PROFILE:
         tl.store(PROF + 5, global_timer())
 

@@ -134,7 +134,15 @@ class Blocks:
     (default on, with ``x_stage``): a GEMV whose f(x) the worker's previous staging task
     already left in the scratch skips the x pass (table.staged_x_reuse). ``x_chunk``: elements
     of x the staging pass loads at once (at least gemv_n x gemv_k; a power of two); an x that
-    fits is loaded once, RMSNorm's sum of squares included. ``relaxed_poll``:
+    fits is loaded once, RMSNorm's sum of squares included. ``w_preload`` (elements, 0 = off;
+    a power of two, at least gemv_k, 2 x gemv_k when gemv_unroll is 2): a GEMV task loads
+    the first ``w_preload`` columns of its first row block before its waits (weights only,
+    table.FLAG_W_CONST) and runs its waits inside the op, after decoding its operands
+    (megakernel.t_gemv), so the wait, the decode and the x pass overlap that part of the
+    weight stream. ``prefetch_cap`` (bytes, a multiple of 16; 0 = whole tile): the task-ahead
+    L2 prefetch covers at most the tile's first ``prefetch_cap`` bytes. ``roll`` (row blocks,
+    0 = off): a GEMV tile of several row blocks prefetches row block j + roll into L2 while
+    it streams row block j (ops.gemv_ex ``ROLL``). ``relaxed_poll``:
     waits poll with relaxed loads and issue one acquire fence when satisfied
     (megakernel.wait_counter ``RELAXED``) instead of an acquire load per poll."""
 
@@ -157,6 +165,9 @@ class Blocks:
     x_stage: bool = True
     x_reuse: bool = True
     x_chunk: int = 8192
+    w_preload: int = 0
+    prefetch_cap: int = 0
+    roll: int = 0
     relaxed_poll: bool = False
 
     def __post_init__(self) -> None:
@@ -169,6 +180,16 @@ class Blocks:
             raise TritonError(f"gemv_unroll must be 1, 2, 4, 8 or 16, got {self.gemv_unroll!r}", exit_code=2)
         if not isinstance(self.x_chunk, int) or self.x_chunk < 1 or self.x_chunk & (self.x_chunk - 1):
             raise TritonError(f"x_chunk must be a power of two, got {self.x_chunk!r}", exit_code=2)
+        wp = self.w_preload
+        if not isinstance(wp, int) or isinstance(wp, bool) or wp < 0 or wp & (wp - 1) or (
+                wp and wp < self.gemv_k * (2 if self.gemv_unroll == 2 else 1)):
+            raise TritonError(f"w_preload must be 0 or a power of two of at least gemv_k = {self.gemv_k} "
+                              f"({2 * self.gemv_k} with gemv_unroll 2), got {wp!r}", exit_code=2)
+        if not isinstance(self.prefetch_cap, int) or self.prefetch_cap < 0 or self.prefetch_cap % 16:
+            raise TritonError(f"prefetch_cap must be 0 or a positive multiple of 16 bytes, got "
+                              f"{self.prefetch_cap!r}", exit_code=2)
+        if not isinstance(self.roll, int) or not 0 <= self.roll <= 8:
+            raise TritonError(f"roll must be an integer in 0..8, got {self.roll!r}", exit_code=2)
         if not isinstance(self.prefetch, int) or not 0 <= self.prefetch <= 8:
             raise TritonError(f"prefetch must be an integer in 0..8, got {self.prefetch!r}", exit_code=2)
 
@@ -372,7 +393,9 @@ class TritonExecutor:
                 tables.append(tab)
                 queues += [[(ri, i) for i in range(int(tab.qstart[w]), int(tab.qstart[w + 1]))]
                            for w in range(tab.workers)]
-        return T.merge_tables(tables, queues)
+        merged = T.merge_tables(tables, queues)
+        T.prefetch_ahead(merged, self.blocks.prefetch)
+        return merged
 
     # ------------------------------------------------------------------ setup
     @staticmethod
@@ -426,7 +449,8 @@ class TritonExecutor:
             ATT_T=b.attention_t, ATT_D=b.attention_d, ATT_Q=b.attention_q, PAIR_BLOCK=b.pairs,
             GEMV_STAGES=b.gemv_stages, PREFETCH=b.prefetch, GEMV_UNROLL=b.gemv_unroll,
             ATT_DOT=bool(b.attention_dot), ROW_PREFETCH=bool(b.row_prefetch), X_STAGE=bool(b.x_stage),
-            POLL_RELAXED=bool(b.relaxed_poll), X_CHUNK=b.x_chunk,
+            POLL_RELAXED=bool(b.relaxed_poll), X_CHUNK=b.x_chunk, W_PRELOAD=b.w_preload,
+            PREFETCH_CAP=b.prefetch_cap, ROLL=b.roll,
         )
         if not self.interpret:
             kw["num_warps"] = self.num_warps

@@ -40,12 +40,15 @@ row field             meaning
                       j=2..4 extents (n0, n1, n2), j=5..7 strides (s0, s1, s2) in elements
 ``F_FLAGS``           bit 0: the task signals another rank (fence at system scope first);
                       bit 1: a norm_gemv / swiglu_gemv whose prologue f(x) is already in the
-                      worker's scratch (staged_x_reuse; read only with ``Blocks.x_stage``)
+                      worker's scratch (staged_x_reuse; read only with ``Blocks.x_stage``);
+                      bit 2: a GEMV whose W no task of the program writes (FLAG_W_CONST)
 ``F_W0C .. F_W0B``    copy of the first wait: counter index, N(c), offset * N(c) + threshold
 ``F_S0C .. F_S0S``    copy of the first signal: counter index, amount, scope
 ``F_PFO, F_PFN``      the weight tile of a GEMV task as one contiguous byte range for an L2
                       prefetch: offset in int32 elements (16-byte aligned) and length in
                       bytes (a multiple of 16); 0 when the op has none or it is not contiguous
+``F_APFO, F_APFN``    the same for the task ``Blocks.prefetch`` places later in this worker's
+                      queue (prefetch_ahead; filled by the runtime), prefetched at this task
 ====================  =====================================================================
 
 ``waits[NW, 4]``: (counter element index in the i32 view, N(c) = signals per epoch,
@@ -116,10 +119,17 @@ F_S0S = F_FLAGS + 6  # first signal: scope
 # int32-element offset of its first 16-byte block and its length in bytes (0: none).
 F_PFO = F_FLAGS + 7
 F_PFN = F_FLAGS + 8
-ROW = 72  # F_PFN + 1 = 66 fields, padded to 72
-assert F_PFN < ROW
+# The same range of the task ``prefetch`` places later in the worker's queue (prefetch_ahead),
+# so the kernel starts that prefetch from fields it loads with the row's header.
+F_APFO = F_FLAGS + 9
+F_APFN = F_FLAGS + 10
+ROW = 72  # F_APFN + 1 = 68 fields, padded to 72
+assert F_APFN < ROW
 FLAG_SYS_SIGNAL = 1
 FLAG_X_READY = 2
+# The GEMV's weight operand W is in a buffer no task of the program writes (weights): the
+# kernel may load it before the task's waits hold (megakernel.t_gemv, Blocks.w_preload).
+FLAG_W_CONST = 4
 
 WAIT_W = 4
 SIG_W = 3
@@ -699,6 +709,7 @@ def build_table(program: ScheduleProgram, rank: int, order: Sequence[Sequence[Ta
     wait_counters: list[str] = []
     qstart = [0]
     dims = {"head_dim": 1, "group": 1}
+    written = {r.buffer for t in program.tasks for r in t.outs}  # any rank: puts write peers' buffers
     for w, queue in enumerate(order):
         live_waits = elide_waits(queue) if elide else [[wt for wt in t.waits if wt.threshold > 0] for t in queue]
         for t in queue:
@@ -734,6 +745,8 @@ def build_table(program: ScheduleProgram, rank: int, order: Sequence[Sequence[Ta
             _check_alias(t, slots)
             if x_ready[ti]:
                 row[F_FLAGS] |= FLAG_X_READY
+            if t.op in GEMV_OPS and t.ins[GEMV_OPS[t.op][2]].buffer not in written:
+                row[F_FLAGS] |= FLAG_W_CONST
             if t.op in GEMV_OPS:
                 row[F_PFO], row[F_PFN] = _prefetch_range(descs[GEMV_OPS[t.op][2]], row, GEMV_OPS[t.op][2],
                                                          DTYPE_BYTES[bufs[t.ins[GEMV_OPS[t.op][2]].buffer].dtype],
@@ -801,6 +814,24 @@ def build_table(program: ScheduleProgram, rank: int, order: Sequence[Sequence[Ta
         dims=dims,
         task_ranks=[rank] * len(task_ids),
     )
+
+
+def prefetch_ahead(tab: TaskTable, ahead: int) -> None:
+    """Copy each row's weight-tile range (F_PFO / F_PFN) into the F_APFO / F_APFN fields of
+    the row ``ahead`` places earlier in the same worker's queue (0, 0 where no such task
+    is), in place: the kernel's L2 prefetch at task i then uses task i + ahead's range
+    from row i itself. ``ahead`` = 0 clears the fields. A prefetch is only a hint to the
+    memory system, so the pairing needs no ordering argument."""
+    rows = tab.rows
+    rows[:, F_APFO] = 0
+    rows[:, F_APFN] = 0
+    if ahead <= 0:
+        return
+    for w in range(tab.workers):
+        a, b = int(tab.qstart[w]), int(tab.qstart[w + 1])
+        if b - a > ahead:
+            rows[a:b - ahead, F_APFO] = rows[a + ahead:b, F_PFO]
+            rows[a:b - ahead, F_APFN] = rows[a + ahead:b, F_PFN]
 
 
 def shift_layout(layout: ArenaLayout, base: int) -> ArenaLayout:

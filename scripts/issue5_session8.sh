@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The eighth session's single-GPU experiments (docs/benchmarks.md, "Eighth session"), one
+# phase per device call on one H200/H100. Results go to $OUT (or ./out).
+#
+#   bash scripts/issue5_session8.sh preload  # Blocks.w_preload (a GEMV's first weight columns
+#                                            # loaded before its waits) on both shapes; the wave
+#                                            # knob on Llama-3.2-1B with and without L2 prefetch;
+#                                            # a per-stage profile with the preload
+#   bash scripts/issue5_session8.sh roll     # the task-ahead L2 prefetch from the row's own fields
+#                                            # (table.prefetch_ahead), with the preload; the wave
+#                                            # knob with a capped task-ahead prefetch and the GEMV's
+#                                            # rolling row-block prefetch (Blocks.prefetch_cap, roll)
+#   bash scripts/issue5_session8.sh final    # amk bench rows with baselines (a) and both (b)
+#                                            # modes for both shapes, with $EXTRA added to amk's
+#                                            # flags (e.g. EXTRA="--w-preload 1024")
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/device_env.sh
+OUT="${OUT:-out}"; mkdir -p "$OUT"
+C="--policy balanced --fuse 1 --tokens 64 --warps 8 --workers 132"
+S="timeout 200 python3 bench/megakernel_sweep.py"
+PR="timeout 120 python3 bench/profile_megakernel.py"
+L="config:llama-3.2-1b"; SM="config:smollm2-135m"
+case "${1:-}" in
+preload)
+    $S $L --tile 16 --attn-split 4 --gemv-block 16x128 --unroll 8 --prefetch 1 --w-preload 0,1024,2048 $C \
+        --json "$OUT/preload_llama.json"
+    $S $SM --tile 16 --wave 1 --attn-split 3 --gemv-block 16x64 --unroll 8 --prefetch 1 --w-preload 0,512,1024 $C \
+        --json "$OUT/preload_smol.json"
+    $S $L --tile 16 --wave 1 --attn-split 4 --gemv-block 16x128 --unroll 8 --prefetch 0,1 --w-preload 0,1024 $C \
+        --json "$OUT/wave_llama.json"
+    $PR $L --tile 16 --gemv-block 16x128 --unroll 8 --prefetch 1 --attn-split 4 --fuse --w-preload 1024 \
+        --json "$OUT/profile_llama_preload.json" 2>&1 | grep -v Warning ;;
+roll)
+    $S $L --tile 16 --attn-split 4 --gemv-block 16x128 --unroll 8 --prefetch 1 --w-preload 0,1024 $C \
+        --json "$OUT/ahead_llama.json"
+    $S $L --tile 16 --wave 1 --attn-split 4 --gemv-block 16x128 --unroll 8 --prefetch 1 --prefetch-cap 0,65536 \
+        --roll 0,1 $C --json "$OUT/roll_llama.json"
+    $S $SM --tile 16 --wave 1 --attn-split 3 --gemv-block 16x64 --unroll 8 --prefetch 1 --w-preload 0,512,1024 \
+        --roll 0,1 $C --json "$OUT/roll_smol.json" ;;
+final)
+    B="python3 -m amk bench --baseline-compile-mode default,max-autotune-no-cudagraphs"
+    timeout 230 $B $SM --workers 132 --config bench/configs/smollm2-135m.json --num-warps 8 \
+        --gemv-block 16x64 --gemv-unroll 8 --prefetch 1 --attn-split 3 --tokens 128 ${EXTRA:-} \
+        --json "$OUT/bench_smollm2-135m.json"
+    timeout 240 $B $L --workers 132 --config bench/configs/llama-3.2-1b.json --num-warps 8 \
+        --gemv-block 16x128 --gemv-unroll 8 --prefetch 1 --attn-split 4 --tokens 128 ${EXTRA:-} \
+        --json "$OUT/bench_llama-3.2-1b.json" ;;
+*)
+    echo "usage: $0 preload|roll|final" >&2; exit 2 ;;
+esac
