@@ -31,6 +31,11 @@ wave       size each GEMV stage's tiles to fill one wave of workers: a stage of 
            stage instead of paying the per-task cost several times. With ``fuse`` the
            gate and up tiles are separate tasks on separate workers, sized over gate+up
            together (2 x the MLP width). Default off.
+tile_gate_up  rows per gate/up tile (0, the default: ``tile``): the MLP's input stage streams
+           the most bytes of a layer, so larger tiles there cut the per-task cost where the
+           stage has rounds to spare, while the narrower stages keep ``tile``
+tile_lm_head  rows per LM-head tile (0, the default: ``tile``); the vocabulary split over
+           ranks stays aligned to ``tile``
 attn_split attention tasks per KV head: the query heads attending with one KV head are
            split into this many contiguous groups, each one task on its own worker
            (capped at the GQA group size; 1 = one task per KV head, the default). The
@@ -69,6 +74,8 @@ class LoweringConfig:
     fuse: bool = False
     wave: bool = False
     attn_split: int = 1
+    tile_gate_up: int = 0
+    tile_lm_head: int = 0
 
     def validate(self, source: str = "config") -> "LoweringConfig":
         """Return self, or raise AmkError naming the bad field and the allowed values."""
@@ -81,6 +88,12 @@ class LoweringConfig:
                 raise bad(name, f"expected an integer, got {v!r}")
             if v < 1:
                 raise bad(name, f"must be >= 1, got {v}")
+        for name in ("tile_gate_up", "tile_lm_head"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise bad(name, f"expected an integer, got {v!r}")
+            if v < 0:
+                raise bad(name, f"must be >= 0 (0: the same as tile), got {v}")
         for name in ("fuse", "wave"):
             if not isinstance(getattr(self, name), bool):
                 raise bad(name, f"expected true or false, got {getattr(self, name)!r}")

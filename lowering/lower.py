@@ -324,10 +324,11 @@ class _Lowerer:
                               x[r].ready, H, {"eps": float(op.params["eps"])})
         return out
 
-    def stage_tile(self, rows: int) -> int:
-        """GEMV tile rows for a stage of ``rows`` rows: ``tile``, or with the ``wave`` knob
-        ceil(rows / workers) rounded up to a multiple of ``tile`` (one tile per worker)."""
-        t = self.cfg.tile
+    def stage_tile(self, rows: int, tile: int = 0) -> int:
+        """GEMV tile rows for a stage of ``rows`` rows: ``tile`` (a stage's own knob, e.g.
+        tile_gate_up; 0 = the config's ``tile``), or with the ``wave`` knob ceil(rows /
+        workers) rounded up to a multiple of it (one tile per worker)."""
+        t = tile or self.cfg.tile
         if not self.cfg.wave:
             return t
         per_worker = -(-rows // self.cfg.workers)  # ceil
@@ -336,15 +337,16 @@ class _Lowerer:
     def gemv_tiles(self, tag: str, r: int, x: Loc | Prologue, wbuf: str, k: int,
                    rows: tuple[int, int], y: Callable[[int, int], Region], bias: str | None,
                    counter: str, fuse: Callable[[int, int, int], None] | None = None,
-                   resid: Loc | None = None, stage_rows: int | None = None) -> int:
+                   resid: Loc | None = None, stage_rows: int | None = None, tile: int = 0) -> int:
         """GEMV tiles over local weight rows ``rows`` of ``wbuf`` ([n, k]); output rows
         [a, b) of the tile go to ``y(a, b)`` (row indices local to wbuf). ``x`` is a value
         (op ``gemv``) or a Prologue (its op: ``norm_gemv`` / ``swiglu_gemv``). ``resid``: add
         ``resid[a:b]`` in the tile's epilogue (``gemv`` becomes ``gemv_res``; swiglu_gemv
         gets its ``r``). ``fuse(worker, a, b)`` may emit follow-up tasks of the tile on the
         same worker (it then signals). ``stage_rows``: rows of the whole stage this call is
-        part of (for the ``wave`` tile size; default: ``rows``). Returns the number of tiles
-        (each signals ``counter`` once)."""
+        part of (for the ``wave`` tile size; default: ``rows``). ``tile``: the stage's own
+        tile rows (0: the config's ``tile``; stage_tile). Returns the number of tiles (each
+        signals ``counter`` once)."""
         src = _prologue(x)
         op = src.op
         if resid is not None:
@@ -353,7 +355,7 @@ class _Lowerer:
             op = "gemv_res" if op == "gemv" else op
         ready = tuple(src.ready) + (tuple(resid.ready) if resid is not None else ())
         n = 0
-        size = self.stage_tile(stage_rows if stage_rows is not None else rows[1] - rows[0])
+        size = self.stage_tile(stage_rows if stage_rows is not None else rows[1] - rows[0], tile)
         for a, b in tiles(rows[0], rows[1], size):
             ins = list(src.ins) + [Region(wbuf, r, (_r(a, b), _r(0, k)))]
             if bias:
@@ -593,11 +595,11 @@ class _Lowerer:
 
             if mb is None and self.cfg.wave:  # gate and up tiles apart, one wave over 2n rows
                 for tag, wb, yb in (("gate", wg, gb), ("up", wu, ub)):
-                    for j, (a, b) in enumerate(tiles(0, n, self.stage_tile(2 * n))):
+                    for j, (a, b) in enumerate(tiles(0, n, self.stage_tile(2 * n, self.cfg.tile_gate_up))):
                         self.chain(i, r, [step(tag, wb, yb, a, b, j)], list(src.ready), cm)
                         nt += 1
             else:
-                for a, b in tiles(0, n, self.stage_tile(n)):  # a gate tile and its up tile per worker
+                for a, b in tiles(0, n, self.stage_tile(n, self.cfg.tile_gate_up)):  # gate + up tile per worker
                     steps = [step(tag, wb, yb, a, b, nt) for tag, wb, yb in (("gate", wg, gb), ("up", wu, ub))]
                     if mb is not None:
                         steps.append(("silu_mul", [Region(gb, r, (_r(a, b),)), Region(ub, r, (_r(a, b),))],
@@ -783,7 +785,7 @@ class _Lowerer:
         spans, lm_tile = {}, {}
         for r in range(R):
             v0, v1 = self.part.shards[r].vocab
-            lm_tile[r] = t = self.stage_tile(v1 - v0)
+            lm_tile[r] = t = self.stage_tile(v1 - v0, self.cfg.tile_lm_head)
             step = max(t, ARGMAX_CHUNK // t * t)
             spans[r] = [(a, min(a + step, v1 - v0)) for a in range(0, v1 - v0, step)]
         off, total = {}, 0
@@ -809,7 +811,7 @@ class _Lowerer:
                 c = e.counter(f"c.lm.k{j}.r{r}", r)
                 n = self.gemv_tiles(f"lm.k{j}", r, xf[r], wb, H, (base + a, base + b),
                                     lambda p, q, lg=logits, base=base: Region(lg, r, (_r(p - base, q - base),)),
-                                    None, c, stage_rows=v1 - v0)
+                                    None, c, stage_rows=v1 - v0, tile=self.cfg.tile_lm_head)
                 src = [Region(logits, r, (_r(a, b),))]
                 dst = [prow(r, off[r] + j, off[r] + j + 1)]
                 w = e.place(r, e.cost("argmax", src, dst))

@@ -10,9 +10,11 @@
 #                                            # (table.prefetch_ahead), with the preload; the wave
 #                                            # knob with a capped task-ahead prefetch and the GEMV's
 #                                            # rolling row-block prefetch (Blocks.prefetch_cap, roll)
+#   bash scripts/issue5_session8.sh tiles    # Llama-3.2-1B: per-stage tile rows (the
+#                                            # tile_gate_up and tile_lm_head knobs), with and without the
+#                                            # rolling prefetch and a capped task-ahead prefetch
 #   bash scripts/issue5_session8.sh final    # amk bench rows with baselines (a) and both (b)
-#                                            # modes for both shapes, with $EXTRA added to amk's
-#                                            # flags (e.g. EXTRA="--w-preload 1024")
+#                                            # modes for both shapes, with the best flags found
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_env.sh
@@ -38,14 +40,20 @@ roll)
         --roll 0,1 $C --json "$OUT/roll_llama.json"
     $S $SM --tile 16 --wave 1 --attn-split 3 --gemv-block 16x64 --unroll 8 --prefetch 1 --w-preload 0,512,1024 \
         --roll 0,1 $C --json "$OUT/roll_smol.json" ;;
+tiles)
+    T="--tile 16 --attn-split 4 --gemv-block 16x128 --unroll 8 --prefetch 1 --w-preload 1024"
+    $S $L $T --tile-gate-up 0,32 --tile-lm-head 0,64 $C --json "$OUT/tiles_llama.json"
+    $S $L $T --tile-gate-up 32,64 --tile-lm-head 64,128 --roll 1 --prefetch-cap 65536 $C \
+        --json "$OUT/tiles_roll_llama.json" ;;
 final)
     B="python3 -m amk bench --baseline-compile-mode default,max-autotune-no-cudagraphs"
     timeout 230 $B $SM --workers 132 --config bench/configs/smollm2-135m.json --num-warps 8 \
-        --gemv-block 16x64 --gemv-unroll 8 --prefetch 1 --attn-split 3 --tokens 128 ${EXTRA:-} \
+        --gemv-block 16x64 --gemv-unroll 8 --prefetch 1 --attn-split 3 --tokens 128 --w-preload 512 --roll 1 \
         --json "$OUT/bench_smollm2-135m.json"
     timeout 240 $B $L --workers 132 --config bench/configs/llama-3.2-1b.json --num-warps 8 \
-        --gemv-block 16x128 --gemv-unroll 8 --prefetch 1 --attn-split 4 --tokens 128 ${EXTRA:-} \
+        --gemv-block 16x128 --gemv-unroll 8 --prefetch 1 --attn-split 4 --tokens 128 --w-preload 1024 \
+        --prefetch-cap 65536 --roll 1 \
         --json "$OUT/bench_llama-3.2-1b.json" ;;
 *)
-    echo "usage: $0 preload|roll|final" >&2; exit 2 ;;
+    echo "usage: $0 preload|roll|tiles|final" >&2; exit 2 ;;
 esac

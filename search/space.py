@@ -278,6 +278,8 @@ SEARCHABLE = {
             "instead of separate rmsnorm / rope / silu_mul / add stages",
     "wave": "size each GEMV stage's tiles to one per worker (tile is then the granularity)",
     "attn_split": "attention tasks per KV head (its query heads split over that many workers)",
+    "tile_gate_up": "rows per gate/up tile (0: tile)",
+    "tile_lm_head": "rows per LM-head tile (0: tile)",
 }
 # Fixed for a whole search: they change what is computed or how much can be decoded, not
 # how the step is scheduled (the user picks them with --dtype / --max-seq).
@@ -304,7 +306,8 @@ def space_for(spec: Any, ranks: int, max_workers: int, fixed: dict[str, Any] | N
     workers: powers of two up to ``max_workers`` and up to the number of tiles of the
     largest stage at the smallest tile (more workers would idle). policy, allreduce: the
     lowering's own enumerations; allreduce only when ranks > 1 (R = 1 has no all-reduce).
-    fuse, wave: False, True. attn_split: 1, 2, 4, ... below the most query heads one rank
+    fuse, wave: False, True. tile_gate_up, tile_lm_head: 0 (= tile) and the choices above the
+    default tile and below the stage's rows on one rank. attn_split: 1, 2, 4, ... below the most query heads one rank
     holds of one KV head, and that count itself (one query head per task); 1 without GQA.
     ``fixed``: values of the non-searchable fields (defaults: the lowering's). Raises
     SpaceError if LoweringConfig has a field this module does not classify.
@@ -335,6 +338,13 @@ def space_for(spec: Any, ranks: int, max_workers: int, fixed: dict[str, Any] | N
             vals = sorted({w for w in WORKER_CHOICES if w <= cap} | ({d} if d <= cap else set()))
             dd = d if d in vals else vals[-1]
             knobs.append(Knob(name, tuple(vals), dd, True, SEARCHABLE[name]))
+        elif name in ("tile_gate_up", "tile_lm_head"):
+            # 0 (= tile) or a coarser tile that still cuts the stage: the heavy stages want
+            # fewer, larger tasks; a tile covering the whole stage equals wave's choice
+            rows = -(-int(spec.intermediate if name == "tile_gate_up" else spec.vocab) // ranks)
+            vals = sorted({0, d} | {t for t in TILE_CHOICES if default.tile < t < rows})
+            if len(vals) > 1:
+                knobs.append(Knob(name, tuple(vals), d, True, SEARCHABLE[name]))
         elif name == "policy":
             knobs.append(Knob(name, tuple(lc.POLICIES), d, False, SEARCHABLE[name]))
         elif name in ("fuse", "wave"):
