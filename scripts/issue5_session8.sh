@@ -15,6 +15,10 @@
 #                                            # rolling prefetch and a capped task-ahead prefetch
 #   bash scripts/issue5_session8.sh final    # amk bench rows with baselines (a) and both (b)
 #                                            # modes for both shapes, with the best flags found
+#   bash scripts/issue5_session8.sh attn     # after the attention change (K/V one block ahead,
+#                                            # 16-byte K/V loads): the final flags, amk only
+#   bash scripts/issue5_session8.sh tp2      # (nvidia-h200-x2) Llama-3.1-8B shape at tp 2 with the
+#                                            # same flags, amk only
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_env.sh
@@ -54,6 +58,20 @@ final)
         --gemv-block 16x128 --gemv-unroll 8 --prefetch 1 --attn-split 4 --tokens 128 --w-preload 1024 \
         --prefetch-cap 65536 --roll 1 \
         --json "$OUT/bench_llama-3.2-1b.json" ;;
+attn)  # the final rows' flags after the attention change (K/V blocks loaded one block ahead,
+       # 16-byte K/V loads), amk only
+    B="python3 -m amk bench --no-baselines"
+    timeout 150 $B $SM --workers 132 --config bench/configs/smollm2-135m.json --num-warps 8 \
+        --gemv-block 16x64 --gemv-unroll 8 --prefetch 1 --attn-split 3 --tokens 128 --w-preload 512 --roll 1 \
+        --json "$OUT/attn_smollm2-135m.json"
+    timeout 150 $B $L --workers 132 --config bench/configs/llama-3.2-1b.json --num-warps 8 \
+        --gemv-block 16x128 --gemv-unroll 8 --prefetch 1 --attn-split 4 --tokens 128 --w-preload 1024 \
+        --prefetch-cap 65536 --roll 1 --json "$OUT/attn_llama-3.2-1b.json" ;;
+tp2)  # issue 6 on nvidia-h200-x2: the eighth session's flags at tp 2, amk only (no device time
+      # was left for the baselines)
+    timeout 400 python3 -m amk bench config:llama-3.1-8b --tp 2 --config bench/configs/llama-3.1-8b-tiles.json \
+        --num-warps 8 --gemv-block 16x128 --gemv-unroll 8 --prefetch 1 --attn-split 4 --tokens 64 \
+        --w-preload 1024 --prefetch-cap 65536 --roll 1 --no-baselines --json "$OUT/bench_tp2_llama-3.1-8b_amk_only.json" ;;
 *)
-    echo "usage: $0 preload|roll|tiles|final" >&2; exit 2 ;;
+    echo "usage: $0 preload|roll|tiles|final|attn|tp2" >&2; exit 2 ;;
 esac

@@ -799,6 +799,19 @@ def test_w_preload_keeps_results(w_preload):
             assert torch.allclose(lg, lr, rtol=1e-2, atol=1e-2) and nt == nr
 
 
+def test_attention_variants_load_kv_in_16_byte_vectors():
+    """The lowered KV caches ([G, T, D], head dim contiguous, rows 16-byte aligned) give the
+    attention variants the ``kvaligned`` flag, and the generated call passes the vector
+    width (ops.attention KV_ALIGN: 8 bf16 elements per 16 bytes)."""
+    prog, init, _ = lowered("tiny-llama", workers=3, dtype="bf16", fuse=True)
+    ex = TritonExecutor(prog, init, check=False)
+    att = [v for v in ex.table.variants if v.op in ("attention", "rope_attention")]
+    assert att and all(v.flag("kvaligned") for v in att)
+    from lowering.triton.megakernel import generate_source
+
+    assert "ATT_T, ATT_D, ATT_Q, ATT_DOT, 8)" in generate_source(ex.table, "t")
+
+
 def test_w_const_flag_only_for_weights_no_task_writes():
     """table.FLAG_W_CONST marks a GEMV row only when no task of the program writes its W
     buffer: a program in which one task copies into the gate weights loses the flag on the

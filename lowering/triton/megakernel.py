@@ -12,6 +12,8 @@ task table (table.py), in order:
    thread's later loads are ordered after its own acquire. The outcome (satisfied, timed
    out, aborted) is reduced over the CTA (``cta_max``) so all threads branch alike. Under
    the interpreter the poll is a volatile load (programs run one after another there).
+   GEMV rows run their waits inside the op (``t_gemv``): the operands are decoded first, and
+   with ``W_PRELOAD`` the first weight columns loaded, while the producers still work.
 2. **Op.** A flat if/elif chain on the row's runtime opcode calls the row decoder of that
    *variant* (op + operand dtypes + layout flags, all compile-time), which reads the
    operand descriptors and params from the row and calls the op's device function in
@@ -342,8 +344,8 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
            X_CONTIG: tl.constexpr, W_CONTIG: tl.constexpr, W_ALIGN: tl.constexpr, BLOCK_N: tl.constexpr,
            BLOCK_K: tl.constexpr, STAGES: tl.constexpr = 1, PROF=None, PROFILE: tl.constexpr = False,
            X_ALIGN: tl.constexpr = 0, UNROLL: tl.constexpr = 1, XS=None, X_STAGE: tl.constexpr = False,
-           X_CHUNK: tl.constexpr = 0, W_PRE: tl.constexpr = 0, ROLL: tl.constexpr = 0, fl=0, nw=0, w0=0, wc=0, wn=0, wb=0, WAITS=None,
-           i=0, epoch=0, abort_ptr=None, timeout=0, SYS: tl.constexpr = False, RELAXED: tl.constexpr = False):
+           X_CHUNK: tl.constexpr = 0, W_PRE: tl.constexpr = 0, ROLL: tl.constexpr = 0, fl=0,
+           nw=0, w0=0, wc=0, wn=0, wb=0, WAITS=None, i=0, epoch=0, abort_ptr=None, timeout=0, SYS: tl.constexpr = False, RELAXED: tl.constexpr = False):
     """gemv, norm_gemv, gemv_res, swiglu_gemv (ops.gemv_ex; ``PRO`` the prologue, ``STAGES``
     its weight-streaming pipeline depth, ``X_STAGE`` its f(x) staged once in the worker's
     scratch ``XS``, skipped when the row's ``FLAG_X_READY`` says an earlier task of this
@@ -470,9 +472,10 @@ def t_kv_append(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DK: tl.constexpr, D
 @device
 def t_attention(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DQ: tl.constexpr, DKC: tl.constexpr,
                 DVC: tl.constexpr, DP: tl.constexpr, DF: tl.constexpr, DO: tl.constexpr, ROPE: tl.constexpr,
-                BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, DOT: tl.constexpr = False):
+                BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, DOT: tl.constexpr = False,
+                KV_ALIGN: tl.constexpr = 0):
     """attention (q, kc, vc, pos, o) or, with ROPE, rope_attention (q, kc, vc, pos,
-    inv_freq, o)."""
+    inv_freq, o). ``KV_ALIGN``: the table's ``kvaligned`` flag (ops.attention)."""
     qo, qn0, qn1, qn2, qs0, qs1, qs2 = _opnd(row, 0, slot)
     co, cg, cs, cd, cgs, css, cds = _opnd(row, 1, slot)
     uo, ug, us, ud, ugs, uss, uds = _opnd(row, 2, slot)
@@ -485,6 +488,9 @@ def t_attention(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DQ: tl.constexpr, D
         oo, on0, on1, on2, os0, os1, os2 = _opnd(row, 4, slot)
         fo, fn1, fn2, fs0, fs1, fs2 = oo, on1, on2, os0, os1, os2
         fp = _ptr(A_BF16, A_F16, A_F32, A_I32, DO) + fo
+    if KV_ALIGN > 1:
+        co = K.aligned(co, KV_ALIGN)
+        uo = K.aligned(uo, KV_ALIGN)
     pos = tl.load(_ptr(A_BF16, A_F16, A_F32, A_I32, DP) + po).to(tl.int32)
     if (pos < 0) | (pos >= cs):
         st = _fail(err, _KIND_POS, pos, cs)
@@ -495,7 +501,7 @@ def t_attention(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DQ: tl.constexpr, D
                     _ptr(A_BF16, A_F16, A_F32, A_I32, DVC) + uo, ugs, uss, uds, pos,
                     _ptr(A_BF16, A_F16, A_F32, A_I32, DO) + oo, on1, on2, os0, os1, os2,
                     hq, cg, cd, _param_f(row, 1), fp, fn1, fn2, fs0, fs1, fs2, ROPE,
-                    BLOCK_T, BLOCK_D, BLOCK_Q, DOT)
+                    BLOCK_T, BLOCK_D, BLOCK_Q, DOT, KV_ALIGN)
         st = _ok()
     return st
 
@@ -712,12 +718,11 @@ def _call(v: T.Variant) -> str:
         return f"t_kv_append({_COMMON}, {d[0]}, {d[1]}, tl.float32, {d[2]}, {d[3]}, {d[4]}, False, ROPE_BLOCK)"
     if op == "rope_append":
         return f"t_kv_append({_COMMON}, {d[0]}, {d[1]}, {d[2]}, {d[3]}, {d[4]}, {d[5]}, True, ROPE_BLOCK)"
-    if op == "attention":
-        return (f"t_attention({_COMMON}, {d[0]}, {d[1]}, {d[2]}, {d[3]}, {d[4]}, {d[4]}, False, "
-                "ATT_T, ATT_D, ATT_Q, ATT_DOT)")
-    if op == "rope_attention":
-        return (f"t_attention({_COMMON}, {d[0]}, {d[1]}, {d[2]}, {d[3]}, {d[4]}, {d[5]}, True, "
-                "ATT_T, ATT_D, ATT_Q, ATT_DOT)")
+    if op in ("attention", "rope_attention"):
+        kva = 16 // T.DTYPE_BYTES[v.dtypes[1]] if v.flag("kvaligned") else 0
+        rope = op == "rope_attention"
+        return (f"t_attention({_COMMON}, {d[0]}, {d[1]}, {d[2]}, {d[3]}, {d[4]}, {d[5] if rope else d[4]}, "
+                f"{rope}, ATT_T, ATT_D, ATT_Q, ATT_DOT, {kva})")
     if op in ("silu_mul", "add"):
         return f"t_{op}({_COMMON}, {d[0]}, {d[1]}, {d[2]}, BLOCK)"
     if op == "reduce":

@@ -587,10 +587,23 @@ def rope_append(k, k_n1, k_n2, k_s0, k_s1, k_s2, v, v_n1, v_n2, v_s0, v_s1, v_s2
 
 
 @device
+def _kv_block(kb, kc_t, kc_d, vb, vc_t, vc_d, t, dd, m, KV_ALIGN: tl.constexpr):
+    """One [positions, head dim] block of the K and V caches in their own dtype (attention)."""
+    if KV_ALIGN > 1:
+        kt = tl.load(kb + t[:, None] * kc_t + dd[None, :], mask=m, other=0)
+        vt = tl.load(vb + t[:, None] * vc_t + dd[None, :], mask=m, other=0)
+    else:
+        kt = tl.load(kb + t[:, None] * kc_t + dd[None, :] * kc_d, mask=m, other=0)
+        vt = tl.load(vb + t[:, None] * vc_t + dd[None, :] * vc_d, mask=m, other=0)
+    return kt, vt
+
+
+@device
 def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, vc_t, vc_d, pos,
               o, o_n1, o_n2, o_s0, o_s1, o_s2, HQ, G, D, scale,
               f, f_n1, f_n2, f_s0, f_s1, f_s2, ROPE: tl.constexpr,
-              BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, DOT: tl.constexpr = False):
+              BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, DOT: tl.constexpr = False,
+              KV_ALIGN: tl.constexpr = 0):
     """Decode GQA attention over cache positions 0..pos (inclusive), fp32:
     for query head h < HQ (q is [HQ, D]) and g = h // (HQ / G):
     o[h] = softmax(q[h] . kc[g, :pos+1]^T * scale) @ vc[g, :pos+1].
@@ -608,7 +621,14 @@ def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, v
     tensor: the same fp32 arithmetic in another summation order, with registers for
     [Q, T] and [T, D] tiles only, so BLOCK_T can be 4x larger at the same register cost
     (fewer serial position blocks on long contexts). Needs BLOCK_Q, BLOCK_T, BLOCK_D >= 16
-    (tl.dot's minimum; padded lanes are masked)."""
+    (tl.dot's minimum; padded lanes are masked).
+
+    The K and V blocks of positions t0 + BLOCK_T .. are loaded (in the cache dtype) before
+    the block t0 is reduced, so each block's load latency overlaps the previous block's
+    arithmetic instead of adding up over the context (the same values, bit-identical).
+    ``KV_ALIGN`` (0 or elements per 16 bytes): the caches have unit head-dim stride and
+    ``kc``, ``vc``, their head and position strides are multiples of it (the table's
+    ``kvaligned`` flag), so the loads are 16-byte vectors."""
     grp = HQ // G
     T = pos + 1
     qh = tl.arange(0, BLOCK_Q)
@@ -632,15 +652,26 @@ def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, v
         m_i = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_Q], dtype=tl.float32)
         acc = tl.zeros([BLOCK_Q, BLOCK_D], dtype=tl.float32)
+        if KV_ALIGN > 1:
+            kc_g = aligned(kc_g, KV_ALIGN)
+            kc_t = aligned(kc_t, KV_ALIGN)
+            vc_g = aligned(vc_g, KV_ALIGN)
+            vc_t = aligned(vc_t, KV_ALIGN)
+            kc_d = 1
+            vc_d = 1
         kb = kc + g * kc_g
         vb = vc + g * vc_g
+        # V issued with K (before the score reductions' barriers): one round trip, not two
+        tn = tl.arange(0, BLOCK_T)
+        knext, vnext = _kv_block(kb, kc_t, kc_d, vb, vc_t, vc_d, tn, dd, (tn < T)[:, None] & dm[None, :], KV_ALIGN)
         for t0 in range(0, T, BLOCK_T):
             t = t0 + tl.arange(0, BLOCK_T)
             tm = t < T
-            kvm = tm[:, None] & dm[None, :]
-            kt = tl.load(kb + t[:, None] * kc_t + dd[None, :] * kc_d, mask=kvm, other=0).to(tl.float32)
-            # V issued with K (before the score reductions' barriers): one round trip, not two
-            vt = tl.load(vb + t[:, None] * vc_t + dd[None, :] * vc_d, mask=kvm, other=0).to(tl.float32)
+            kt = knext.to(tl.float32)
+            vt = vnext.to(tl.float32)
+            tn = t + BLOCK_T  # the next block's loads (all masked off after the last: no traffic)
+            knext, vnext = _kv_block(kb, kc_t, kc_d, vb, vc_t, vc_d, tn, dd, (tn < T)[:, None] & dm[None, :],
+                                     KV_ALIGN)
             if DOT:
                 sc = tl.dot(qv, tl.trans(kt), input_precision="ieee") * scale  # [BQ, BT]
             else:

@@ -581,6 +581,13 @@ def _variant(task: Task, bufs: dict[str, Buffer], descs: list[Desc], slots: int)
         flags["xaligned"] = (flags["xcontig"] and flags["aligned"]
                              and all((d.s[2] == 1 or d.n[2] == 1) and (d.off * e) % 16 == 0
                                      and (d.coef * e) % 16 == 0 for d, e in xs))
+    elif task.op in ("attention", "rope_attention"):
+        # the K and V caches ([G, T, D]) with unit head-dim stride and every row start on a
+        # 16-byte boundary: the kernel loads them as 16-byte vectors (ops.attention KV_ALIGN)
+        vec = 16 // DTYPE_BYTES[dtypes[1]]
+        flags["kvaligned"] = DTYPE_BYTES[dtypes[1]] == DTYPE_BYTES[dtypes[2]] and all(
+            d.s[2] == 1 and d.s[1] % vec == 0 and d.s[0] % vec == 0
+            and all((d.off + d.coef * sl) % vec == 0 for sl in range(slots)) for d in descs[1:3])
     elif task.op == "reduce":
         flags["residual"] = len(task.ins) > 1
     return Variant(task.op, dtypes, tuple(sorted(flags.items())))
