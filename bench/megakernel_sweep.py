@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--x-chunk", default="8192", help="comma list of powers of two (Blocks.x_chunk)")
     ap.add_argument("--w-preload", default="0", help="comma list of Blocks.w_preload (0 = off)")
     ap.add_argument("--prefetch-cap", default="0", help="comma list of Blocks.prefetch_cap (bytes; 0 = whole tile)")
+    ap.add_argument("--prefetch-rows", default="0", help="comma list of Blocks.prefetch_rows (0 = no limit)")
     ap.add_argument("--roll", default="0", help="comma list of Blocks.roll (row blocks; 0 = off)")
     ap.add_argument("--tile-gate-up", default="0", help="comma list of the tile_gate_up lowering knob (0 = tile)")
     ap.add_argument("--tile-lm-head", default="0", help="comma list of the tile_lm_head lowering knob (0 = tile)")
@@ -88,23 +89,24 @@ def main(argv: list[str] | None = None) -> int:
                              flags(args.row_prefetch), ints(args.maxnreg), flags(args.x_stage),
                              flags(args.relaxed_poll), flags(args.x_reuse), ints(args.x_chunk), ints(args.w_preload),
                              ints(args.prefetch_cap), ints(args.roll), ints(args.tile_gate_up),
-                             ints(args.tile_lm_head))
+                             ints(args.tile_lm_head), ints(args.prefetch_rows))
     for (w, t, pol, nw, gb, gs, fuse, pf, wave, att, so, un, ad, asp, rp, mr, xst, rpl, xru, xch, wpl, pfc, rl,
-         tgu, tlm) in grid:
+         tgu, tlm, pfr) in grid:
         bn, bk = (int(v) for v in gb.split("x"))
         opts = {"num_warps": nw, "blocks": Blocks(gemv_n=bn, gemv_k=bk, gemv_stages=gs, prefetch=pf,
                                                   attention_t=att, elide_waits=so, coalesce_signals=so,
                                                   gemv_unroll=un, attention_dot=ad, row_prefetch=rp,
                                                   maxnreg=mr, x_stage=xst, relaxed_poll=rpl, x_reuse=xru, x_chunk=xch,
-                                                  w_preload=wpl, prefetch_cap=pfc, roll=rl)}
+                                                  w_preload=wpl, prefetch_cap=pfc, roll=rl,
+                                                  prefetch_rows=pfr)}
         tag = (f"workers={w:<4} tile={t:<4} tile_gate_up={tgu} tile_lm_head={tlm} {pol:<12} warps={nw} gemv={gb:<7} stages={gs} "
                f"fuse={int(fuse)} prefetch={pf} wave={int(wave)} att_t={att} sync_opt={int(so)} unroll={un} att_dot={int(ad)} "
-               f"attn_split={asp} row_prefetch={int(rp)} maxnreg={mr} x_stage={int(xst)} x_reuse={int(xru)} x_chunk={xch} w_preload={wpl} prefetch_cap={pfc} roll={rl} relaxed_poll={int(rpl)}")
+               f"attn_split={asp} row_prefetch={int(rp)} maxnreg={mr} x_stage={int(xst)} x_reuse={int(xru)} x_chunk={xch} w_preload={wpl} prefetch_cap={pfc} prefetch_rows={pfr} roll={rl} relaxed_poll={int(rpl)}")
         cfg = LoweringConfig(tile=t, workers=w, policy=pol, dtype="bf16", fuse=fuse, wave=wave, attn_split=asp,
                              tile_gate_up=tgu, tile_lm_head=tlm, max_seq=max(256, args.prompt_len + args.tokens + 8)).validate()
         knobs = {"config": cfg.to_json(), "num_warps": nw, "gemv_block": gb, "gemv_stages": gs,
                  "prefetch": pf, "attention_t": att, "sync_opt": so, "gemv_unroll": un, "attention_dot": ad,
-                 "row_prefetch": rp, "maxnreg": mr, "x_stage": xst, "x_reuse": xru, "x_chunk": xch, "w_preload": wpl, "prefetch_cap": pfc, "roll": rl,
+                 "row_prefetch": rp, "maxnreg": mr, "x_stage": xst, "x_reuse": xru, "x_chunk": xch, "w_preload": wpl, "prefetch_cap": pfc, "prefetch_rows": pfr, "roll": rl,
                  "relaxed_poll": rpl}
         try:
             res, session, ex = measure_megakernel(args.model, resolved, cfg, target, prompt, ref,

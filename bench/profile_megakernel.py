@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--x-reuse", type=int, default=1, help="0/1: Blocks.x_reuse")
     ap.add_argument("--w-preload", type=int, default=0, help="Blocks.w_preload (0 = off)")
     ap.add_argument("--prefetch-cap", type=int, default=0, help="Blocks.prefetch_cap (bytes; 0 = whole tile)")
+    ap.add_argument("--prefetch-rows", type=int, default=0, help="Blocks.prefetch_rows (0 = no limit)")
     ap.add_argument("--roll", type=int, default=0, help="Blocks.roll (row blocks; 0 = off)")
     ap.add_argument("--tile-gate-up", type=int, default=0, help="the tile_gate_up lowering knob (0 = tile)")
     ap.add_argument("--tile-lm-head", type=int, default=0, help="the tile_lm_head lowering knob (0 = tile)")
@@ -75,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
                                                          row_prefetch=bool(args.row_prefetch),
                                                          maxnreg=args.maxnreg, x_stage=bool(args.x_stage),
                                                          x_reuse=bool(args.x_reuse), w_preload=args.w_preload,
-                                                         prefetch_cap=args.prefetch_cap, roll=args.roll),
+                                                         prefetch_cap=args.prefetch_cap, roll=args.roll,
+                                                         prefetch_rows=args.prefetch_rows),
         "profile": True})
     ex = dec.ex
     tok = 1
@@ -114,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         out["ops"][op] = {"tasks": d["n"], "op_us_mean": float(a.mean()),
                           "op_us_p90": float(np.percentile(a, 90)), "op_us_sum": float(a.sum()),
                           "wait_us_mean": float(wt.mean())}
-    # GEMV tasks: where the op time goes (stamps 3-6, megakernel.PROF_W)
+    # GEMV tasks: where the op time goes (stamps 3-6, megakernel.PROF_W). Since the eighth
+    # session a GEMV decodes its operands before its waits (megakernel.t_gemv), so "decode"
+    # (waits done -> operands decoded) is ~0 and the decode shows in the wait time instead.
     gem = [r for r, op in enumerate(ops) if prof[r, 3] > 0]
     if gem:
         g = prof[gem].astype(np.float64)

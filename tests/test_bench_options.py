@@ -87,6 +87,9 @@ def test_prefetch_cap_and_roll_flags_reach_blocks():
         backend_options(_args(prefetch_cap=1000))
     with pytest.raises(AmkError, match="--roll"):
         backend_options(_args(roll=9))
+    assert backend_options(_args(prefetch_rows=16))["blocks"].prefetch_rows == 16
+    with pytest.raises(AmkError, match="--prefetch-rows"):
+        backend_options(_args(prefetch_rows=-1))
 
 
 def test_register_cap_lets_every_worker_be_resident():

@@ -498,6 +498,17 @@ def test_offline_compile_with_l2_prefetch_and_sys_waits(tmp_path):
         assert (rows[a:b - 2, T.F_APFO] == rows[a + 2:b, T.F_PFO]).all()
         assert (rows[a:b - 2, T.F_APFN] == rows[a + 2:b, T.F_PFN]).all()
         assert not rows[max(a, b - 2):b, T.F_APFN].any()
+    T.prefetch_ahead(ex.table, 1, cap_rows=4)  # at most 4 weight rows of each tile ahead
+    for w in range(ex.table.workers):
+        a, b = int(ex.table.qstart[w]), int(ex.table.qstart[w + 1])
+        for i in range(a, b - 1):
+            op = ex.table.task_ops[i + 1]
+            n, full = int(rows[i, T.F_APFN]), int(rows[i + 1, T.F_PFN])
+            if op in T.GEMV_OPS and full:
+                k = T.GEMV_OPS[op][2]
+                tile_rows = int(rows[i + 1, T.F_OPND + k * T.OPND_W + 3])
+                want = full if tile_rows <= 4 else -(-full * 4 // tile_rows // 16) * 16
+                assert n == want and n % 16 == 0 and rows[i, T.F_APFO] == rows[i + 1, T.F_PFO], (i, n, want)
     src = ex.emit_source(tmp_path / "kernel.py")
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(ROOT), TRITON_DEFAULT_FP_FUSION="1")
     code = "import sys; from lowering.triton.megakernel import _main; sys.exit(_main(sys.argv[1:]))"

@@ -66,6 +66,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prefetch-cap", type=int, default=0, metavar="BYTES",
                    help="the --prefetch L2 prefetch covers at most a tile's first BYTES (a multiple of "
                         "16; 0, the default: the whole tile)")
+    p.add_argument("--prefetch-rows", type=int, default=0, metavar="N",
+                   help="the --prefetch L2 prefetch covers at most a tile's first N weight rows (0, the "
+                        "default: no limit); unlike --prefetch-cap it keeps a wide tile's whole first rows")
     p.add_argument("--roll", type=int, default=0, metavar="B",
                    help="a GEMV tile of several row blocks prefetches the row block B blocks ahead into "
                         "L2 while it streams (0..8; 0, the default: off)")
@@ -277,7 +280,8 @@ def measure_megakernel(model_arg, resolved, cfg, target, prompt, ref, n_tokens: 
 def backend_options(args) -> dict:
     """TritonExecutor options from --num-warps, --gemv-block NxK, --gemv-stages,
     --prefetch, --gemv-unroll, --attention-block, --attention-dot, --row-prefetch,
-    --x-stage, --x-reuse, --x-chunk, --w-preload, --prefetch-cap, --roll, --relaxed-poll and
+    --x-stage, --x-reuse, --x-chunk, --w-preload, --prefetch-cap, --prefetch-rows, --roll,
+    --relaxed-poll and
     --maxnreg. Raises AmkError."""
     from lowering.triton.runtime import Blocks
 
@@ -310,6 +314,9 @@ def backend_options(args) -> dict:
         raise AmkError(f"--prefetch-cap must be 0 or a positive multiple of 16 bytes, got {cap}")
     if not 0 <= roll <= 8:
         raise AmkError(f"--roll must be in 0..8, got {roll}")
+    pf_rows = getattr(args, "prefetch_rows", 0)
+    if pf_rows < 0:
+        raise AmkError(f"--prefetch-rows must be >= 0, got {pf_rows}")
     return {"num_warps": args.num_warps,
             "blocks": Blocks(gemv_n=n, gemv_k=k, gemv_stages=stages, prefetch=prefetch, attention_t=att,
                              gemv_unroll=getattr(args, "gemv_unroll", 1),
@@ -317,7 +324,7 @@ def backend_options(args) -> dict:
                              row_prefetch=bool(getattr(args, "row_prefetch", 1)), maxnreg=maxnreg,
                              x_stage=bool(getattr(args, "x_stage", 1)),
                              x_reuse=bool(getattr(args, "x_reuse", 1)), x_chunk=x_chunk, w_preload=w_pre,
-                             prefetch_cap=cap, roll=roll,
+                             prefetch_cap=cap, prefetch_rows=pf_rows, roll=roll,
                              relaxed_poll=bool(getattr(args, "relaxed_poll", 0)))}
 
 

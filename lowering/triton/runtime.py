@@ -140,7 +140,9 @@ class Blocks:
     table.FLAG_W_CONST) and runs its waits inside the op, after decoding its operands
     (megakernel.t_gemv), so the wait, the decode and the x pass overlap that part of the
     weight stream. ``prefetch_cap`` (bytes, a multiple of 16; 0 = whole tile): the task-ahead
-    L2 prefetch covers at most the tile's first ``prefetch_cap`` bytes. ``roll`` (row blocks,
+    L2 prefetch covers at most the tile's first ``prefetch_cap`` bytes; ``prefetch_rows`` (0 =
+    no limit): at most its first ``prefetch_rows`` weight rows (table.prefetch_ahead; unlike a
+    byte cap it still covers a wide tile's whole first row block). ``roll`` (row blocks,
     0 = off): a GEMV tile of several row blocks prefetches row block j + roll into L2 while
     it streams row block j (ops.gemv_ex ``ROLL``). ``relaxed_poll``:
     waits poll with relaxed loads and issue one acquire fence when satisfied
@@ -167,6 +169,7 @@ class Blocks:
     x_chunk: int = 8192
     w_preload: int = 0
     prefetch_cap: int = 0
+    prefetch_rows: int = 0
     roll: int = 0
     relaxed_poll: bool = False
 
@@ -188,6 +191,9 @@ class Blocks:
         if not isinstance(self.prefetch_cap, int) or self.prefetch_cap < 0 or self.prefetch_cap % 16:
             raise TritonError(f"prefetch_cap must be 0 or a positive multiple of 16 bytes, got "
                               f"{self.prefetch_cap!r}", exit_code=2)
+        if not isinstance(self.prefetch_rows, int) or self.prefetch_rows < 0:
+            raise TritonError(f"prefetch_rows must be a non-negative integer, got {self.prefetch_rows!r}",
+                              exit_code=2)
         if not isinstance(self.roll, int) or not 0 <= self.roll <= 8:
             raise TritonError(f"roll must be an integer in 0..8, got {self.roll!r}", exit_code=2)
         if not isinstance(self.prefetch, int) or not 0 <= self.prefetch <= 8:
@@ -394,7 +400,7 @@ class TritonExecutor:
                 queues += [[(ri, i) for i in range(int(tab.qstart[w]), int(tab.qstart[w + 1]))]
                            for w in range(tab.workers)]
         merged = T.merge_tables(tables, queues)
-        T.prefetch_ahead(merged, self.blocks.prefetch)
+        T.prefetch_ahead(merged, self.blocks.prefetch, self.blocks.prefetch_rows)
         return merged
 
     # ------------------------------------------------------------------ setup

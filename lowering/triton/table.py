@@ -823,22 +823,32 @@ def build_table(program: ScheduleProgram, rank: int, order: Sequence[Sequence[Ta
     )
 
 
-def prefetch_ahead(tab: TaskTable, ahead: int) -> None:
+def prefetch_ahead(tab: TaskTable, ahead: int, cap_rows: int = 0) -> None:
     """Copy each row's weight-tile range (F_PFO / F_PFN) into the F_APFO / F_APFN fields of
     the row ``ahead`` places earlier in the same worker's queue (0, 0 where no such task
     is), in place: the kernel's L2 prefetch at task i then uses task i + ahead's range
-    from row i itself. ``ahead`` = 0 clears the fields. A prefetch is only a hint to the
+    from row i itself. ``ahead`` = 0 clears the fields. ``cap_rows`` > 0: the range covers
+    at most the tile's first ``cap_rows`` weight rows (a tile's bytes / its rows, rounded
+    up to 16 bytes), so a tall tile is not prefetched whole a task ahead while a wide one
+    (the down projection's 16 x 8192 rows) still is. A prefetch is only a hint to the
     memory system, so the pairing needs no ordering argument."""
     rows = tab.rows
     rows[:, F_APFO] = 0
     rows[:, F_APFN] = 0
     if ahead <= 0:
         return
+    n = rows[:, F_PFN].copy()
+    if cap_rows > 0:
+        for i, op in enumerate(tab.task_ops):
+            if n[i] and op in GEMV_OPS:
+                tile_rows = max(1, int(rows[i, F_OPND + GEMV_OPS[op][2] * OPND_W + 3]))  # the W operand's n1
+                if tile_rows > cap_rows:
+                    n[i] = min(int(n[i]), -(-int(n[i]) * cap_rows // tile_rows // 16) * 16)
     for w in range(tab.workers):
         a, b = int(tab.qstart[w]), int(tab.qstart[w + 1])
         if b - a > ahead:
             rows[a:b - ahead, F_APFO] = rows[a + ahead:b, F_PFO]
-            rows[a:b - ahead, F_APFN] = rows[a + ahead:b, F_PFN]
+            rows[a:b - ahead, F_APFN] = n[a + ahead:b]
 
 
 def shift_layout(layout: ArenaLayout, base: int) -> ArenaLayout:
