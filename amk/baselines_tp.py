@@ -44,7 +44,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -277,7 +277,7 @@ def hf_tp_eager(model, ctx, prompt_ids: torch.Tensor, n_tokens: int,
 def hf_tp_compiled_graph(model, ctx, prompt_ids: torch.Tensor, n_tokens: int,
                          max_cache_len: int | None = None, *, compile: bool = True,
                          cuda_graph: bool | None = None,
-                         compile_backend: str | Callable = "inductor") -> BaselineResult:
+                         compile_backend: str | Callable = "inductor", mode: str | None = None) -> BaselineResult:
     """Baseline (b) per rank: a decode step over a StaticCache, compiled, in one CUDA graph.
 
     The step (TP forward of one token at ``cache_position``, argmax, token/position bump on
@@ -292,8 +292,10 @@ def hf_tp_compiled_graph(model, ctx, prompt_ids: torch.Tensor, n_tokens: int,
     ``extra["compile_error"]`` = "ranks 0,1: phase: error". ``compile=False`` skips the
     attempt (reason "not requested"). ``cuda_graph``: default True on CUDA; False runs the
     step per token without a graph (result named "hf_tp_compiled", for CPU tests); True on
-    a CPU device raises AmkError. Returns this rank's BaselineResult; combine with
-    ``gather_tp``. Raises whatever the uncompiled fallback raises.
+    a CPU device raises AmkError. ``mode``: torch.compile's mode (None: its default, as
+    ``amk.baselines.hf_compiled_graph``); the result's name then ends in ``[mode]``.
+    Returns this rank's BaselineResult; combine with ``gather_tp``. Raises whatever the
+    uncompiled fallback raises.
     """
     dev = ctx.device
     if cuda_graph is None:
@@ -305,7 +307,7 @@ def hf_tp_compiled_graph(model, ctx, prompt_ids: torch.Tensor, n_tokens: int,
     if compile:
         try:
             res = _graph_decode(model, ctx, prompt_ids, n_tokens, max_cache_len,
-                                compile_backend, cuda_graph)
+                                compile_backend, cuda_graph, mode)
             res.extra.update(compiled=True, compile_error=None)
             return res
         except _PhaseError as e:
@@ -314,7 +316,7 @@ def hf_tp_compiled_graph(model, ctx, prompt_ids: torch.Tensor, n_tokens: int,
         torch._dynamo.reset()
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
-    res = _graph_decode(model, ctx, prompt_ids, n_tokens, max_cache_len, None, cuda_graph)
+    res = _graph_decode(model, ctx, prompt_ids, n_tokens, max_cache_len, None, cuda_graph, mode)
     res.extra.update(compiled=False, compile_error=reason)
     if compile:
         res.note = (f"uncompiled: torch.compile failed ({reason[:200]}); the plain step was "
@@ -327,9 +329,10 @@ class _PhaseError(Exception):
 
 
 def _graph_decode(model, ctx, prompt_ids, n_tokens, max_cache_len, compile_backend,
-                  cuda_graph: bool) -> BaselineResult:
+                  cuda_graph: bool, mode: str | None = None) -> BaselineResult:
     """One static-cache decode run (see hf_tp_compiled_graph). ``compile_backend`` None:
-    uncompiled, errors raise as they are. When compiling, an error in the warm-up
+    uncompiled, errors raise as they are. ``mode``: torch.compile's mode, and the name's
+    ``[mode]`` suffix. When compiling, an error in the warm-up
     (compile) or capture phase is held until the agreement point after capture, where the
     ranks exchange their errors over the host group; if any rank failed, every rank raises
     _PhaseError (the caller falls back) before replaying anything. This keeps the ranks in
@@ -342,7 +345,8 @@ def _graph_decode(model, ctx, prompt_ids, n_tokens, max_cache_len, compile_backe
     if n_tokens < 2:
         raise ValueError(f"n_tokens={n_tokens} must be at least 2")
     st = StaticDecode(model, prompt_ids, n_tokens, dev, max_cache_len)
-    step = torch.compile(st.decode_step, backend=compile_backend) if compile_backend else st.decode_step
+    step = (torch.compile(st.decode_step, backend=compile_backend, **({"mode": mode} if mode else {}))
+            if compile_backend else st.decode_step)
 
     def body():
         st.body(step)
@@ -379,7 +383,7 @@ def _graph_decode(model, ctx, prompt_ids, n_tokens, max_cache_len, compile_backe
         _sync(ctx)
         timing = time_per_call(run, iters=n_tokens - 1, warmup=0, device=dev)
         tokens = st.tokens(n_tokens)
-    name = "hf_tp_compiled_graph" if cuda_graph else "hf_tp_compiled"
+    name = ("hf_tp_compiled_graph" if cuda_graph else "hf_tp_compiled") + (f"[{mode}]" if mode else "")
     return BaselineResult(name, tokens, timing,
                           extra={"rank": ctx.rank, "world": ctx.world, "cuda_graph": cuda_graph})
 
@@ -435,14 +439,15 @@ def gather_tp(ctx, result: BaselineResult) -> BaselineResult:
 
 def run_tp_baselines(model_arg: str, ctx, prompt_ids: torch.Tensor, n_tokens: int,
                      save_dir: str | os.PathLike, *, model=None,
-                     dtype: str = "bf16") -> list[BaselineResult]:
-    """Both TP baselines for ``amk bench MODEL --tp R``, in every rank. Collective.
+                     dtype: str = "bf16", modes: Sequence[str | None] = (None,)) -> list[BaselineResult]:
+    """The TP baselines for ``amk bench MODEL --tp R``, in every rank. Collective.
 
     Prepares the checkpoint (``prepare_tp_checkpoint``; ``model``: rank 0's resolved model
     in ``dtype``, optional), loads this rank's shard, broadcasts rank 0's ``prompt_ids``
     (int64 [1, P]) so that every rank decodes the same prompt, and runs ``hf_tp_eager`` and
-    ``hf_tp_compiled_graph`` (CUDA graph on CUDA devices, plain compiled steps on the CPU),
-    each combined with ``gather_tp``. A baseline that raises on every rank becomes a row
+    ``hf_tp_compiled_graph`` once per torch.compile mode in ``modes`` (None: the default
+    mode; CUDA graph on CUDA devices, plain compiled steps on the CPU), each combined with
+    ``gather_tp``. A baseline that raises on every rank becomes a row
     with ``timing=None``, ``correct=False`` and the error as note, like bench's single-GPU
     rows. Setup failures (checkpoint, load) raise AmkError. Returns the two results,
     identical on every rank; judge them with ``amk.baselines.judge``.
@@ -451,9 +456,10 @@ def run_tp_baselines(model_arg: str, ctx, prompt_ids: torch.Tensor, n_tokens: in
     tp_model = load_tp_model(ckpt, ctx, dtype=dtype)
     prompt_ids = ctx.broadcast_object(prompt_ids.detach().cpu(), src=0)
     out = []
-    for name, fn in (("hf_tp_eager", lambda: hf_tp_eager(tp_model, ctx, prompt_ids, n_tokens)),
-                     ("hf_tp_compiled_graph",
-                      lambda: hf_tp_compiled_graph(tp_model, ctx, prompt_ids, n_tokens))):
+    runs = [("hf_tp_eager", lambda: hf_tp_eager(tp_model, ctx, prompt_ids, n_tokens))]
+    runs += [("hf_tp_compiled_graph" + (f"[{m}]" if m else ""),
+              lambda m=m: hf_tp_compiled_graph(tp_model, ctx, prompt_ids, n_tokens, mode=m)) for m in modes]
+    for name, fn in runs:
         try:
             res, err = fn(), None
         except Exception as e:  # same code on every rank: a failure is normally everywhere

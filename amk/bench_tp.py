@@ -16,7 +16,8 @@ Every rank process runs ``run_tp`` (SPMD; ``amk.launch`` spawned them or torchru
    step includes waiting for its peers); the greedy tokens must agree on every rank and
    with the reference (``judge_tokens``);
 5. baselines in the same run: HF tensor parallel (``tp_plan="auto"`` over NCCL) eager and
-   as a compiled decode step in a CUDA graph (``amk.baselines_tp``, when available), and
+   as a compiled decode step in a CUDA graph, once per ``--baseline-compile-mode`` mode
+   (``amk.baselines_tp``, when available), and
    the single-GPU megakernel on rank 0.
 
 Rank 0 prints the table and writes ``--json``; the JSON holds every rank's timing.
@@ -186,7 +187,8 @@ def run_tp(args, ctx) -> int:
 def _tp_baselines(args, ctx, model, prompt, ref, con) -> list:
     """HF tensor-parallel baselines (``amk.baselines_tp``), judged against ``ref``; a row
     with the reason when they cannot run."""
-    from amk.baselines import BaselineResult, judge
+    from amk.baselines import BaselineResult, compile_modes, judge
+    modes = compile_modes(getattr(args, "baseline_compile_mode", "default"), "--baseline-compile-mode")
     try:
         from amk import baselines_tp
     except ImportError as err:
@@ -196,7 +198,7 @@ def _tp_baselines(args, ctx, model, prompt, ref, con) -> list:
     with con.status("HF tensor parallel baselines (tp_plan=auto over NCCL)"):
         try:
             rows = baselines_tp.run_tp_baselines(args.model, ctx, prompt, args.tokens, save_dir,
-                                                 model=model)
+                                                 model=model, modes=modes)
         except AmkError as err:
             return [BaselineResult("hf_tp_eager", [], None, False, f"failed: {err}")]
     # the HF TP model is no longer needed: give its memory back before the next measurement

@@ -188,7 +188,7 @@ def test_tp_eager_two_ranks_cpu(tmp_path, reference):
     q = out["sharded"]["model.layers.0.self_attn.q_proj.weight"]
     assert q == [[96, 64], [48, 64]]  # 6 heads x 16, half on each rank
     assert out["sharded"]["model.layers.1.mlp.down_proj.weight"] == [[64, 160], [64, 80]]
-    eager, fallback = out["rows"]
+    eager, fallback, moded = out["rows"]
     assert eager["name"] == "hf_tp_eager" and eager["tokens"] == ref
     assert eager["ranks_agree"] and len(eager["per_rank_median_ms"]) == 2
     assert eager["latency_ms_median"] == max(eager["per_rank_median_ms"])
@@ -197,6 +197,9 @@ def test_tp_eager_two_ranks_cpu(tmp_path, reference):
     assert "ranks 0,1: compile (warm-up)" in fallback["compile_error"]
     assert "test: compiler refused" in fallback["compile_error"]
     assert "torch.compile failed" in fallback["note"]
+    # --baseline-compile-mode at --tp R: one row per mode, named by it (here it falls back too)
+    assert moded["name"] == "hf_tp_compiled[max-autotune-no-cudagraphs]" and moded["tokens"] == ref
+    assert moded["compiled"] is False
 
 
 @pytest.mark.slow

@@ -80,6 +80,9 @@ def main() -> None:
                 rows.append(gather_tp(ctx, hf_tp_compiled_graph(
                     model, ctx, prompt, n_tokens, cuda_graph=False,
                     compile_backend=broken_backend)))
+                rows.append(gather_tp(ctx, hf_tp_compiled_graph(  # a named mode: its row name
+                    model, ctx, prompt, n_tokens, cuda_graph=False,
+                    compile_backend=broken_backend, mode="max-autotune-no-cudagraphs")))
             else:
                 rows.append(gather_tp(ctx, hf_tp_compiled_graph(model, ctx, prompt, n_tokens,
                                                                 cuda_graph=False)))

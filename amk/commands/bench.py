@@ -84,7 +84,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--baseline-compile-mode", default="default,max-autotune-no-cudagraphs", metavar="MODES",
                    help="comma list of torch.compile modes, one baseline (b) row each (default: "
                         "default,max-autotune-no-cudagraphs; the second compiles for ~2 minutes and "
-                        "measured 23%% faster on the SmolLM2 shape); one GPU only")
+                        "measured 23%% faster on the SmolLM2 shape); with --tp R, one HF tensor-parallel "
+                        "compiled-graph row each")
     p.add_argument("--tp-checkpoint-dir", metavar="DIR", default=None,
                    help="--tp R: where rank 0 writes a random-weight model as safetensors for the HF "
                         "tensor-parallel baselines (default: a folder in the temp dir)")
