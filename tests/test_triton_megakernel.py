@@ -789,15 +789,16 @@ def test_x_reuse_is_bit_identical_and_honoured():
 
 
 @cpu_only
-@pytest.mark.parametrize("w_preload", [32, 128])
-def test_w_preload_keeps_results(w_preload):
+@pytest.mark.parametrize("name,w_preload", [("tiny-llama", 32), ("tiny-llama", 128), ("tiny-qwen2", 32)])
+def test_w_preload_keeps_results(name, w_preload):
     """Blocks.w_preload (the first columns of a GEMV's weight tile loaded before its waits)
     gives the logits and tokens of the plain loop, both when the rows say W is constant
     (FLAG_W_CONST: loaded before the waits) and when the flag is cleared (loaded after
-    them); 128 covers more columns than the tiny model's K, so the loop gets nothing."""
+    them); 128 covers more columns than the tiny model's K, so the loop gets nothing.
+    Qwen2: GEMVs with a bias epilogue."""
     from lowering.triton.runtime import Blocks
 
-    prog, init, _ = lowered("tiny-llama", workers=3, dtype="bf16", fuse=True)
+    prog, init, _ = lowered(name, workers=3, dtype="bf16", fuse=True)
     blk = dict(gemv_n=16, gemv_k=32, x_stage=True)
     want = run_decode(TritonExecutor(prog, init, check=False, blocks=Blocks(**blk)), TOKENS[:2])
     ex = TritonExecutor(prog, init, check=False, blocks=Blocks(**blk, w_preload=w_preload))
