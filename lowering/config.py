@@ -3,47 +3,47 @@
 Every knob changes the lowered program (tests/test_lowering.py checks that); a knob the
 lowering ignored would not exist here.
 
-=========  =========================================================================
-knob       meaning
-=========  =========================================================================
-tile       rows per GEMV tile (q/k/v, o, gate/up, down, lm_head) and columns per
-           all-reduce reduce tile; also the alignment of the MLP-column and vocabulary
-           splits over ranks
-workers    persistent workers (CTAs) per rank
-policy     tile -> worker assignment: ``round_robin`` (tile i of a stage -> worker
-           i mod W) or ``balanced`` (greedy: the worker with the fewest bytes moved so
-           far gets the next tile)
-allreduce  cross-rank reduction algorithm: ``oneshot`` (every rank puts its partial
-           into every peer's receive buffer, then reduces locally) or ``twoshot``
-           (reduce-scatter: each rank reduces one column block, then all-gathers it)
-max_seq    KV-cache length in tokens (positions 0 .. max_seq-1 can be decoded)
-dtype      dtype of weights, activations and KV cache: ``f32`` or ``bf16``
-fuse       emit fused ops (ir/ops.py): RMSNorm into the following GEMVs
-           (``norm_gemv``), RoPE into KV append / attention (``rope_append``,
-           ``rope_attention``), SiLU*mul into the down GEMV (``swiglu_gemv``) and, at one
-           rank, the residual add into the o / down GEMVs (``gemv_res`` / swiglu_gemv's
-           ``r``). Fewer stages and tasks; same results (see lowering/reference.py for
-           the exact rounding). Default off.
-wave       size each GEMV stage's tiles to fill one wave of workers: a stage of n rows
-           (q+k+v together, a gate/up tile pair, o, down, the LM head) gets tiles of
-           ``ceil(n / workers)`` rows rounded up to a multiple of ``tile`` (``tile`` is
-           then the granularity). Fewer, larger tasks: each worker streams one tile per
-           stage instead of paying the per-task cost several times. With ``fuse`` the
-           gate and up tiles are separate tasks on separate workers, sized over gate+up
-           together (2 x the MLP width). Default off.
+============  =========================================================================
+knob          meaning
+============  =========================================================================
+tile          rows per GEMV tile (q/k/v, o, gate/up, down, lm_head) and columns per
+              all-reduce reduce tile; also the alignment of the MLP-column and vocabulary
+              splits over ranks
+workers       persistent workers (CTAs) per rank
+policy        tile -> worker assignment: ``round_robin`` (tile i of a stage -> worker
+              i mod W) or ``balanced`` (greedy: the worker with the fewest bytes moved so
+              far gets the next tile)
+allreduce     cross-rank reduction algorithm: ``oneshot`` (every rank puts its partial
+              into every peer's receive buffer, then reduces locally) or ``twoshot``
+              (reduce-scatter: each rank reduces one column block, then all-gathers it)
+max_seq       KV-cache length in tokens (positions 0 .. max_seq-1 can be decoded)
+dtype         dtype of weights, activations and KV cache: ``f32`` or ``bf16``
+fuse          emit fused ops (ir/ops.py): RMSNorm into the following GEMVs
+              (``norm_gemv``), RoPE into KV append / attention (``rope_append``,
+              ``rope_attention``), SiLU*mul into the down GEMV (``swiglu_gemv``) and, at one
+              rank, the residual add into the o / down GEMVs (``gemv_res`` / swiglu_gemv's
+              ``r``). Fewer stages and tasks; same results (see lowering/reference.py for
+              the exact rounding). Default off.
+wave          size each GEMV stage's tiles to fill one wave of workers: a stage of n rows
+              (q+k+v together, a gate/up tile pair, o, down, the LM head) gets tiles of
+              ``ceil(n / workers)`` rows rounded up to a multiple of ``tile`` (``tile`` is
+              then the granularity). Fewer, larger tasks: each worker streams one tile per
+              stage instead of paying the per-task cost several times. With ``fuse`` the
+              gate and up tiles are separate tasks on separate workers, sized over gate+up
+              together (2 x the MLP width). Default off.
 tile_gate_up  rows per gate/up tile (0, the default: ``tile``): the MLP's input stage streams
-           the most bytes of a layer, so larger tiles there cut the per-task cost where the
-           stage has rounds to spare, while the narrower stages keep ``tile``
+              the most bytes of a layer, so larger tiles there cut the per-task cost where the
+              stage has rounds to spare, while the narrower stages keep ``tile``
 tile_lm_head  rows per LM-head tile (0, the default: ``tile``); the vocabulary split over
-           ranks stays aligned to ``tile``
-attn_split attention tasks per KV head: the query heads attending with one KV head are
-           split into this many contiguous groups, each one task on its own worker
-           (capped at the GQA group size; 1 = one task per KV head, the default). The
-           decode step's attention is one serial phase whose length grows with the
-           context; splitting it over more workers shortens it. With ``fuse``, the
-           KV head's ``rope_append`` then signals a counter the attention tasks wait on
-           instead of sharing their worker.
-=========  =========================================================================
+              ranks stays aligned to ``tile``
+attn_split    attention tasks per KV head: the query heads attending with one KV head are
+              split into this many contiguous groups, each one task on its own worker
+              (capped at the GQA group size; 1 = one task per KV head, the default). The
+              decode step's attention is one serial phase whose length grows with the
+              context; splitting it over more workers shortens it. With ``fuse``, the
+              KV head's ``rope_append`` then signals a counter the attention tasks wait on
+              instead of sharing their worker.
+============  =========================================================================
 """
 
 from __future__ import annotations
