@@ -324,6 +324,14 @@ def hf_tp_compiled_graph(model, ctx, prompt_ids: torch.Tensor, n_tokens: int,
     return res
 
 
+def tp_compiled_name(mode: str | None, cuda_graph: bool = True) -> str:
+    """The result name of the TP baseline (b) compiled in ``mode`` (None: torch.compile's
+    default), as ``amk.baselines.compiled_graph_name`` names the single-GPU one;
+    ``cuda_graph`` False: the per-token compiled step of the CPU tests."""
+    base = "hf_tp_compiled_graph" if cuda_graph else "hf_tp_compiled"
+    return base if mode is None else f"{base}[{mode}]"
+
+
 class _PhaseError(Exception):
     """A failure of the compiled attempt, with the phase it happened in."""
 
@@ -383,8 +391,7 @@ def _graph_decode(model, ctx, prompt_ids, n_tokens, max_cache_len, compile_backe
         _sync(ctx)
         timing = time_per_call(run, iters=n_tokens - 1, warmup=0, device=dev)
         tokens = st.tokens(n_tokens)
-    name = ("hf_tp_compiled_graph" if cuda_graph else "hf_tp_compiled") + (f"[{mode}]" if mode else "")
-    return BaselineResult(name, tokens, timing,
+    return BaselineResult(tp_compiled_name(mode, cuda_graph), tokens, timing,
                           extra={"rank": ctx.rank, "world": ctx.world, "cuda_graph": cuda_graph})
 
 
@@ -457,8 +464,8 @@ def run_tp_baselines(model_arg: str, ctx, prompt_ids: torch.Tensor, n_tokens: in
     prompt_ids = ctx.broadcast_object(prompt_ids.detach().cpu(), src=0)
     out = []
     runs = [("hf_tp_eager", lambda: hf_tp_eager(tp_model, ctx, prompt_ids, n_tokens))]
-    runs += [("hf_tp_compiled_graph" + (f"[{m}]" if m else ""),
-              lambda m=m: hf_tp_compiled_graph(tp_model, ctx, prompt_ids, n_tokens, mode=m)) for m in modes]
+    runs += [(tp_compiled_name(m), lambda m=m: hf_tp_compiled_graph(tp_model, ctx, prompt_ids, n_tokens, mode=m))
+             for m in modes]
     for name, fn in runs:
         try:
             res, err = fn(), None

@@ -27,6 +27,11 @@ C="--policy balanced --fuse 1 --tokens 64 --warps 8 --workers 132"
 S="timeout 200 python3 bench/megakernel_sweep.py"
 PR="timeout 120 python3 bench/profile_megakernel.py"
 L="config:llama-3.2-1b"; SM="config:smollm2-135m"
+# the best flags found this session, for `amk bench` (phases final and attn)
+BEST_SM="--workers 132 --config bench/configs/smollm2-135m.json --num-warps 8 --gemv-block 16x64 --gemv-unroll 8
+    --prefetch 1 --attn-split 3 --tokens 128 --w-preload 512 --roll 1"
+BEST_L="--workers 132 --config bench/configs/llama-3.2-1b.json --num-warps 8 --gemv-block 16x128 --gemv-unroll 8
+    --prefetch 1 --attn-split 4 --tokens 128 --w-preload 1024 --prefetch-cap 65536 --roll 1"
 case "${1:-}" in
 preload)
     $S $L --tile 16 --attn-split 4 --gemv-block 16x128 --unroll 8 --prefetch 1 --w-preload 0,1024,2048 $C \
@@ -51,22 +56,13 @@ tiles)
         --json "$OUT/tiles_roll_llama.json" ;;
 final)
     B="python3 -m amk bench --baseline-compile-mode default,max-autotune-no-cudagraphs"
-    timeout 230 $B $SM --workers 132 --config bench/configs/smollm2-135m.json --num-warps 8 \
-        --gemv-block 16x64 --gemv-unroll 8 --prefetch 1 --attn-split 3 --tokens 128 --w-preload 512 --roll 1 \
-        --json "$OUT/bench_smollm2-135m.json"
-    timeout 240 $B $L --workers 132 --config bench/configs/llama-3.2-1b.json --num-warps 8 \
-        --gemv-block 16x128 --gemv-unroll 8 --prefetch 1 --attn-split 4 --tokens 128 --w-preload 1024 \
-        --prefetch-cap 65536 --roll 1 \
-        --json "$OUT/bench_llama-3.2-1b.json" ;;
+    timeout 230 $B $SM $BEST_SM --json "$OUT/bench_smollm2-135m.json"
+    timeout 240 $B $L $BEST_L --json "$OUT/bench_llama-3.2-1b.json" ;;
 attn)  # the final rows' flags after the attention change (K/V blocks loaded one block ahead,
        # 16-byte K/V loads), amk only
     B="python3 -m amk bench --no-baselines"
-    timeout 150 $B $SM --workers 132 --config bench/configs/smollm2-135m.json --num-warps 8 \
-        --gemv-block 16x64 --gemv-unroll 8 --prefetch 1 --attn-split 3 --tokens 128 --w-preload 512 --roll 1 \
-        --json "$OUT/attn_smollm2-135m.json"
-    timeout 150 $B $L --workers 132 --config bench/configs/llama-3.2-1b.json --num-warps 8 \
-        --gemv-block 16x128 --gemv-unroll 8 --prefetch 1 --attn-split 4 --tokens 128 --w-preload 1024 \
-        --prefetch-cap 65536 --roll 1 --json "$OUT/attn_llama-3.2-1b.json" ;;
+    timeout 150 $B $SM $BEST_SM --json "$OUT/attn_smollm2-135m.json"
+    timeout 150 $B $L $BEST_L --json "$OUT/attn_llama-3.2-1b.json" ;;
 tp2)  # issue 6 on nvidia-h200-x2: the eighth session's flags at tp 2, amk only (no device time
       # was left for the baselines)
     timeout 400 python3 -m amk bench config:llama-3.1-8b --tp 2 --config bench/configs/llama-3.1-8b-tiles.json \

@@ -752,12 +752,12 @@ def build_table(program: ScheduleProgram, rank: int, order: Sequence[Sequence[Ta
             _check_alias(t, slots)
             if x_ready[ti]:
                 row[F_FLAGS] |= FLAG_X_READY
-            if t.op in GEMV_OPS and t.ins[GEMV_OPS[t.op][2]].buffer not in written:
-                row[F_FLAGS] |= FLAG_W_CONST
             if t.op in GEMV_OPS:
-                row[F_PFO], row[F_PFN] = _prefetch_range(descs[GEMV_OPS[t.op][2]], row, GEMV_OPS[t.op][2],
-                                                         DTYPE_BYTES[bufs[t.ins[GEMV_OPS[t.op][2]].buffer].dtype],
-                                                         layout, bufs[t.ins[GEMV_OPS[t.op][2]].buffer])
+                wi = GEMV_OPS[t.op][2]
+                wbuf = bufs[t.ins[wi].buffer]
+                if wbuf.name not in written:
+                    row[F_FLAGS] |= FLAG_W_CONST
+                row[F_PFO], row[F_PFN] = _prefetch_range(descs[wi], row, wi, DTYPE_BYTES[wbuf.dtype], layout, wbuf)
             for j, (name, kind) in enumerate(PARAM_SLOTS.get(t.op, ())):
                 v = t.params[name]
                 row[F_P0 + j] = int(v) if kind == "i" else f32_bits(v)
