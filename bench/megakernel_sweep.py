@@ -53,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefetch-rows", default="0", help="comma list of Blocks.prefetch_rows (0 = no limit)")
     ap.add_argument("--roll", default="0", help="comma list of Blocks.roll (row blocks; 0 = off)")
     ap.add_argument("--tile-gate-up", default="0", help="comma list of the tile_gate_up lowering knob (0 = tile)")
+    ap.add_argument("--tile-qkv", default="0", help="comma list of the tile_qkv lowering knob (0 = tile)")
+    ap.add_argument("--kroll", default="0", help="comma list of Blocks.kroll (unrolled K groups; 0 = off)")
     ap.add_argument("--tile-lm-head", default="0", help="comma list of the tile_lm_head lowering knob (0 = tile)")
     ap.add_argument("--relaxed-poll", default="0", help="comma list of 0/1 (Blocks.relaxed_poll)")
     ap.add_argument("--maxnreg", default="0", help="comma list of register caps (Blocks.maxnreg; 0 = automatic)")
@@ -81,6 +83,14 @@ def main(argv: list[str] | None = None) -> int:
     floor = roofline_ms(decode_weight_bytes(model), bw)
     target = cuda_target(props)
     rows = []
+
+    def dump() -> None:  # after every row: a sweep cut off by a time limit keeps what it measured
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"device": props.name, "model": args.model, "hbm_bytes_per_s": bw,
+                           "roofline_ms": floor, "command": " ".join(sys.argv), "rows": rows}, f,
+                          indent=1)
+
     print(f"{args.model} on {props.name}: HBM {bw / 1e12:.2f} TB/s, roofline {floor:.4f} ms")
     grid = itertools.product(ints(args.workers), ints(args.tile), args.policy.split(","), ints(args.warps),
                              args.gemv_block.split(","), ints(args.gemv_stages), flags(args.fuse),
@@ -89,24 +99,25 @@ def main(argv: list[str] | None = None) -> int:
                              flags(args.row_prefetch), ints(args.maxnreg), flags(args.x_stage),
                              flags(args.relaxed_poll), flags(args.x_reuse), ints(args.x_chunk), ints(args.w_preload),
                              ints(args.prefetch_cap), ints(args.roll), ints(args.tile_gate_up),
-                             ints(args.tile_lm_head), ints(args.prefetch_rows))
+                             ints(args.tile_lm_head), ints(args.prefetch_rows), ints(args.tile_qkv),
+                             ints(args.kroll))
     for (w, t, pol, nw, gb, gs, fuse, pf, wave, att, so, un, ad, asp, rp, mr, xst, rpl, xru, xch, wpl, pfc, rl,
-         tgu, tlm, pfr) in grid:
+         tgu, tlm, pfr, tqkv, kr) in grid:
         bn, bk = (int(v) for v in gb.split("x"))
         opts = {"num_warps": nw, "blocks": Blocks(gemv_n=bn, gemv_k=bk, gemv_stages=gs, prefetch=pf,
                                                   attention_t=att, elide_waits=so, coalesce_signals=so,
                                                   gemv_unroll=un, attention_dot=ad, row_prefetch=rp,
                                                   maxnreg=mr, x_stage=xst, relaxed_poll=rpl, x_reuse=xru, x_chunk=xch,
                                                   w_preload=wpl, prefetch_cap=pfc, roll=rl,
-                                                  prefetch_rows=pfr)}
-        tag = (f"workers={w:<4} tile={t:<4} tile_gate_up={tgu} tile_lm_head={tlm} {pol:<12} warps={nw} gemv={gb:<7} stages={gs} "
+                                                  prefetch_rows=pfr, kroll=kr)}
+        tag = (f"workers={w:<4} tile={t:<4} tile_qkv={tqkv} tile_gate_up={tgu} tile_lm_head={tlm} {pol:<12} warps={nw} gemv={gb:<7} stages={gs} "
                f"fuse={int(fuse)} prefetch={pf} wave={int(wave)} att_t={att} sync_opt={int(so)} unroll={un} att_dot={int(ad)} "
-               f"attn_split={asp} row_prefetch={int(rp)} maxnreg={mr} x_stage={int(xst)} x_reuse={int(xru)} x_chunk={xch} w_preload={wpl} prefetch_cap={pfc} prefetch_rows={pfr} roll={rl} relaxed_poll={int(rpl)}")
+               f"attn_split={asp} row_prefetch={int(rp)} maxnreg={mr} x_stage={int(xst)} x_reuse={int(xru)} x_chunk={xch} w_preload={wpl} prefetch_cap={pfc} prefetch_rows={pfr} roll={rl} kroll={kr} relaxed_poll={int(rpl)}")
         cfg = LoweringConfig(tile=t, workers=w, policy=pol, dtype="bf16", fuse=fuse, wave=wave, attn_split=asp,
-                             tile_gate_up=tgu, tile_lm_head=tlm, max_seq=max(256, args.prompt_len + args.tokens + 8)).validate()
+                             tile_qkv=tqkv, tile_gate_up=tgu, tile_lm_head=tlm, max_seq=max(256, args.prompt_len + args.tokens + 8)).validate()
         knobs = {"config": cfg.to_json(), "num_warps": nw, "gemv_block": gb, "gemv_stages": gs,
                  "prefetch": pf, "attention_t": att, "sync_opt": so, "gemv_unroll": un, "attention_dot": ad,
-                 "row_prefetch": rp, "maxnreg": mr, "x_stage": xst, "x_reuse": xru, "x_chunk": xch, "w_preload": wpl, "prefetch_cap": pfc, "prefetch_rows": pfr, "roll": rl,
+                 "row_prefetch": rp, "maxnreg": mr, "x_stage": xst, "x_reuse": xru, "x_chunk": xch, "w_preload": wpl, "prefetch_cap": pfc, "prefetch_rows": pfr, "roll": rl, "kroll": kr,
                  "relaxed_poll": rpl}
         try:
             res, session, ex = measure_megakernel(args.model, resolved, cfg, target, prompt, ref,
@@ -114,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as err:
             print(f"  {tag}: FAILED {type(err).__name__}: {err}", flush=True)
             rows.append({**knobs, "error": f"{type(err).__name__}: {err}"})
+            dump()
             continue
         med = res.timing.median_ms
         row = {**knobs, "tasks": res.extra["tasks"], "latency_ms_median": med,
@@ -122,16 +134,13 @@ def main(argv: list[str] | None = None) -> int:
                "occupancy": ex.occupancy,
                "max_abs_err": res.extra["logit_check"].get("max_abs_err")}
         rows.append(row)
+        dump()
         print(f"  {tag} tasks={row['tasks']:<6} {med:8.4f} ms "
               f"({row['roofline_pct']:5.1f}% roofline) correct={res.correct} {res.note}",
               flush=True)
         del ex, session
         torch.cuda.empty_cache()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": props.name, "model": args.model, "hbm_bytes_per_s": bw,
-                       "roofline_ms": floor, "command": " ".join(sys.argv), "rows": rows}, f,
-                      indent=1)
+    dump()
     return 0
 
 

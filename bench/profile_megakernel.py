@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefetch-cap", type=int, default=0, help="Blocks.prefetch_cap (bytes; 0 = whole tile)")
     ap.add_argument("--prefetch-rows", type=int, default=0, help="Blocks.prefetch_rows (0 = no limit)")
     ap.add_argument("--roll", type=int, default=0, help="Blocks.roll (row blocks; 0 = off)")
+    ap.add_argument("--kroll", type=int, default=0, help="Blocks.kroll (unrolled K groups; 0 = off)")
+    ap.add_argument("--tile-qkv", type=int, default=0, help="the tile_qkv lowering knob (0 = tile)")
     ap.add_argument("--tile-gate-up", type=int, default=0, help="the tile_gate_up lowering knob (0 = tile)")
     ap.add_argument("--tile-lm-head", type=int, default=0, help="the tile_lm_head lowering knob (0 = tile)")
     ap.add_argument("--attn-split", type=int, default=1, help="the attn_split lowering knob")
@@ -64,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     resolved = resolve_model(args.model, dtype="bf16")
     cfg = LoweringConfig(tile=args.tile, workers=args.workers, policy=args.policy, dtype="bf16",
                          max_seq=256, fuse=args.fuse, wave=args.wave, attn_split=args.attn_split,
-                         tile_gate_up=args.tile_gate_up, tile_lm_head=args.tile_lm_head).validate()
+                         tile_qkv=args.tile_qkv, tile_gate_up=args.tile_gate_up, tile_lm_head=args.tile_lm_head).validate()
     target = cuda_target(props)
     session = pipeline.Session.build(args.model, args.tp, cfg, target, resolved=resolved)
     bn, bk = (int(v) for v in args.gemv_block.split("x"))
@@ -77,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                                                          maxnreg=args.maxnreg, x_stage=bool(args.x_stage),
                                                          x_reuse=bool(args.x_reuse), w_preload=args.w_preload,
                                                          prefetch_cap=args.prefetch_cap, roll=args.roll,
-                                                         prefetch_rows=args.prefetch_rows),
+                                                         prefetch_rows=args.prefetch_rows, kroll=args.kroll),
         "profile": True})
     ex = dec.ex
     tok = 1

@@ -31,6 +31,10 @@ wave          size each GEMV stage's tiles to fill one wave of workers: a stage 
               stage instead of paying the per-task cost several times. With ``fuse`` the
               gate and up tiles are separate tasks on separate workers, sized over gate+up
               together (2 x the MLP width). Default off.
+tile_qkv      rows per q/k/v tile (0, the default: ``tile``): q, k and v together are a
+              narrow stage (Llama-3.2-1B: 3072 rows, 192 16-row tiles, two rounds over 132
+              workers, the second 45% full); a tile that fits the stage in one round (24
+              rows: 130 tiles) trades a second task for a longer first one
 tile_gate_up  rows per gate/up tile (0, the default: ``tile``): the MLP's input stage streams
               the most bytes of a layer, so larger tiles there cut the per-task cost where the
               stage has rounds to spare, while the narrower stages keep ``tile``
@@ -74,6 +78,7 @@ class LoweringConfig:
     fuse: bool = False
     wave: bool = False
     attn_split: int = 1
+    tile_qkv: int = 0
     tile_gate_up: int = 0
     tile_lm_head: int = 0
 
@@ -88,7 +93,7 @@ class LoweringConfig:
                 raise bad(name, f"expected an integer, got {v!r}")
             if v < 1:
                 raise bad(name, f"must be >= 1, got {v}")
-        for name in ("tile_gate_up", "tile_lm_head"):
+        for name in ("tile_qkv", "tile_gate_up", "tile_lm_head"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
                 raise bad(name, f"expected an integer, got {v!r}")

@@ -422,7 +422,7 @@ class _Lowerer:
                 wb, bb, n, yb = bufs[role]
                 nt[role] = self.gemv_tiles(f"l{i}.{role}", r, xn[r], wb, H, (0, n),
                                            lambda a, b, yb=yb: Region(yb, r, (_r(a, b),)), bb, c,
-                                           stage_rows=qkv_rows)
+                                           stage_rows=qkv_rows, tile=self.cfg.tile_qkv)
             if self.cfg.fuse and "q_norm" not in plan and "k_norm" not in plan:
                 out[r] = self._rope_attention(i, r, bufs, [self.ready(cq, nt["q"])],
                                               [self.ready(ckv, nt["k"] + nt["v"])])

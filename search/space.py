@@ -278,6 +278,7 @@ SEARCHABLE = {
             "instead of separate rmsnorm / rope / silu_mul / add stages",
     "wave": "size each GEMV stage's tiles to one per worker (tile is then the granularity)",
     "attn_split": "attention tasks per KV head (its query heads split over that many workers)",
+    "tile_qkv": "rows per q/k/v tile (0: tile)",
     "tile_gate_up": "rows per gate/up tile (0: tile)",
     "tile_lm_head": "rows per LM-head tile (0: tile)",
 }
@@ -286,6 +287,9 @@ SEARCHABLE = {
 FIXED = {"max_seq": "KV-cache length in tokens", "dtype": "weights/activations dtype"}
 
 TILE_CHOICES = (16, 32, 64, 128, 256, 512)
+# q/k/v is a narrow stage: the tiles that fit it in one or two rounds of workers are small,
+# and not all powers of two (24 rows: Llama-3.2-1B's 3072 rows in 128 tiles)
+QKV_TILE_CHOICES = (16, 24, 32, 48, 64, 96, 128)
 WORKER_CHOICES = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
@@ -307,7 +311,8 @@ def space_for(spec: Any, ranks: int, max_workers: int, fixed: dict[str, Any] | N
     largest stage at the smallest tile (more workers would idle). policy, allreduce: the
     lowering's own enumerations; allreduce only when ranks > 1 (R = 1 has no all-reduce).
     fuse, wave: False, True. tile_gate_up, tile_lm_head: 0 (= tile) and the choices above the
-    default tile and below the stage's rows on one rank. attn_split: 1, 2, 4, ... below the most query heads one rank
+    default tile and below the stage's rows on one rank. tile_qkv: 0 and QKV_TILE_CHOICES
+    other than the default tile and below the most query rows of one rank. attn_split: 1, 2, 4, ... below the most query heads one rank
     holds of one KV head, and that count itself (one query head per task); 1 without GQA.
     ``fixed``: values of the non-searchable fields (defaults: the lowering's). Raises
     SpaceError if LoweringConfig has a field this module does not classify.
@@ -343,6 +348,13 @@ def space_for(spec: Any, ranks: int, max_workers: int, fixed: dict[str, Any] | N
             # fewer, larger tasks; a tile covering the whole stage equals wave's choice
             rows = -(-int(spec.intermediate if name == "tile_gate_up" else spec.vocab) // ranks)
             vals = sorted({0, d} | {t for t in TILE_CHOICES if default.tile < t < rows})
+            if len(vals) > 1:
+                knobs.append(Knob(name, tuple(vals), d, True, SEARCHABLE[name]))
+        elif name == "tile_qkv":
+            # q, k and v are tiled apart: a tile covering a rank's q rows covers k and v too
+            # (any larger one is the same schedule), and the default tile is what 0 means
+            q_rows = -(-int(spec.heads) // ranks) * int(spec.head_dim)
+            vals = sorted({0, d} | {t for t in QKV_TILE_CHOICES if t < q_rows and t != default.tile})
             if len(vals) > 1:
                 knobs.append(Knob(name, tuple(vals), d, True, SEARCHABLE[name]))
         elif name == "policy":

@@ -87,6 +87,14 @@ def test_prefetch_cap_and_roll_flags_reach_blocks():
         backend_options(_args(prefetch_cap=1000))
     with pytest.raises(AmkError, match="--roll"):
         backend_options(_args(roll=9))
+
+
+def test_kroll_flag_reaches_blocks():
+    assert backend_options(_args())["blocks"].kroll == 0  # off by default
+    assert backend_options(_args(kroll=2, gemv_unroll=8))["blocks"].kroll == 2
+    for bad in (dict(kroll=9, gemv_unroll=8), dict(kroll=1, gemv_unroll=2)):
+        with pytest.raises(AmkError, match="--kroll"):
+            backend_options(_args(**bad))
     assert backend_options(_args(prefetch_rows=16))["blocks"].prefetch_rows == 16
     with pytest.raises(AmkError, match="--prefetch-rows"):
         backend_options(_args(prefetch_rows=-1))

@@ -95,7 +95,7 @@ def _fingerprint(prog):
 @pytest.mark.parametrize("knob,value", [("tile", 32), ("workers", 3), ("policy", "balanced"),
                                         ("allreduce", "twoshot"), ("max_seq", 16),
                                         ("dtype", "bf16"), ("fuse", True), ("attn_split", 2),
-                                        ("tile_gate_up", 32), ("tile_lm_head", 32)])
+                                        ("tile_qkv", 32), ("tile_gate_up", 32), ("tile_lm_head", 32)])
 def test_every_knob_changes_the_program(knob, value):
     g = graph_of("tiny-qwen2", layers=1)
     base = LoweringConfig(tile=64, workers=2, max_seq=32)
@@ -193,7 +193,8 @@ def _validate(prog):
     assert v.ok, [(f.cls, f.message) for f in v.errors[:5]]
 
 
-CONFIGS = [dict(tile=32, workers=2), dict(tile=48, workers=3, policy="balanced", tile_gate_up=64, tile_lm_head=96),
+CONFIGS = [dict(tile=32, workers=2), dict(tile=48, workers=3, policy="balanced", tile_gate_up=64, tile_lm_head=96,
+                                               tile_qkv=24),
            dict(tile=64, workers=1, allreduce="twoshot")]
 
 

@@ -550,19 +550,21 @@ def test_offline_compile_relaxed_polls(tmp_path, ranks):
 
 @pytest.mark.skipif(not os.environ.get("AMK_DEVICE_TRITON"),
                     reason="AMK_DEVICE_TRITON (a folder holding the GPU machines' Triton, .ci/run installs 3.6) unset")
-@pytest.mark.parametrize("x_stage,w_preload", [(False, 0), (True, 0), (True, 1024)])
-def test_device_triton_streams_gemv_weights_in_16_byte_loads(tmp_path, x_stage, w_preload):
+@pytest.mark.parametrize("x_stage,w_preload,kroll", [(False, 0, 0), (True, 0, 0), (True, 1024, 0), (True, 1024, 2)])
+def test_device_triton_streams_gemv_weights_in_16_byte_loads(tmp_path, x_stage, w_preload, kroll):
     """With the GPU machines' Triton (3.6; this machine's may differ), the megakernel's GEMV
     loops load weights and x as 16-byte vectors (LDG.E.128), not 2 bytes at a time: 3.6
     dropped the bare tl.multiple_of hints on table offsets and every GEMV ran on scalar
     loads until ops.aligned restated them (sixth session). Fused bf16 tiny Llama, 16 x 128
     blocks unrolled 8 times at 8 warps, compiled offline for sm_90; with ``w_preload`` the
-    block loaded before the waits must not spill either."""
+    block loaded before the waits must not spill either, nor the K-roll's grouped loop (whose
+    per-row L2 prefetches must be in the PTX)."""
     from lowering.triton.runtime import Blocks
 
     prog, init, _ = lowered("tiny-llama", workers=3, dtype="bf16", fuse=True)
     ex = TritonExecutor(prog, init, check=False, num_warps=8,
-                        blocks=Blocks(gemv_n=16, gemv_k=128, gemv_unroll=8, x_stage=x_stage, w_preload=w_preload))
+                        blocks=Blocks(gemv_n=16, gemv_k=128, gemv_unroll=8, x_stage=x_stage, w_preload=w_preload,
+                                      kroll=kroll))
     src = ex.emit_source(tmp_path / "kernel.py")
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1",
                PYTHONPATH=os.pathsep.join([os.environ["AMK_DEVICE_TRITON"], str(ROOT)]))
@@ -574,8 +576,37 @@ def test_device_triton_streams_gemv_weights_in_16_byte_loads(tmp_path, x_stage, 
     lines = res.stdout.strip().splitlines()
     version, rep = json.loads(lines[0])["triton"], json.loads(lines[-1])
     assert rep["vector_loads"], (version, rep)
+    if kroll:  # Blocks.prefetch is off: the K-roll is the only L2 prefetch
+        assert rep["l2_prefetch"], (version, rep)
     if rep["regs"] is not None:
         assert rep["regs"] <= 255 and rep["local_bytes"] == 0, (version, rep)
+
+
+@cpu_only
+@pytest.mark.parametrize("w_preload,kroll", [(0, 1), (0, 2), (32, 1)])
+def test_kroll_keeps_results(w_preload, kroll):
+    """Blocks.kroll (the GEMV's K loop in groups of unrolled blocks, each group starting the
+    L2 prefetch of a later one) sums in the plain unrolled loop's order: bit-identical
+    logits and tokens on the fused bf16 tiny Llama (K = 96 and 256: several groups of 4 x 16
+    columns, a masked last group), also after a preloaded first block."""
+    from lowering.triton.runtime import Blocks
+
+    prog, init, _ = lowered("tiny-llama", workers=3, dtype="bf16", fuse=True)
+    blk = dict(gemv_n=16, gemv_k=16, gemv_unroll=4, x_stage=True, w_preload=w_preload)
+    want = run_decode(TritonExecutor(prog, init, check=False, blocks=Blocks(**blk)), TOKENS[:2])
+    got = run_decode(TritonExecutor(prog, init, check=False, blocks=Blocks(**blk, kroll=kroll)), TOKENS[:2])
+    for (lg, nt), (lr, nr) in zip(got, want):
+        assert torch.equal(lg, lr) and nt == nr
+
+
+def test_kroll_needs_the_unrolled_loop():
+    """Blocks refuses a K-roll without the unrolled single-stage loop it is built into."""
+    from lowering.triton.runtime import Blocks
+
+    for bad in (dict(kroll=1), dict(kroll=1, gemv_unroll=8, gemv_stages=2), dict(kroll=9, gemv_unroll=8)):
+        with pytest.raises(TritonError, match="kroll"):
+            Blocks(**bad)
+    assert Blocks(kroll=2, gemv_unroll=4).kroll == 2
 
 
 @cpu_only

@@ -72,6 +72,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--roll", type=int, default=0, metavar="B",
                    help="a GEMV tile of several row blocks prefetches the row block B blocks ahead into "
                         "L2 while it streams (0..8; 0, the default: off)")
+    p.add_argument("--kroll", type=int, default=0, metavar="G",
+                   help="a GEMV row block prefetches its columns G groups of (--gemv-unroll x --gemv-block K) "
+                        "ahead of its K loop into L2, row by row (0..8; 0, the default: off; needs "
+                        "--gemv-unroll 4, 8 or 16)")
     p.add_argument("--relaxed-poll", type=int, default=0, choices=(0, 1), metavar="0|1",
                    help="1: waits poll with relaxed loads and one acquire fence when satisfied, instead of "
                         "an acquire load (an L1 invalidation) per poll (default 0)")
@@ -282,7 +286,7 @@ def backend_options(args) -> dict:
     """TritonExecutor options from --num-warps, --gemv-block NxK, --gemv-stages,
     --prefetch, --gemv-unroll, --attention-block, --attention-dot, --row-prefetch,
     --x-stage, --x-reuse, --x-chunk, --w-preload, --prefetch-cap, --prefetch-rows, --roll,
-    --relaxed-poll and
+    --kroll, --relaxed-poll and
     --maxnreg. Raises AmkError."""
     from lowering.triton.runtime import Blocks
 
@@ -315,6 +319,11 @@ def backend_options(args) -> dict:
         raise AmkError(f"--prefetch-cap must be 0 or a positive multiple of 16 bytes, got {cap}")
     if not 0 <= roll <= 8:
         raise AmkError(f"--roll must be in 0..8, got {roll}")
+    kroll = getattr(args, "kroll", 0)
+    if not 0 <= kroll <= 8:
+        raise AmkError(f"--kroll must be in 0..8, got {kroll}")
+    if kroll and (stages != 1 or getattr(args, "gemv_unroll", 1) < 4):
+        raise AmkError("--kroll needs --gemv-stages 1 and --gemv-unroll 4, 8 or 16")
     pf_rows = getattr(args, "prefetch_rows", 0)
     if pf_rows < 0:
         raise AmkError(f"--prefetch-rows must be >= 0, got {pf_rows}")
@@ -325,7 +334,7 @@ def backend_options(args) -> dict:
                              row_prefetch=bool(getattr(args, "row_prefetch", 1)), maxnreg=maxnreg,
                              x_stage=bool(getattr(args, "x_stage", 1)),
                              x_reuse=bool(getattr(args, "x_reuse", 1)), x_chunk=x_chunk, w_preload=w_pre,
-                             prefetch_cap=cap, prefetch_rows=pf_rows, roll=roll,
+                             prefetch_cap=cap, prefetch_rows=pf_rows, roll=roll, kroll=kroll,
                              relaxed_poll=bool(getattr(args, "relaxed_poll", 0)))}
 
 

@@ -344,7 +344,7 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
            X_CONTIG: tl.constexpr, W_CONTIG: tl.constexpr, W_ALIGN: tl.constexpr, BLOCK_N: tl.constexpr,
            BLOCK_K: tl.constexpr, STAGES: tl.constexpr = 1, PROF=None, PROFILE: tl.constexpr = False,
            X_ALIGN: tl.constexpr = 0, UNROLL: tl.constexpr = 1, XS=None, X_STAGE: tl.constexpr = False,
-           X_CHUNK: tl.constexpr = 0, W_PRE: tl.constexpr = 0, ROLL: tl.constexpr = 0, fl=0,
+           X_CHUNK: tl.constexpr = 0, W_PRE: tl.constexpr = 0, ROLL: tl.constexpr = 0, KROLL: tl.constexpr = 0, fl=0,
            nw=0, w0=0, wc=0, wn=0, wb=0, WAITS=None, i=0, epoch=0, abort_ptr=None, timeout=0, SYS: tl.constexpr = False, RELAXED: tl.constexpr = False):
     """gemv, norm_gemv, gemv_res, swiglu_gemv (ops.gemv_ex; ``PRO`` the prologue, ``STAGES``
     its weight-streaming pipeline depth, ``X_STAGE`` its f(x) staged once in the worker's
@@ -411,7 +411,7 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
                   eps, wp, ws1, ws2, bp, bn1, bn2, bs0, bs1, bs2,
                   _ptr(A_BF16, A_F16, A_F32, A_I32, DY) + yo, yn1, yn2, ys0, ys1, ys2, wn1, wn2,
                   PRO, HAS_BIAS, X_CONTIG, W_CONTIG, W_ALIGN, BLOCK_N, BLOCK_K, STAGES, PROF, PROFILE, X_ALIGN,
-                  UNROLL, XS, X_STAGE, x_ready, X_CHUNK, wpre, W_PRE, ROLL)
+                  UNROLL, XS, X_STAGE, x_ready, X_CHUNK, wpre, W_PRE, ROLL, KROLL)
     return ok, _ok()
 
 
@@ -767,7 +767,7 @@ def amk_megakernel(A_BF16, A_F16, A_F32, A_I32, TASKS, WAITS, SIGS, QSTART, ERR,
                    ATT_DOT: tl.constexpr = False, ROW_PREFETCH: tl.constexpr = False,
                    X_STAGE: tl.constexpr = False, POLL_RELAXED: tl.constexpr = False,
                    X_CHUNK: tl.constexpr = 0, W_PRELOAD: tl.constexpr = 0, PREFETCH_CAP: tl.constexpr = 0,
-                   ROLL: tl.constexpr = 0):
+                   ROLL: tl.constexpr = 0, KROLL: tl.constexpr = 0):
     PROF_W: tl.constexpr = {prof_w}
     w, i, end, err, epoch, slot, abort_ptr = worker_loop_prologue(ERR, EPOCH, QSTART, slots)
     XSW = XS + w.to(tl.int64) * xs_w  # this worker's GEMV f(x) scratch (X_STAGE)
@@ -802,7 +802,7 @@ def amk_megakernel(A_BF16, A_F16, A_F32, A_I32, TASKS, WAITS, SIGS, QSTART, ERR,
 
 
 #: The GEMV call's extra arguments: it runs the row's waits itself (t_gemv).
-_GEMV_WAITS = ("W_PRE=W_PRELOAD, ROLL=ROLL, fl=fl, nw=nw, w0=w0, wc=wc, wn=wn, wb=wb, WAITS=WAITS, i=i, epoch=epoch, "
+_GEMV_WAITS = ("W_PRE=W_PRELOAD, ROLL=ROLL, KROLL=KROLL, fl=fl, nw=nw, w0=w0, wc=wc, wn=wn, wb=wb, WAITS=WAITS, i=i, epoch=epoch, "
                "abort_ptr=abort_ptr, timeout=timeout, SYS={sys}, RELAXED=POLL_RELAXED")
 
 

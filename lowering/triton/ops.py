@@ -126,6 +126,23 @@ def l2_prefetch_bytes(p, n):
                 "=r,l,r", [p, n.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
 
 
+@device
+def l2_prefetch_rows(p, n, rows, stride):
+    """Start an L2 prefetch of ``n`` bytes at ``p + t * stride`` for each row t < ``rows``
+    (``p``, ``n`` and ``stride`` multiples of 16 bytes; nothing when n <= 0): one
+    ``cp.async.bulk.prefetch.L2.global`` per row, issued by thread t, so a [rows, n] slice of
+    a row-major matrix is requested at once without holding registers (the GEMV's K-roll,
+    gemv_ex ``KROLL``). A no-op under the interpreter."""
+    if not INTERPRET:
+        if n > 0:
+            tl.inline_asm_elementwise(
+                "{ .reg .pred %kr_p; .reg .u32 %kr_t; .reg .u64 %kr_a; mov.u32 %kr_t, %tid.x; "
+                "setp.lt.u32 %kr_p, %kr_t, $3; mul.wide.u32 %kr_a, %kr_t, $4; add.u64 %kr_a, %kr_a, $1; "
+                "@%kr_p cp.async.bulk.prefetch.L2.global [%kr_a], $2; mov.u32 $0, 0; }",
+                "=r,l,r,r,r", [p, n.to(tl.int32), rows.to(tl.int32), stride.to(tl.int32)],
+                dtype=tl.int32, is_pure=False, pack=1)
+
+
 # ---------------------------------------------------------------- compute ops
 @device
 def round_as(v, DT: tl.constexpr):
@@ -265,13 +282,19 @@ def _gemv_rows(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2,
                w, w_rs, w_cs, b, b_n1, b_n2, b_s0, b_s1, b_s2, y, y_n1, y_n2, y_s0, y_s1, y_s2, N, K,
                PRO: tl.constexpr, HAS_BIAS: tl.constexpr, X_CONTIG: tl.constexpr, W_CONTIG: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, X_ALIGN: tl.constexpr,
-               UNROLL: tl.constexpr, wpre=0, W_PRE: tl.constexpr = 0, ROLL: tl.constexpr = 0, roll_ok=0):
+               UNROLL: tl.constexpr, wpre=0, W_PRE: tl.constexpr = 0, ROLL: tl.constexpr = 0, roll_ok=0,
+               KROLL: tl.constexpr = 0, kroll_ok=0):
     """gemv_ex's row blocks: y[rows] = W[rows, :] @ f(x) (+ b) for every BLOCK_N rows, f the
     prologue ``PRO`` with the RMSNorm factor ``rstd`` already known (loop forms: gemv_ex).
     ``W_PRE`` > 0: ``wpre`` holds W[0:BLOCK_N, 0:W_PRE] (gemv_wpre); the first row block
     takes those columns from it and streams only the rest. ``ROLL`` > 0 and ``roll_ok``: at
     each row block, start an L2 prefetch of the row block ``ROLL`` blocks later (its rows
-    are one contiguous range: the caller checked)."""
+    are one contiguous range: the caller checked). ``KROLL`` > 0 and ``kroll_ok`` (UNROLL >= 4,
+    STAGES = 1; rows 16-byte aligned: the caller checked): the K loop runs in groups of
+    UNROLL blocks; before the first group the row block's next KROLL groups are prefetched
+    into L2, and each group starts the prefetch of the group KROLL later, row by row
+    (l2_prefetch_rows), so a long row block streams from L2 (same summation order as the
+    plain unrolled loop: bit-identical)."""
     pre = tl.zeros([BLOCK_N], dtype=tl.float32)
     if W_PRE > 0:
         pc = tl.arange(0, W_PRE)
@@ -308,6 +331,27 @@ def _gemv_rows(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2,
                                      c1, c1 < K, PRO, X_CONTIG, X_ALIGN)
                 acc += w0 * _gemv_xfn(x, x0, a0, rstd, PRO)[None, :]
                 acc += w1 * _gemv_xfn(x, x1, a1, rstd, PRO)[None, :]
+        elif STAGES <= 1 and UNROLL > 2 and KROLL > 0:
+            # the unrolled loop below, written out as groups of UNROLL blocks so that each
+            # group can first start the L2 prefetch of the group KROLL ahead (all rows)
+            G: tl.constexpr = UNROLL * BLOCK_K
+            ES: tl.constexpr = w.dtype.element_ty.primitive_bitwidth // 8
+            nr = tl.minimum(N - n0, BLOCK_N)
+            wr = w + n0 * w_rs  # the row block's first row (int32 offsets, as the loads')
+            if kroll_ok != 0:
+                l2_prefetch_rows(wr + kb, tl.minimum(K - kb, KROLL * G) * ES, nr, w_rs * ES)
+            for kc in range(kb, K, G):
+                if kroll_ok != 0:
+                    c = kc + KROLL * G
+                    if c < K:
+                        l2_prefetch_rows(wr + c, tl.minimum(K - c, G) * ES, nr, w_rs * ES)
+                for u in tl.static_range(UNROLL):
+                    cols = kc + u * BLOCK_K + tl.arange(0, BLOCK_K)
+                    cm = cols < K
+                    wv = _gemv_wload(w, w_rs, w_cs, rows, rm, cols, cm, W_CONTIG)
+                    xv, av = _gemv_xload(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2,
+                                         cols, cm, PRO, X_CONTIG, X_ALIGN)
+                    acc += wv * _gemv_xfn(x, xv, av, rstd, PRO)[None, :]
         elif STAGES <= 1 and UNROLL > 2:
             # the loop unrolled by the compiler: straight-line code in which ptxas issues all
             # UNROLL weight loads ahead of the FMAs, provided x needs no layout conversion
@@ -360,7 +404,7 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
             W_ALIGN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr = 1,
             PROF=None, PROFILE: tl.constexpr = False, X_ALIGN: tl.constexpr = 0, UNROLL: tl.constexpr = 1,
             XS=None, X_STAGE: tl.constexpr = False, x_ready=0, X_CHUNK: tl.constexpr = 0,
-            wpre=0, W_PRE: tl.constexpr = 0, ROLL: tl.constexpr = 0):
+            wpre=0, W_PRE: tl.constexpr = 0, ROLL: tl.constexpr = 0, KROLL: tl.constexpr = 0):
     """y[N] = W[N, K] @ f(x)[K] (+ b), fp32 accumulation, with a fused prologue f (``PRO``):
 
     * PRO_PLAIN: f(x) = x (gemv; ``a`` and ``eps`` unused).
@@ -408,6 +452,11 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
     row block j + ROLL, when the rows of W are one contiguous range (W_CONTIG, W_ALIGN and
     a row stride of K; checked here at run time), so a tile of many row blocks streams
     from L2 as a task of one row block does after the kernel's task-ahead prefetch.
+    ``KROLL`` (groups of UNROLL x BLOCK_K columns, 0 = off; STAGES = 1 and UNROLL >= 4 only):
+    within each row block, prefetch the columns KROLL groups ahead of the loop into L2, row
+    by row (rows 16-byte aligned: W_CONTIG and W_ALIGN), so a tile of few long rows (the
+    down projection: 16 x 8192) streams from L2 too; ROLL cannot help a tile of one row
+    block, and the task-ahead prefetch's byte cap covers only its first rows.
 
     ``STAGES`` (weight-streaming pipeline depth, >= 1; the same arithmetic for every value,
     except that S >= 2 sums PRO_NORM's x^2 in chunks of BLOCK_N * BLOCK_K elements instead of
@@ -437,6 +486,7 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
     roll_ok = 0
     if ROLL > 0 and W_CONTIG and W_ALIGN > 1:
         roll_ok = (w_rs == K).to(tl.int32)
+    KR: tl.constexpr = KROLL if (W_CONTIG and W_ALIGN > 1 and STAGES <= 1 and UNROLL > 2) else 0
     STAGED: tl.constexpr = X_STAGE and PRO != PRO_PLAIN
     if PRO == PRO_NORM and not STAGED:
         # STAGES >= 2: x in blocks of BLOCK_N * BLOCK_K (the registers of one W block), so a
@@ -477,14 +527,14 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
             tl.store(PROF + 4, global_timer())
         _gemv_rows(xs, 1, K, 0, 0, 1, xs, 1, K, 0, 0, 1, rstd, w, w_rs, w_cs, b, b_n1, b_n2, b_s0, b_s1, b_s2,
                    y, y_n1, y_n2, y_s0, y_s1, y_s2, N, K, PRO_PLAIN, HAS_BIAS, True, W_CONTIG,
-                   BLOCK_N, BLOCK_K, STAGES, XA, UNROLL, wpre, W_PRE, ROLL, roll_ok)
+                   BLOCK_N, BLOCK_K, STAGES, XA, UNROLL, wpre, W_PRE, ROLL, roll_ok, KR, 1)
     else:
         if PROFILE:
             tl.store(PROF + 4, global_timer())
         _gemv_rows(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, rstd,
                    w, w_rs, w_cs, b, b_n1, b_n2, b_s0, b_s1, b_s2, y, y_n1, y_n2, y_s0, y_s1, y_s2, N, K,
                    PRO, HAS_BIAS, X_CONTIG, W_CONTIG, BLOCK_N, BLOCK_K, STAGES, X_ALIGN, UNROLL, wpre, W_PRE,
-                   ROLL, roll_ok)
+                   ROLL, roll_ok, KR, 1)
     if PROFILE:
         tl.store(PROF + 5, global_timer())
 

@@ -144,7 +144,11 @@ class Blocks:
     no limit): at most its first ``prefetch_rows`` weight rows (table.prefetch_ahead; unlike a
     byte cap it still covers a wide tile's whole first row block). ``roll`` (row blocks,
     0 = off): a GEMV tile of several row blocks prefetches row block j + roll into L2 while
-    it streams row block j (ops.gemv_ex ``ROLL``). ``relaxed_poll``:
+    it streams row block j (ops.gemv_ex ``ROLL``). ``kroll`` (groups of gemv_unroll x gemv_k
+    columns, 0 = off; needs gemv_stages 1 and gemv_unroll >= 4): within each row block the
+    GEMV prefetches the columns ``kroll`` groups ahead of its K loop into L2, row by row
+    (ops.gemv_ex ``KROLL``), for tiles of few long rows such as the down projection's.
+    ``relaxed_poll``:
     waits poll with relaxed loads and issue one acquire fence when satisfied
     (megakernel.wait_counter ``RELAXED``) instead of an acquire load per poll."""
 
@@ -171,6 +175,7 @@ class Blocks:
     prefetch_cap: int = 0
     prefetch_rows: int = 0
     roll: int = 0
+    kroll: int = 0
     relaxed_poll: bool = False
 
     def __post_init__(self) -> None:
@@ -196,6 +201,12 @@ class Blocks:
                               exit_code=2)
         if not isinstance(self.roll, int) or not 0 <= self.roll <= 8:
             raise TritonError(f"roll must be an integer in 0..8, got {self.roll!r}", exit_code=2)
+        if not isinstance(self.kroll, int) or isinstance(self.kroll, bool) or not 0 <= self.kroll <= 8:
+            raise TritonError(f"kroll must be an integer in 0..8, got {self.kroll!r}", exit_code=2)
+        if self.kroll and (self.gemv_stages != 1 or self.gemv_unroll < 4):
+            raise TritonError(f"kroll needs gemv_stages 1 and gemv_unroll 4, 8 or 16 (its groups are the "
+                              f"unrolled K loop's), got gemv_stages {self.gemv_stages}, gemv_unroll "
+                              f"{self.gemv_unroll}", exit_code=2)
         if not isinstance(self.prefetch, int) or not 0 <= self.prefetch <= 8:
             raise TritonError(f"prefetch must be an integer in 0..8, got {self.prefetch!r}", exit_code=2)
 
@@ -456,7 +467,7 @@ class TritonExecutor:
             GEMV_STAGES=b.gemv_stages, PREFETCH=b.prefetch, GEMV_UNROLL=b.gemv_unroll,
             ATT_DOT=bool(b.attention_dot), ROW_PREFETCH=bool(b.row_prefetch), X_STAGE=bool(b.x_stage),
             POLL_RELAXED=bool(b.relaxed_poll), X_CHUNK=b.x_chunk, W_PRELOAD=b.w_preload,
-            PREFETCH_CAP=b.prefetch_cap, ROLL=b.roll,
+            PREFETCH_CAP=b.prefetch_cap, ROLL=b.roll, KROLL=b.kroll,
         )
         if not self.interpret:
             kw["num_warps"] = self.num_warps

@@ -1,0 +1,71 @@
+"""Pick the fastest correct row of megakernel_sweep.py JSON files and turn it into `amk bench` flags.
+
+Usage: python bench/sweep_best.py SWEEP.json [SWEEP.json ...] --config-out FILE
+Writes the row's lowering knobs (without workers, dtype and max_seq, which `amk bench` sets)
+to ``--config-out`` and prints the `amk bench` flags of the row on one line: ``--workers W
+--config FILE --num-warps ...``. Rows with an error or a wrong verdict are skipped; exits 1
+(printing why on stderr) when no row is usable, so a device script can stop there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+# lowering knobs the bench takes from --config (workers / dtype / max_seq: its own flags)
+CONFIG_KEYS = ("tile", "policy", "allreduce", "fuse", "wave", "attn_split", "tile_qkv", "tile_gate_up",
+               "tile_lm_head")
+# Blocks fields recorded in a sweep row -> the amk bench flag that sets each
+FLAGS = (("num_warps", "--num-warps"), ("gemv_block", "--gemv-block"), ("gemv_stages", "--gemv-stages"),
+         ("gemv_unroll", "--gemv-unroll"), ("prefetch", "--prefetch"), ("attention_t", "--attention-block"),
+         ("w_preload", "--w-preload"), ("prefetch_cap", "--prefetch-cap"), ("prefetch_rows", "--prefetch-rows"),
+         ("roll", "--roll"), ("kroll", "--kroll"), ("x_chunk", "--x-chunk"), ("maxnreg", "--maxnreg"),
+         ("row_prefetch", "--row-prefetch"), ("x_stage", "--x-stage"), ("x_reuse", "--x-reuse"),
+         ("relaxed_poll", "--relaxed-poll"))
+
+
+def best_row(paths: list[str]) -> dict:
+    """The correct row with the lowest latency_ms_median over the files; rows with sync_opt
+    off are skipped (`amk bench` always elides waits and coalesces signals). Raises
+    ValueError naming the files when none is usable."""
+    rows = []
+    for p in paths:
+        rows += [r for r in json.loads(Path(p).read_text()).get("rows", [])
+                 if "error" not in r and r.get("correct") and r.get("sync_opt", True)]
+    if not rows:
+        raise ValueError(f"no correct row in {', '.join(paths)}")
+    return min(rows, key=lambda r: r["latency_ms_median"])
+
+
+def bench_flags(row: dict, config_path: str) -> list[str]:
+    """`amk bench` flags reproducing ``row`` with its lowering knobs in ``config_path``."""
+    out = ["--workers", str(row["config"]["workers"]), "--config", config_path]
+    for key, flag in FLAGS:
+        if key in row:
+            out += [flag, str(int(row[key]) if isinstance(row[key], bool) else row[key])]
+    if row.get("attention_dot"):
+        out.append("--attention-dot")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("sweeps", nargs="+")
+    ap.add_argument("--config-out", required=True)
+    args = ap.parse_args(argv)
+    try:
+        row = best_row(args.sweeps)
+    except (OSError, ValueError) as e:
+        print(f"sweep_best: {e}", file=sys.stderr)
+        return 1
+    Path(args.config_out).write_text(json.dumps({k: row["config"][k] for k in CONFIG_KEYS
+                                                 if k in row["config"]}) + "\n")
+    print(f"sweep_best: {row['latency_ms_median']:.4f} ms", file=sys.stderr)
+    print(" ".join(bench_flags(row, args.config_out)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
