@@ -38,7 +38,7 @@ llama)
 smol)
     timeout 240 $B $SM $BEST_SM --json "$OUT/bench_smollm2-135m.json" ;;
 tp2)
-    timeout 560 python3 -m amk bench config:llama-3.1-8b --tp 2 --config bench/configs/llama-3.1-8b-tiles.json \
+    timeout 580 python3 -m amk bench config:llama-3.1-8b --tp 2 --config bench/configs/llama-3.1-8b-qkv24.json \
         --num-warps 8 --gemv-block 16x128 --gemv-unroll 8 --prefetch 1 --attn-split 4 --tokens 64 \
         --w-preload 1024 --prefetch-cap 65536 --roll 1 ${TP_EXTRA:-} \
         --baseline-compile-mode default,max-autotune-no-cudagraphs --json "$OUT/bench_tp2_llama-3.1-8b.json" ;;
