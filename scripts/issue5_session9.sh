@@ -8,6 +8,8 @@
 #                                          # (prefetch_rows 16); then `amk bench` (128 tokens) with
 #                                          # the fastest correct row (bench/sweep_best.py) and
 #                                          # baselines (a) and both (b) modes in the same run
+#   bash scripts/issue5_session9.sh kroll  # (one H200) the K-roll as per-thread line prefetches, kroll
+#                                          # 0/1/2/4; then `amk bench` with the fastest row and both (b)
 #   bash scripts/issue5_session9.sh smol   # (one H200) SmolLM2 shape: `amk bench` with both (b)
 #                                          # modes, the eighth session's flags
 #   bash scripts/issue5_session9.sh tp2    # (nvidia-h200-x2) Llama-3.1-8B shape at tp 2 with the
@@ -35,6 +37,12 @@ llama)
         --config-out "$OUT/best_llama-3.2-1b.json") || exit 1
     echo "best: $F"; cat "$OUT/best_llama-3.2-1b.json"
     timeout 270 $B $L $F --tokens 128 --json "$OUT/bench_llama-3.2-1b.json" ;;
+kroll)  # the K-roll rewritten as per-thread 128-byte line prefetches (the bulk prefetch's per-row
+        # addresses were serialized in warp 0); then `amk bench` with the fastest correct row
+    timeout 150 $S $L $LS --prefetch-cap 65536 --tile-qkv 24 --kroll 0,1,2,4 $C --json "$OUT/kroll_lines_llama.json"
+    F=$(python3 bench/sweep_best.py "$OUT"/kroll_lines_llama.json --config-out "$OUT/best_llama-3.2-1b.json") || exit 1
+    echo "best: $F"
+    timeout 270 $B $L $F --tokens 128 --json "$OUT/bench_kroll_llama-3.2-1b.json" ;;
 smol)
     timeout 240 $B $SM $BEST_SM --json "$OUT/bench_smollm2-135m.json" ;;
 tp2)
@@ -43,5 +51,5 @@ tp2)
         --w-preload 1024 --prefetch-cap 65536 --roll 1 ${TP_EXTRA:-} \
         --baseline-compile-mode default,max-autotune-no-cudagraphs --json "$OUT/bench_tp2_llama-3.1-8b.json" ;;
 *)
-    echo "usage: $0 llama|smol|tp2" >&2; exit 2 ;;
+    echo "usage: $0 llama|kroll|smol|tp2" >&2; exit 2 ;;
 esac

@@ -576,8 +576,8 @@ def test_device_triton_streams_gemv_weights_in_16_byte_loads(tmp_path, x_stage, 
     lines = res.stdout.strip().splitlines()
     version, rep = json.loads(lines[0])["triton"], json.loads(lines[-1])
     assert rep["vector_loads"], (version, rep)
-    if kroll:  # Blocks.prefetch is off: the K-roll is the only L2 prefetch
-        assert rep["l2_prefetch"], (version, rep)
+    if kroll:  # the K-roll's per-thread line prefetches, and no bulk prefetch (Blocks.prefetch is off)
+        assert rep["line_prefetch"] and not rep["l2_prefetch"], (version, rep)
     if rep["regs"] is not None:
         assert rep["regs"] <= 255 and rep["local_bytes"] == 0, (version, rep)
 
@@ -588,7 +588,8 @@ def test_kroll_keeps_results(w_preload, kroll):
     """Blocks.kroll (the GEMV's K loop in groups of unrolled blocks, each group starting the
     L2 prefetch of a later one) sums in the plain unrolled loop's order: bit-identical
     logits and tokens on the fused bf16 tiny Llama (K = 96 and 256: several groups of 4 x 16
-    columns, a masked last group), also after a preloaded first block."""
+    columns, one 128-byte line per row, a masked last group), also after a preloaded first
+    block."""
     from lowering.triton.runtime import Blocks
 
     prog, init, _ = lowered("tiny-llama", workers=3, dtype="bf16", fuse=True)

@@ -905,7 +905,7 @@ def compile_offline(source: str, constexprs: dict[str, int], arch: int = 90, num
                relaxed_polls_sys="ld.relaxed.sys.global.b32" in ptx,
                acquire_polls_sys="ld.acquire.sys.global.b32" in ptx,
                l2_prefetch="cp.async.bulk.prefetch.L2" in ptx, async_copy="cp.async" in ptx,
-               row_prefetch="prefetch.global.L1" in ptx,
+               row_prefetch="prefetch.global.L1" in ptx, line_prefetch="prefetch.global.L2 " in ptx,
                release_gpu="gpu.release.add" in ptx, release_sys="sys.release.add" in ptx,
                barrier="bar.sync" in ptx, vector_loads=bool(re.search(r"ld\.global(\.\w+)*\.v4", ptx)),
                regs=None, local_bytes=None)

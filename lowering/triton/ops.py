@@ -127,20 +127,18 @@ def l2_prefetch_bytes(p, n):
 
 
 @device
-def l2_prefetch_rows(p, n, rows, stride):
-    """Start an L2 prefetch of ``n`` bytes at ``p + t * stride`` for each row t < ``rows``
-    (``p``, ``n`` and ``stride`` multiples of 16 bytes; nothing when n <= 0): one
-    ``cp.async.bulk.prefetch.L2.global`` per row, issued by thread t, so a [rows, n] slice of
-    a row-major matrix is requested at once without holding registers (the GEMV's K-roll,
-    gemv_ex ``KROLL``). A no-op under the interpreter."""
+def l2_prefetch_lines(ptrs, mask):
+    """Start an L2 prefetch of the 128-byte line holding each address of ``ptrs`` where
+    ``mask``: one ``prefetch.global.L2`` (PTX ISA "prefetch") per element, issued by the
+    thread that holds it, so a tensor of one line per thread covers a [rows, bytes] slice in
+    one instruction per thread (the GEMV's K-roll, gemv_ex ``KROLL``). Not
+    ``cp.async.bulk.prefetch``: its operands must be warp-uniform, and per-row addresses made
+    ptxas issue one bulk prefetch at a time in a loop ahead of warp 0's loads (ninth
+    session's SASS). A no-op under the interpreter."""
     if not INTERPRET:
-        if n > 0:
-            tl.inline_asm_elementwise(
-                "{ .reg .pred %kr_p; .reg .u32 %kr_t; .reg .u64 %kr_a; mov.u32 %kr_t, %tid.x; "
-                "setp.lt.u32 %kr_p, %kr_t, $3; mul.wide.u32 %kr_a, %kr_t, $4; add.u64 %kr_a, %kr_a, $1; "
-                "@%kr_p cp.async.bulk.prefetch.L2.global [%kr_a], $2; mov.u32 $0, 0; }",
-                "=r,l,r,r,r", [p, n.to(tl.int32), rows.to(tl.int32), stride.to(tl.int32)],
-                dtype=tl.int32, is_pure=False, pack=1)
+        tl.inline_asm_elementwise(
+            "{ .reg .pred %kl_p; setp.ne.s32 %kl_p, $2, 0; @%kl_p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+            "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
 
 
 # ---------------------------------------------------------------- compute ops
@@ -290,11 +288,11 @@ def _gemv_rows(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2,
     takes those columns from it and streams only the rest. ``ROLL`` > 0 and ``roll_ok``: at
     each row block, start an L2 prefetch of the row block ``ROLL`` blocks later (its rows
     are one contiguous range: the caller checked). ``KROLL`` > 0 and ``kroll_ok`` (UNROLL >= 4,
-    STAGES = 1; rows 16-byte aligned: the caller checked): the K loop runs in groups of
-    UNROLL blocks; before the first group the row block's next KROLL groups are prefetched
-    into L2, and each group starts the prefetch of the group KROLL later, row by row
-    (l2_prefetch_rows), so a long row block streams from L2 (same summation order as the
-    plain unrolled loop: bit-identical)."""
+    STAGES = 1, a group of at least one 128-byte line per row: the caller checked): the K
+    loop runs in groups of UNROLL blocks; before the first group the row block's first
+    KROLL groups are prefetched into L2, and each group starts the prefetch of the group
+    KROLL later, line by line (l2_prefetch_lines), so a long row block streams from L2
+    (same summation order as the plain unrolled loop: bit-identical)."""
     pre = tl.zeros([BLOCK_N], dtype=tl.float32)
     if W_PRE > 0:
         pc = tl.arange(0, W_PRE)
@@ -333,18 +331,22 @@ def _gemv_rows(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2,
                 acc += w1 * _gemv_xfn(x, x1, a1, rstd, PRO)[None, :]
         elif STAGES <= 1 and UNROLL > 2 and KROLL > 0:
             # the unrolled loop below, written out as groups of UNROLL blocks so that each
-            # group can first start the L2 prefetch of the group KROLL ahead (all rows)
+            # group can first start the L2 prefetch of the group KROLL ahead (all rows): one
+            # 128-byte line per element of a [BLOCK_N x LPR] tensor, one per thread at 8 warps
+            # for 16 x 128 bf16 blocks unrolled 8 times
             G: tl.constexpr = UNROLL * BLOCK_K
             ES: tl.constexpr = w.dtype.element_ty.primitive_bitwidth // 8
-            nr = tl.minimum(N - n0, BLOCK_N)
-            wr = w + n0 * w_rs  # the row block's first row (int32 offsets, as the loads')
-            if kroll_ok != 0:
-                l2_prefetch_rows(wr + kb, tl.minimum(K - kb, KROLL * G) * ES, nr, w_rs * ES)
+            LPR: tl.constexpr = G * ES // 128  # lines per row of one group (gemv_ex checked >= 1)
+            li = tl.arange(0, BLOCK_N * LPR)
+            lrow = li // LPR
+            lcol = (li % LPR) * (128 // ES)
+            lok = (lrow < N - n0) & (kroll_ok != 0)
+            lp = w + (n0 + lrow) * w_rs + lcol  # the lines of the group at column 0
+            for g in tl.static_range(KROLL):
+                l2_prefetch_lines(lp + (kb + g * G), lok & (kb + g * G + lcol < K))
             for kc in range(kb, K, G):
-                if kroll_ok != 0:
-                    c = kc + KROLL * G
-                    if c < K:
-                        l2_prefetch_rows(wr + c, tl.minimum(K - c, G) * ES, nr, w_rs * ES)
+                c = kc + KROLL * G
+                l2_prefetch_lines(lp + c, lok & (c + lcol < K))
                 for u in tl.static_range(UNROLL):
                     cols = kc + u * BLOCK_K + tl.arange(0, BLOCK_K)
                     cm = cols < K
@@ -453,8 +455,9 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
     a row stride of K; checked here at run time), so a tile of many row blocks streams
     from L2 as a task of one row block does after the kernel's task-ahead prefetch.
     ``KROLL`` (groups of UNROLL x BLOCK_K columns, 0 = off; STAGES = 1 and UNROLL >= 4 only):
-    within each row block, prefetch the columns KROLL groups ahead of the loop into L2, row
-    by row (rows 16-byte aligned: W_CONTIG and W_ALIGN), so a tile of few long rows (the
+    within each row block, prefetch the columns KROLL groups ahead of the loop into L2, one
+    128-byte line per thread (W_CONTIG and W_ALIGN; off when a group is shorter than a line
+    per row), so a tile of few long rows (the
     down projection: 16 x 8192) streams from L2 too; ROLL cannot help a tile of one row
     block, and the task-ahead prefetch's byte cap covers only its first rows.
 
@@ -486,7 +489,8 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
     roll_ok = 0
     if ROLL > 0 and W_CONTIG and W_ALIGN > 1:
         roll_ok = (w_rs == K).to(tl.int32)
-    KR: tl.constexpr = KROLL if (W_CONTIG and W_ALIGN > 1 and STAGES <= 1 and UNROLL > 2) else 0
+    KR: tl.constexpr = KROLL if (W_CONTIG and W_ALIGN > 1 and STAGES <= 1 and UNROLL > 2 and
+                                 UNROLL * BLOCK_K * (w.dtype.element_ty.primitive_bitwidth // 8) >= 128) else 0
     STAGED: tl.constexpr = X_STAGE and PRO != PRO_PLAIN
     if PRO == PRO_NORM and not STAGED:
         # STAGES >= 2: x in blocks of BLOCK_N * BLOCK_K (the registers of one W block), so a
