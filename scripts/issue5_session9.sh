@@ -10,6 +10,8 @@
 #                                          # baselines (a) and both (b) modes in the same run
 #   bash scripts/issue5_session9.sh kroll  # (one H200) the K-roll as per-thread line prefetches, kroll
 #                                          # 0/1/2/4; then `amk bench` with the fastest row and both (b)
+#   bash scripts/issue5_session9.sh h100   # (nvidia-h100-x1) both shapes with both (b) modes, best flags;
+#                                          # a per-stage profile of the Llama-3.2-1B step
 #   bash scripts/issue5_session9.sh smol   # (one H200) SmolLM2 shape: `amk bench` with both (b)
 #                                          # modes, the eighth session's flags
 #   bash scripts/issue5_session9.sh tp2    # (nvidia-h200-x2) Llama-3.1-8B shape at tp 2 with the
@@ -25,6 +27,8 @@ B="python3 -m amk bench --baseline-compile-mode default,max-autotune-no-cudagrap
 # the eighth session's best Llama-3.2-1B flags (sweep form): tile 16, gate/up 32, LM head 128
 LS="--tile 16 --tile-gate-up 32 --tile-lm-head 128 --attn-split 4 --gemv-block 16x128 --unroll 8 --prefetch 1
     --w-preload 1024 --roll 1"
+BEST_L="--workers 132 --config bench/configs/llama-3.2-1b-qkv24.json --num-warps 8 --gemv-block 16x128 --gemv-unroll 8
+    --prefetch 1 --attn-split 4 --tokens 128 --w-preload 1024 --prefetch-cap 65536 --roll 1"
 BEST_SM="--workers 132 --config bench/configs/smollm2-135m.json --num-warps 8 --gemv-block 16x64 --gemv-unroll 8
     --prefetch 1 --attn-split 3 --tokens 128 --w-preload 512 --roll 1"
 case "${1:-}" in
@@ -43,6 +47,13 @@ kroll)  # the K-roll rewritten as per-thread 128-byte line prefetches (the bulk 
     F=$(python3 bench/sweep_best.py "$OUT"/kroll_lines_llama.json --config-out "$OUT/best_llama-3.2-1b.json") || exit 1
     echo "best: $F"
     timeout 270 $B $L $F --tokens 128 --json "$OUT/bench_kroll_llama-3.2-1b.json" ;;
+h100)  # (nvidia-h100-x1, the issue's reference GPU) both shapes with both (b) modes, then a per-stage
+       # profile of the Llama-3.2-1B step with the same flags
+    timeout 250 $B $L $BEST_L --json "$OUT/bench_llama-3.2-1b.json"
+    timeout 200 $B $SM $BEST_SM --json "$OUT/bench_smollm2-135m.json"
+    timeout 100 python3 bench/profile_megakernel.py $L --tile 16 --tile-qkv 24 --tile-gate-up 32 --tile-lm-head 128 \
+        --gemv-block 16x128 --unroll 8 --prefetch 1 --attn-split 4 --fuse --w-preload 1024 --prefetch-cap 65536 \
+        --roll 1 --json "$OUT/profile_llama.json" 2>&1 | grep -v Warning ;;
 smol)
     timeout 240 $B $SM $BEST_SM --json "$OUT/bench_smollm2-135m.json" ;;
 tp2)
@@ -51,5 +62,5 @@ tp2)
         --w-preload 1024 --prefetch-cap 65536 --roll 1 ${TP_EXTRA:-} \
         --baseline-compile-mode default,max-autotune-no-cudagraphs --json "$OUT/bench_tp2_llama-3.1-8b.json" ;;
 *)
-    echo "usage: $0 llama|kroll|smol|tp2" >&2; exit 2 ;;
+    echo "usage: $0 llama|kroll|h100|smol|tp2" >&2; exit 2 ;;
 esac
