@@ -100,6 +100,7 @@ class _Emitter:
         self.counters: dict[str, Counter] = {}
         self.load = [[0] * cfg.workers for _ in range(ranks)]   # bytes per worker
         self.cursor = [0] * ranks                               # round-robin position
+        self.stage_load: list[dict] = [{} for _ in range(ranks)]  # policy stage: bytes per (ready set, worker)
         self.seq_est = max(1, cfg.max_seq // 2)                 # for byte estimates
         self.signal_workers: dict[str, set[int]] = {}
 
@@ -122,18 +123,25 @@ class _Emitter:
         return name
 
     # -- placement ---------------------------------------------------------------------
-    def place(self, rank: int, cost: int) -> int:
-        """Worker for the next unit of work (one tile or one fused chain) on ``rank``."""
+    def place(self, rank: int, cost: int, ready: Sequence[Ready] = ()) -> int:
+        """Worker for the next unit of work (one tile or one fused chain) on ``rank``.
+        ``ready``: the values the work waits for; work with the same ``ready`` is one stage
+        (it can all run at once), which the ``stage`` policy balances by itself."""
+        loads = self.load[rank]
         if self.cfg.policy == "round_robin":
             w = self.cursor[rank] % self.W
             self.cursor[rank] += 1
-        else:  # balanced: least bytes so far, lowest index on ties
-            loads = self.load[rank]
+        elif self.cfg.policy == "balanced":  # least bytes so far, lowest index on ties
             w = min(range(self.W), key=lambda i: (loads[i], i))
+        else:  # stage: least bytes in this stage, then least bytes so far
+            key = tuple(sorted((rd.counter, rd.threshold) for rd in ready))
+            st = self.stage_load[rank].setdefault(key, [0] * self.W)
+            w = min(range(self.W), key=lambda i: (st[i], loads[i], i))
+            st[w] += cost + TASK_FIXED_BYTES
         # Every task also costs a fixed amount, charged in bytes: without it a run of tiny
         # tasks (all-reduce reduce tiles) all lands on the one least-loaded worker and runs
         # back to back (measured: 128 reduce tiles spread over 70 us instead of ~7 us).
-        self.load[rank][w] += cost + TASK_FIXED_BYTES
+        loads[w] += cost + TASK_FIXED_BYTES
         return w
 
     def cost(self, op: str, ins: Sequence[Region], outs: Sequence[Region]) -> int:
@@ -304,7 +312,7 @@ class _Lowerer:
             c = self.e.counter(f"c.{name}.r{r}", r)
             ins = [x[r].region(), Region(w, r, (_r(0, H),))]
             outs = [Region(y, r, (_r(0, H),))]
-            wk = self.e.place(r, self.e.cost("rmsnorm", ins, outs))
+            wk = self.e.place(r, self.e.cost("rmsnorm", ins, outs), x[r].ready)
             self.e.task(f"{name}.r{r}", r, wk, "rmsnorm", ins, outs,
                         {"dim": H, "eps": float(op.params["eps"])}, ready=x[r].ready, signals=[c])
             out[r] = Loc(y, r, 0, H, (self.ready(c, 1),))
@@ -363,7 +371,7 @@ class _Lowerer:
             if resid is not None:
                 ins.append(resid.region(a, b))
             outs = [y(a, b)]
-            w = self.e.place(r, self.e.cost(op, ins, outs))
+            w = self.e.place(r, self.e.cost(op, ins, outs), ready)
             sig = [] if fuse else [counter]
             self.e.task(f"{tag}.t{n}.r{r}", r, w, op, ins, outs, dict(src.params), ready=ready,
                         signals=sig)
@@ -477,7 +485,7 @@ class _Lowerer:
                            Region(vc, r, (_r(j, j + 1), _r(0, S), _r(0, D))),
                            Region(self.pos[r], r, (_r(0, 1),))]
                     outs = [Region(a, r, (_r(qa, qb),))]
-                    w = e.place(r, e.cost("attention", ins, outs))
+                    w = e.place(r, e.cost("attention", ins, outs), rdy)
                     tag = f".s{s}" if len(groups) > 1 else ""
                     e.task(f"l{i}.attn.kv{g}{tag}.r{r}", r, w, "attention", ins, outs,
                            {"head_dim": D, "scale": float(self.spec.attn_scale)}, ready=rdy,
@@ -533,14 +541,14 @@ class _Lowerer:
             if not split:
                 att_ins, att_outs = att_regions(j, *groups[g][0])
                 w = e.place(r, e.cost("rope_append", app_ins, app_outs)
-                            + e.cost("rope_attention", att_ins, att_outs))
+                            + e.cost("rope_attention", att_ins, att_outs), list(kv_ready) + list(q_ready))
                 e.task(f"l{i}.rope_append.kv{g}.r{r}", r, w, "rope_append", app_ins, app_outs,
                        {"head_dim": D}, ready=kv_ready)
                 e.task(f"l{i}.attn.kv{g}.r{r}", r, w, "rope_attention", att_ins, att_outs, params,
                        ready=q_ready, signals=[ca])
                 n_att += 1
                 continue
-            w = e.place(r, e.cost("rope_append", app_ins, app_outs))
+            w = e.place(r, e.cost("rope_append", app_ins, app_outs), kv_ready)
             e.task(f"l{i}.rope_append.kv{g}.r{r}", r, w, "rope_append", app_ins, app_outs,
                    {"head_dim": D}, ready=kv_ready, signals=[ckc])
         if split:
@@ -549,7 +557,7 @@ class _Lowerer:
             for j, g in enumerate(range(g0, g1)):
                 for s, (lo, hi) in enumerate(groups[g]):
                     att_ins, att_outs = att_regions(j, lo, hi)
-                    w = e.place(r, e.cost("rope_attention", att_ins, att_outs))
+                    w = e.place(r, e.cost("rope_attention", att_ins, att_outs), rdy)
                     e.task(f"l{i}.attn.kv{g}.s{s}.r{r}", r, w, "rope_attention", att_ins, att_outs,
                            params, ready=rdy, signals=[ca])
                     n_att += 1
@@ -558,7 +566,7 @@ class _Lowerer:
     def chain(self, i: int, r: int, steps: list, ready: list[Ready], counter: str) -> None:
         """Emit dependent single tasks on one worker; the last one signals ``counter``."""
         cost = sum(self.e.cost(op, ins, outs) for op, ins, outs, _, _ in steps)
-        w = self.e.place(r, cost)
+        w = self.e.place(r, cost, ready)
         for k, (op, ins, outs, params, tag) in enumerate(steps):
             last = k == len(steps) - 1
             self.e.task(f"l{i}.{tag}.r{r}", r, w, op, ins, outs, params,
@@ -686,7 +694,7 @@ class _Lowerer:
                 arrive[(r, p)] = c
                 src = Region(rx, r, (SLOT, _r(idx[r], idx[r] + 1), _r(0, H)))
                 dst = Region(rx, p, (SLOT, _r(idx[r], idx[r] + 1), _r(0, H)))
-                w = e.place(r, e.cost("put", [src], [dst]))
+                w = e.place(r, e.cost("put", [src], [dst]), [part[r]])
                 e.task(f"{site}.put.r{r}.to{p}", r, w, "put", [src], [dst],
                        ready=[part[r]], signals=[c], group=f"ar.{site}")
         out = {}
@@ -701,7 +709,7 @@ class _Lowerer:
             for a, b in tiles(0, H, self.cfg.tile):
                 ins = [Region(rx, r, (SLOT, _r(0, P), _r(a, b))), resid[r].region(a, b)]
                 outs = [Region(y, r, (_r(a, b),))]
-                w = e.place(r, e.cost("reduce", ins, outs))
+                w = e.place(r, e.cost("reduce", ins, outs), rdy)
                 e.task(f"{site}.red.t{n}.r{r}", r, w, "reduce", ins, outs, ready=rdy,
                        signals=[cnt], group=f"ar.{site}")
                 n += 1
@@ -729,7 +737,7 @@ class _Lowerer:
                 lo, hi = blocks[b]
                 src = Region(rs, r, (SLOT, _r(idx[r], idx[r] + 1), _r(lo, hi)))
                 dst = Region(rs, b, (SLOT, _r(idx[r], idx[r] + 1), _r(lo, hi)))
-                w = e.place(r, e.cost("put", [src], [dst]))
+                w = e.place(r, e.cost("put", [src], [dst]), [part[r]])
                 e.task(f"{site}.rs.r{r}.to{b}", r, w, "put", [src], [dst], ready=[part[r]],
                        signals=[c], group=f"ar.{site}")
         red: dict[int, Ready] = {}
@@ -744,7 +752,7 @@ class _Lowerer:
             for a, c_ in tiles(lo, hi, self.cfg.tile):
                 ins = [Region(rs, b, (SLOT, _r(0, P), _r(a, c_))), resid[b].region(a, c_)]
                 outs = [Region(ag, b, (SLOT, _r(a, c_)))]
-                w = e.place(b, e.cost("reduce", ins, outs))
+                w = e.place(b, e.cost("reduce", ins, outs), rdy)
                 e.task(f"{site}.red.t{n}.r{b}", b, w, "reduce", ins, outs, ready=rdy,
                        signals=[cnt], group=f"ar.{site}")
                 n += 1
@@ -759,7 +767,7 @@ class _Lowerer:
                 gathered[(b, p)] = c
                 src = Region(ag, b, (SLOT, _r(lo, hi)))
                 dst = Region(ag, p, (SLOT, _r(lo, hi)))
-                w = e.place(b, e.cost("put", [src], [dst]))
+                w = e.place(b, e.cost("put", [src], [dst]), [red[b]])
                 e.task(f"{site}.ag.r{b}.to{p}", b, w, "put", [src], [dst], ready=[red[b]],
                        signals=[c], group=f"ar.{site}")
         out = {}
@@ -814,7 +822,7 @@ class _Lowerer:
                                     None, c, stage_rows=v1 - v0, tile=self.cfg.tile_lm_head)
                 src = [Region(logits, r, (_r(a, b),))]
                 dst = [prow(r, off[r] + j, off[r] + j + 1)]
-                w = e.place(r, e.cost("argmax", src, dst))
+                w = e.place(r, e.cost("argmax", src, dst), [self.ready(c, n)])
                 e.task(f"lm.argmax.k{j}.r{r}", r, w, "argmax", src, dst, {"offset": int(v0 + a)},
                        ready=[self.ready(c, n)], signals=[done], group="am" if R > 1 else None)
                 last_worker[r] = w

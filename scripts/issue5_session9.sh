@@ -10,6 +10,8 @@
 #                                          # baselines (a) and both (b) modes in the same run
 #   bash scripts/issue5_session9.sh kroll  # (one H200) the K-roll as per-thread line prefetches, kroll
 #                                          # 0/1/2/4; then `amk bench` with the fastest row and both (b)
+#   bash scripts/issue5_session9.sh stage  # (one H200) the stage placement policy against balanced; then
+#                                          # `amk bench` with the fastest row and both (b) modes
 #   bash scripts/issue5_session9.sh h100   # (nvidia-h100-x1) both shapes with both (b) modes, best flags;
 #                                          # a per-stage profile of the Llama-3.2-1B step
 #   bash scripts/issue5_session9.sh smol   # (one H200) SmolLM2 shape: `amk bench` with both (b)
@@ -47,6 +49,16 @@ kroll)  # the K-roll rewritten as per-thread 128-byte line prefetches (the bulk 
     F=$(python3 bench/sweep_best.py "$OUT"/kroll_lines_llama.json --config-out "$OUT/best_llama-3.2-1b.json") || exit 1
     echo "best: $F"
     timeout 270 $B $L $F --tokens 128 --json "$OUT/bench_kroll_llama-3.2-1b.json" ;;
+stage)  # (one H200) the stage placement policy (each stage's tiles balanced among themselves: the
+        # balanced policy's whole-step totals put two q/k/v tiles on 12 workers from layer 8 on);
+        # then `amk bench` with the fastest correct row and both (b) modes
+    C2="--fuse 1 --tokens 64 --warps 8 --workers 132"
+    timeout 80 $S $L $LS --prefetch-cap 65536 --tile-qkv 24 --policy balanced,stage $C2 --json "$OUT/stage_llama.json"
+    timeout 80 $S $L $LS --prefetch-cap 65536 --tile-qkv 0,32 --policy stage $C2 --json "$OUT/stage2_llama.json"
+    F=$(python3 bench/sweep_best.py "$OUT"/stage_llama.json "$OUT"/stage2_llama.json \
+        --config-out "$OUT/best_stage_llama-3.2-1b.json") || exit 1
+    echo "best: $F"; cat "$OUT/best_stage_llama-3.2-1b.json"
+    timeout 270 $B $L $F --tokens 128 --json "$OUT/bench_stage_llama-3.2-1b.json" ;;
 h100)  # (nvidia-h100-x1, the issue's reference GPU) both shapes with both (b) modes, then a per-stage
        # profile of the Llama-3.2-1B step with the same flags
     timeout 250 $B $L $BEST_L --json "$OUT/bench_llama-3.2-1b.json"
@@ -62,5 +74,5 @@ tp2)
         --w-preload 1024 --prefetch-cap 65536 --roll 1 ${TP_EXTRA:-} \
         --baseline-compile-mode default,max-autotune-no-cudagraphs --json "$OUT/bench_tp2_llama-3.1-8b.json" ;;
 *)
-    echo "usage: $0 llama|kroll|h100|smol|tp2" >&2; exit 2 ;;
+    echo "usage: $0 llama|kroll|stage|h100|smol|tp2" >&2; exit 2 ;;
 esac
