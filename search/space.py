@@ -271,7 +271,8 @@ SEARCHABLE = {
     "tile": "rows per GEMV tile and columns per reduce tile; also aligns the MLP-column and "
             "vocabulary splits over ranks",
     "workers": "persistent workers (CTAs) per rank",
-    "policy": "tile -> worker assignment: round_robin or balanced (greedy by bytes moved)",
+    "policy": "tile -> worker assignment: round_robin, balanced (greedy by bytes moved) or stage "
+              "(greedy by bytes within each stage, then overall)",
     "allreduce": "cross-rank reduction: oneshot (put partial to every peer, reduce locally) "
                  "or twoshot (reduce-scatter then all-gather)",
     "fuse": "fused ops (norm_gemv, rope_append, rope_attention, gemv_res, swiglu_gemv) "

@@ -104,6 +104,26 @@ def test_every_knob_changes_the_program(knob, value):
     assert _fingerprint(a) != _fingerprint(b)
 
 
+def test_stage_policy_balances_each_stage():
+    """policy ``stage`` spreads a stage's tiles evenly over the workers where ``balanced``
+    (whole-step byte totals) does not: Llama-3.2-1B at 132 workers, 24-row q/k/v tiles (130
+    tiles): from layer 8 on, balanced puts two on some workers and none on others."""
+    from collections import Counter
+
+    g = graph_of("llama-3.2-1b")
+    cfg = LoweringConfig(tile=16, workers=132, policy="balanced", fuse=True, dtype="bf16", attn_split=4,
+                         tile_qkv=24, tile_gate_up=32, tile_lm_head=128)
+
+    def most_qkv_tiles(prog, layer: int) -> int:
+        per = Counter(t.worker for t in prog.tasks if t.id.startswith(tuple(f"l{layer}.{r}." for r in "qkv")))
+        return max(per.values())
+
+    bal = lower(g, 1, config=cfg)
+    stage = lower(g, 1, config=cfg.replace(policy="stage"))
+    assert most_qkv_tiles(bal, 8) == 2
+    assert all(most_qkv_tiles(stage, layer) == 1 for layer in range(16))
+
+
 def test_lower_errors():
     g = graph_of("tiny-llama", layers=1)
     with pytest.raises(AmkError, match="co-residency"):

@@ -61,8 +61,11 @@ def test_every_knob_value_changes_the_program(model, ranks):
     base = sp.default()
     for k in sp.knobs:
         prints = {}
-        # wave only matters when tile is finer than a wave of workers: test it at the finest tile
-        at = {**base, "tile": min(sp.knob("tile").values)} if k.name == "wave" else base
+        # wave only matters when tile is finer than a wave of workers, and the stage policy
+        # only where whole-step totals would unbalance a stage (several tiles per worker):
+        # test them at the finest tile
+        fine = k.name in ("wave", "policy")
+        at = {**base, "tile": min(sp.knob("tile").values)} if fine else base
         for v in k.values:
             cfg = LoweringConfig(**sp.lowering_config({**at, k.name: v}))
             prints[v] = program_fingerprint(lower(graph, ranks, config=cfg))
