@@ -281,13 +281,13 @@ def _gemv_rows(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2,
                PRO: tl.constexpr, HAS_BIAS: tl.constexpr, X_CONTIG: tl.constexpr, W_CONTIG: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, X_ALIGN: tl.constexpr,
                UNROLL: tl.constexpr, wpre=0, W_PRE: tl.constexpr = 0, ROLL: tl.constexpr = 0, roll_ok=0,
-               KROLL: tl.constexpr = 0, kroll_ok=0):
+               KROLL: tl.constexpr = 0):
     """gemv_ex's row blocks: y[rows] = W[rows, :] @ f(x) (+ b) for every BLOCK_N rows, f the
     prologue ``PRO`` with the RMSNorm factor ``rstd`` already known (loop forms: gemv_ex).
     ``W_PRE`` > 0: ``wpre`` holds W[0:BLOCK_N, 0:W_PRE] (gemv_wpre); the first row block
     takes those columns from it and streams only the rest. ``ROLL`` > 0 and ``roll_ok``: at
     each row block, start an L2 prefetch of the row block ``ROLL`` blocks later (its rows
-    are one contiguous range: the caller checked). ``KROLL`` > 0 and ``kroll_ok`` (UNROLL >= 4,
+    are one contiguous range: the caller checked). ``KROLL`` > 0 (UNROLL >= 4,
     STAGES = 1, a group of at least one 128-byte line per row: the caller checked): the K
     loop runs in groups of UNROLL blocks; before the first group the row block's first
     KROLL groups are prefetched into L2, and each group starts the prefetch of the group
@@ -340,7 +340,7 @@ def _gemv_rows(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2,
             li = tl.arange(0, BLOCK_N * LPR)
             lrow = li // LPR
             lcol = (li % LPR) * (128 // ES)
-            lok = (lrow < N - n0) & (kroll_ok != 0)
+            lok = lrow < N - n0
             lp = w + (n0 + lrow) * w_rs + lcol  # the lines of the group at column 0
             for g in tl.static_range(KROLL):
                 l2_prefetch_lines(lp + (kb + g * G), lok & (kb + g * G + lcol < K))
@@ -457,9 +457,9 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
     ``KROLL`` (groups of UNROLL x BLOCK_K columns, 0 = off; STAGES = 1 and UNROLL >= 4 only):
     within each row block, prefetch the columns KROLL groups ahead of the loop into L2, one
     128-byte line per thread (W_CONTIG and W_ALIGN; off when a group is shorter than a line
-    per row), so a tile of few long rows (the
-    down projection: 16 x 8192) streams from L2 too; ROLL cannot help a tile of one row
-    block, and the task-ahead prefetch's byte cap covers only its first rows.
+    per row), so a tile of few long rows (the down projection: 16 x 8192) streams from L2
+    too; ROLL cannot help a tile of one row block, and the task-ahead prefetch's byte cap
+    covers only its first rows. Measured slower on the H200 (ninth session, docs/triton.md).
 
     ``STAGES`` (weight-streaming pipeline depth, >= 1; the same arithmetic for every value,
     except that S >= 2 sums PRO_NORM's x^2 in chunks of BLOCK_N * BLOCK_K elements instead of
@@ -531,14 +531,14 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
             tl.store(PROF + 4, global_timer())
         _gemv_rows(xs, 1, K, 0, 0, 1, xs, 1, K, 0, 0, 1, rstd, w, w_rs, w_cs, b, b_n1, b_n2, b_s0, b_s1, b_s2,
                    y, y_n1, y_n2, y_s0, y_s1, y_s2, N, K, PRO_PLAIN, HAS_BIAS, True, W_CONTIG,
-                   BLOCK_N, BLOCK_K, STAGES, XA, UNROLL, wpre, W_PRE, ROLL, roll_ok, KR, 1)
+                   BLOCK_N, BLOCK_K, STAGES, XA, UNROLL, wpre, W_PRE, ROLL, roll_ok, KR)
     else:
         if PROFILE:
             tl.store(PROF + 4, global_timer())
         _gemv_rows(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, rstd,
                    w, w_rs, w_cs, b, b_n1, b_n2, b_s0, b_s1, b_s2, y, y_n1, y_n2, y_s0, y_s1, y_s2, N, K,
                    PRO, HAS_BIAS, X_CONTIG, W_CONTIG, BLOCK_N, BLOCK_K, STAGES, X_ALIGN, UNROLL, wpre, W_PRE,
-                   ROLL, roll_ok, KR, 1)
+                   ROLL, roll_ok, KR)
     if PROFILE:
         tl.store(PROF + 5, global_timer())
 

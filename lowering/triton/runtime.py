@@ -147,7 +147,8 @@ class Blocks:
     it streams row block j (ops.gemv_ex ``ROLL``). ``kroll`` (groups of gemv_unroll x gemv_k
     columns, 0 = off; needs gemv_stages 1 and gemv_unroll >= 4): within each row block the
     GEMV prefetches the columns ``kroll`` groups ahead of its K loop into L2, row by row
-    (ops.gemv_ex ``KROLL``), for tiles of few long rows such as the down projection's.
+    (ops.gemv_ex ``KROLL``), for tiles of few long rows such as the down projection's
+    (measured slower on the H200, ninth session: off by default).
     ``relaxed_poll``:
     waits poll with relaxed loads and issue one acquire fence when satisfied
     (megakernel.wait_counter ``RELAXED``) instead of an acquire load per poll."""
