@@ -37,10 +37,18 @@ def test_bad_flags_name_the_flag(kw, needle):
 
 
 def test_bad_unroll_is_refused():
-    from lowering.triton.runtime import TritonError
-
-    with pytest.raises(TritonError, match="gemv_unroll must be 1, 2, 4, 8 or 16"):
+    with pytest.raises(AmkError, match="--gemv-unroll must be 1, 2, 4, 8 or 16"):
         backend_options(_args(gemv_unroll=3))
+
+
+def test_blocks_errors_use_flag_names():
+    """Blocks' own range checks reach the user with the flag names, field names replaced."""
+    with pytest.raises(AmkError) as e:
+        backend_options(_args(gemv_block="16x128", w_preload=64))
+    assert "--w-preload" in str(e.value) and "--gemv-block K = 128" in str(e.value)
+    assert "w_preload" not in str(e.value) and "gemv_k" not in str(e.value)
+    with pytest.raises(AmkError, match="--kroll needs --gemv-stages 1 and --gemv-unroll 4, 8 or 16"):
+        backend_options(_args(kroll=1, gemv_unroll=2))
 
 
 def test_cuda_target_allows_several_workers_per_sm():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import platform
 import sys
 import time
@@ -282,13 +283,26 @@ def measure_megakernel(model_arg, resolved, cfg, target, prompt, ref, n_tokens: 
     return res, session, ex
 
 
+# Blocks fields -> the flags that set them: Blocks checks its own fields, and its errors are
+# reworded with the flag names (one home for the rules)
+_FLAG_OF = {"gemv_stages": "--gemv-stages", "gemv_unroll": "--gemv-unroll", "gemv_k": "--gemv-block K",
+            "gemv_n": "--gemv-block N", "prefetch": "--prefetch", "maxnreg": "--maxnreg", "x_chunk": "--x-chunk",
+            "w_preload": "--w-preload", "prefetch_cap": "--prefetch-cap", "prefetch_rows": "--prefetch-rows",
+            "roll": "--roll", "kroll": "--kroll"}
+
+
+def _flag_names(message: str) -> str:
+    """A Blocks error message with its field names replaced by the bench flags that set them."""
+    return re.sub(r"\b(" + "|".join(_FLAG_OF) + r")\b", lambda m: _FLAG_OF[m.group(1)], message)
+
+
 def backend_options(args) -> dict:
     """TritonExecutor options from --num-warps, --gemv-block NxK, --gemv-stages,
     --prefetch, --gemv-unroll, --attention-block, --attention-dot, --row-prefetch,
     --x-stage, --x-reuse, --x-chunk, --w-preload, --prefetch-cap, --prefetch-rows, --roll,
-    --kroll, --relaxed-poll and
-    --maxnreg. Raises AmkError."""
-    from lowering.triton.runtime import Blocks
+    --kroll, --relaxed-poll and --maxnreg. Raises AmkError naming the flag (the ranges are
+    lowering.triton.runtime.Blocks' own checks)."""
+    from lowering.triton.runtime import Blocks, TritonError
 
     try:
         n, k = (int(v) for v in args.gemv_block.lower().split("x"))
@@ -298,44 +312,20 @@ def backend_options(args) -> dict:
     for v, what in ((n, "N"), (k, "K"), (args.num_warps, "--num-warps"), (att, "--attention-block")):
         if v < 1 or v & (v - 1):
             raise AmkError(f"{what} must be a power of two, got {v}")
-    stages = getattr(args, "gemv_stages", 1)
-    if not 1 <= stages <= 8:
-        raise AmkError(f"--gemv-stages must be in 1..8, got {stages}")
-    prefetch = getattr(args, "prefetch", 0)
-    if not 0 <= prefetch <= 8:
-        raise AmkError(f"--prefetch must be in 0..8, got {prefetch}")
-    maxnreg = getattr(args, "maxnreg", 0)
-    if maxnreg and not 24 <= maxnreg <= 255:
-        raise AmkError(f"--maxnreg must be 0 (automatic) or in 24..255, got {maxnreg}")
-    x_chunk = getattr(args, "x_chunk", 8192)
-    if x_chunk < 1 or x_chunk & (x_chunk - 1):
-        raise AmkError(f"--x-chunk must be a power of two, got {x_chunk}")
-    w_pre = getattr(args, "w_preload", 0)
-    if w_pre and (w_pre & (w_pre - 1) or w_pre < k * (2 if getattr(args, "gemv_unroll", 1) == 2 else 1)):
-        raise AmkError(f"--w-preload must be 0 or a power of two of at least the --gemv-block K ({k}; "
-                       f"twice that with --gemv-unroll 2), got {w_pre}")
-    cap, roll = getattr(args, "prefetch_cap", 0), getattr(args, "roll", 0)
-    if cap < 0 or cap % 16:
-        raise AmkError(f"--prefetch-cap must be 0 or a positive multiple of 16 bytes, got {cap}")
-    if not 0 <= roll <= 8:
-        raise AmkError(f"--roll must be in 0..8, got {roll}")
-    kroll = getattr(args, "kroll", 0)
-    if not 0 <= kroll <= 8:
-        raise AmkError(f"--kroll must be in 0..8, got {kroll}")
-    if kroll and (stages != 1 or getattr(args, "gemv_unroll", 1) < 4):
-        raise AmkError("--kroll needs --gemv-stages 1 and --gemv-unroll 4, 8 or 16")
-    pf_rows = getattr(args, "prefetch_rows", 0)
-    if pf_rows < 0:
-        raise AmkError(f"--prefetch-rows must be >= 0, got {pf_rows}")
-    return {"num_warps": args.num_warps,
-            "blocks": Blocks(gemv_n=n, gemv_k=k, gemv_stages=stages, prefetch=prefetch, attention_t=att,
-                             gemv_unroll=getattr(args, "gemv_unroll", 1),
-                             attention_dot=bool(getattr(args, "attention_dot", False)),
-                             row_prefetch=bool(getattr(args, "row_prefetch", 1)), maxnreg=maxnreg,
-                             x_stage=bool(getattr(args, "x_stage", 1)),
-                             x_reuse=bool(getattr(args, "x_reuse", 1)), x_chunk=x_chunk, w_preload=w_pre,
-                             prefetch_cap=cap, prefetch_rows=pf_rows, roll=roll, kroll=kroll,
-                             relaxed_poll=bool(getattr(args, "relaxed_poll", 0)))}
+    try:
+        blocks = Blocks(gemv_n=n, gemv_k=k, gemv_stages=getattr(args, "gemv_stages", 1),
+                        prefetch=getattr(args, "prefetch", 0), attention_t=att,
+                        gemv_unroll=getattr(args, "gemv_unroll", 1),
+                        attention_dot=bool(getattr(args, "attention_dot", False)),
+                        row_prefetch=bool(getattr(args, "row_prefetch", 1)), maxnreg=getattr(args, "maxnreg", 0),
+                        x_stage=bool(getattr(args, "x_stage", 1)), x_reuse=bool(getattr(args, "x_reuse", 1)),
+                        x_chunk=getattr(args, "x_chunk", 8192), w_preload=getattr(args, "w_preload", 0),
+                        prefetch_cap=getattr(args, "prefetch_cap", 0),
+                        prefetch_rows=getattr(args, "prefetch_rows", 0), roll=getattr(args, "roll", 0),
+                        kroll=getattr(args, "kroll", 0), relaxed_poll=bool(getattr(args, "relaxed_poll", 0)))
+    except TritonError as e:
+        raise AmkError(_flag_names(str(e))) from None
+    return {"num_warps": args.num_warps, "blocks": blocks}
 
 
 def _resolve_bf16(model_arg: str):
