@@ -12,18 +12,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import fields
 from pathlib import Path
 
+from amk.commands.bench import BLOCKS_FLAGS
+from lowering.config import LoweringConfig
+
 # lowering knobs the bench takes from --config (workers / dtype / max_seq: its own flags)
-CONFIG_KEYS = ("tile", "policy", "allreduce", "fuse", "wave", "attn_split", "tile_qkv", "tile_gate_up",
-               "tile_lm_head")
-# Blocks fields recorded in a sweep row -> the amk bench flag that sets each
-FLAGS = (("num_warps", "--num-warps"), ("gemv_block", "--gemv-block"), ("gemv_stages", "--gemv-stages"),
-         ("gemv_unroll", "--gemv-unroll"), ("prefetch", "--prefetch"), ("attention_t", "--attention-block"),
-         ("w_preload", "--w-preload"), ("prefetch_cap", "--prefetch-cap"), ("prefetch_rows", "--prefetch-rows"),
-         ("roll", "--roll"), ("kroll", "--kroll"), ("x_chunk", "--x-chunk"), ("maxnreg", "--maxnreg"),
-         ("row_prefetch", "--row-prefetch"), ("x_stage", "--x-stage"), ("x_reuse", "--x-reuse"),
-         ("relaxed_poll", "--relaxed-poll"))
+CONFIG_KEYS = tuple(f.name for f in fields(LoweringConfig) if f.name not in ("workers", "dtype", "max_seq"))
+# sweep-row keys -> the amk bench flag that sets each (a row records Blocks fields by name)
+FLAGS = (("num_warps", "--num-warps"), ("gemv_block", "--gemv-block"), *BLOCKS_FLAGS.items())
 
 
 def best_row(paths: list[str]) -> dict:

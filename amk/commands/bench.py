@@ -283,12 +283,16 @@ def measure_megakernel(model_arg, resolved, cfg, target, prompt, ref, n_tokens: 
     return res, session, ex
 
 
-# Blocks fields -> the flags that set them: Blocks checks its own fields, and its errors are
-# reworded with the flag names (one home for the rules)
-_FLAG_OF = {"gemv_stages": "--gemv-stages", "gemv_unroll": "--gemv-unroll", "gemv_k": "--gemv-block K",
-            "gemv_n": "--gemv-block N", "prefetch": "--prefetch", "maxnreg": "--maxnreg", "x_chunk": "--x-chunk",
-            "w_preload": "--w-preload", "prefetch_cap": "--prefetch-cap", "prefetch_rows": "--prefetch-rows",
-            "roll": "--roll", "kroll": "--kroll"}
+#: Blocks fields set by one flag each, with a value (0/1 for the booleans but --attention-dot);
+#: gemv_n / gemv_k come from --gemv-block NxK. Blocks checks its own fields, and its errors are
+#: reworded with these flag names (one home for the rules); bench/sweep_best.py turns a sweep
+#: row back into these flags.
+BLOCKS_FLAGS = {"gemv_stages": "--gemv-stages", "gemv_unroll": "--gemv-unroll", "prefetch": "--prefetch",
+                "attention_t": "--attention-block", "maxnreg": "--maxnreg", "x_chunk": "--x-chunk",
+                "w_preload": "--w-preload", "prefetch_cap": "--prefetch-cap", "prefetch_rows": "--prefetch-rows",
+                "roll": "--roll", "kroll": "--kroll", "row_prefetch": "--row-prefetch", "x_stage": "--x-stage",
+                "x_reuse": "--x-reuse", "relaxed_poll": "--relaxed-poll"}
+_FLAG_OF = {**BLOCKS_FLAGS, "gemv_k": "--gemv-block K", "gemv_n": "--gemv-block N"}
 
 
 def _flag_names(message: str) -> str:
