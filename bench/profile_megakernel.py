@@ -51,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--attn-split", type=int, default=1, help="the attn_split lowering knob")
     ap.add_argument("--layer", type=int, default=None,
                     help="also print the stage timeline of this layer (default: the middle one)")
+    ap.add_argument("--all-layers", action="store_true",
+                    help="also print every stage's timeline averaged over the layers, each layer's span and "
+                         "the LM head's timeline")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
@@ -129,16 +132,20 @@ def main(argv: list[str] | None = None) -> int:
         print("GEMV op time by part (us, mean over " + str(len(gem)) + " tasks): "
               + ", ".join(f"{k} {v.mean() / 1e3:.2f}" for k, v in parts.items()))
         out["gemv_parts_us"] = {k: float(v.mean() / 1e3) for k, v in parts.items()}
-    out["stages"] = stage_timeline(tab, prof, args.layer if args.layer is not None
-                                   else session.graph.spec.layers // 2)
+    n_layers = session.graph.spec.layers
+    out["stages"] = stage_timeline(tab, prof, args.layer if args.layer is not None else n_layers // 2)
+    if args.all_layers:
+        out["stages_mean"], out["layer_span_us"] = layers_mean(tab, prof, n_layers)
+        out["lm_stages"] = stage_timeline(tab, prof, "lm")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
     return 0
 
 
-def stage_timeline(tab, prof, layer: int) -> list[dict]:
-    """Per stage of one layer (tasks grouped by id prefix ``l{layer}.<stage>``): tasks, the
+def stage_timeline(tab, prof, layer: int | str, quiet: bool = False) -> list[dict]:
+    """Per stage of one layer (tasks grouped by id prefix ``l{layer}.<stage>``; ``layer`` "lm":
+    the LM head's ``lm.<stage>`` tasks): tasks, the
     first op start and last op end relative to the layer's first stage start, the slowest
     task's op time, the spread of op starts, and the hand-off: this stage's first op start
     minus the previous stage's last op end (signal -> poll -> header -> operand loads).
@@ -146,8 +153,10 @@ def stage_timeline(tab, prof, layer: int) -> list[dict]:
     groups: dict[str, list[int]] = {}
     for row, tid in enumerate(tab.task_ids):
         parts = tid.split(".")
-        if parts[0] == f"l{layer}" and tab.task_ranks[row] == 0:
+        if parts[0] == (layer if isinstance(layer, str) else f"l{layer}") and tab.task_ranks[row] == 0:
             key = parts[1]
+            if layer == "lm" and key[:1] == "k" and key[1:].isdigit():
+                key = "head"  # the LM-head GEMV tiles of every argmax chunk
             if len(parts) > 3 and parts[2] in ("w", "put", "red", "ag", "rs", "add"):
                 key += "." + parts[2]  # the GEMV, put, reduce, gather parts of a row-parallel stage
             groups.setdefault(key, []).append(row)
@@ -155,8 +164,9 @@ def stage_timeline(tab, prof, layer: int) -> list[dict]:
         return []
     t0 = min(prof[rows, 1].min() for rows in groups.values())
     order = sorted(groups, key=lambda g: prof[groups[g], 1].min())
-    print(f"layer {layer} stages (us from the layer's first op start):")
-    print(f"{'stage':<14}{'tasks':>6}{'first op':>10}{'last op':>10}{'last end':>10}{'max op':>9}{'handoff':>9}")
+    if not quiet:
+        print(f"layer {layer} stages (us from the layer's first op start):")
+        print(f"{'stage':<14}{'tasks':>6}{'first op':>10}{'last op':>10}{'last end':>10}{'max op':>9}{'handoff':>9}")
     out, prev_end = [], None
     for g in order:
         rows = groups[g]
@@ -167,10 +177,32 @@ def stage_timeline(tab, prof, layer: int) -> list[dict]:
              "handoff_us": None if prev_end is None else (s.min() - prev_end) / 1e3}
         prev_end = e.max()
         out.append(d)
-        print(f"{g:<14}{d['tasks']:>6}{d['first_op_us']:>10.2f}{d['last_op_us']:>10.2f}"
+        if not quiet:
+            print(f"{g:<14}{d['tasks']:>6}{d['first_op_us']:>10.2f}{d['last_op_us']:>10.2f}"
               f"{d['last_end_us']:>10.2f}{d['max_op_us']:>9.2f}"
-              f"{'' if d['handoff_us'] is None else format(d['handoff_us'], '9.2f')}")
+                  f"{'' if d['handoff_us'] is None else format(d['handoff_us'], '9.2f')}")
     return out
+
+
+def layers_mean(tab, prof, n_layers: int) -> tuple[list[dict], list[float]]:
+    """Each stage's timeline averaged over layers 1 .. n_layers - 1 (layer 0 starts after the
+    embedding and is skipped), and every layer's span (its first op start to its last op end, us)."""
+    per = [stage_timeline(tab, prof, i, quiet=True) for i in range(n_layers)]
+    spans = [max(d["last_end_us"] for d in p) for p in per if p]
+    stages: dict[str, list[dict]] = {}
+    for p in per[1:]:
+        for d in p:
+            stages.setdefault(d["stage"], []).append(d)
+    out = []
+    print(f"stages averaged over layers 1..{n_layers - 1} (us from each layer's first op start):")
+    print(f"{'stage':<14}{'first op':>10}{'last op':>10}{'last end':>10}{'max op':>9}")
+    for g, ds in sorted(stages.items(), key=lambda kv: np.mean([d["first_op_us"] for d in kv[1]])):
+        m = {k: float(np.mean([d[k] for d in ds])) for k in ("first_op_us", "last_op_us", "last_end_us", "max_op_us")}
+        m["stage"] = g
+        out.append(m)
+        print(f"{g:<14}{m['first_op_us']:>10.2f}{m['last_op_us']:>10.2f}{m['last_end_us']:>10.2f}{m['max_op_us']:>9.2f}")
+    print("layer spans (us): " + " ".join(f"{v:.1f}" for v in spans))
+    return out, spans
 
 
 if __name__ == "__main__":
