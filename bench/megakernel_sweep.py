@@ -2,9 +2,11 @@
 
 Usage: python bench/megakernel_sweep.py MODEL [--workers 32,66,132] [--tile 64,128]
            [--policy balanced] [--warps 4,8] [--gemv-block 16x256,32x512] [--gemv-stages 1,3]
-           [--fuse 0,1] [--wave 0,1] [--prefetch 0,1] [--tokens 64] [--json FILE]
-Each row: config, tasks, median ms/token, % of roofline, and the correctness verdict
-(greedy tokens vs HF generate with the bf16 near-tie rule, plus the logit check).
+           [--fuse 0,1] [--wave 0,1] [--prefetch 0,1] [--late-append 0,1] ... [--tokens 64] [--json FILE]
+Every knob flag takes a comma list; the sweep runs their product (``--help`` lists them).
+Prints the knobs that stay fixed once, then per row the ones that vary, tasks, median
+ms/token, % of roofline, and the correctness verdict (greedy tokens vs HF generate with the
+bf16 near-tie rule, plus the logit check).
 """
 
 from __future__ import annotations
@@ -27,7 +29,27 @@ def flags(s: str) -> list[bool]:
     return [bool(x) for x in ints(s)]
 
 
-def main(argv: list[str] | None = None) -> int:
+def strs(s: str) -> list[str]:
+    return s.split(",")
+
+
+#: Sweep flags (argparse dest) that set a LoweringConfig field of the same name.
+LOWERING_AXES = {"workers": ints, "tile": ints, "policy": strs, "fuse": flags, "wave": flags,
+                 "attn_split": ints, "tile_qkv": ints, "tile_gate_up": ints, "tile_lm_head": ints,
+                 "late_append": flags}
+#: Sweep flags (argparse dest) that set a Blocks field: dest -> (field, parser). A row of the
+#: JSON records each under the field's name (bench/sweep_best.py maps them to amk bench flags).
+BLOCKS_AXES = {"gemv_stages": ("gemv_stages", ints), "prefetch": ("prefetch", ints),
+               "att_t": ("attention_t", ints), "unroll": ("gemv_unroll", ints),
+               "att_dot": ("attention_dot", flags), "row_prefetch": ("row_prefetch", flags),
+               "maxnreg": ("maxnreg", ints), "x_stage": ("x_stage", flags),
+               "relaxed_poll": ("relaxed_poll", flags), "x_reuse": ("x_reuse", flags),
+               "x_chunk": ("x_chunk", ints), "w_preload": ("w_preload", ints),
+               "prefetch_cap": ("prefetch_cap", ints), "prefetch_rows": ("prefetch_rows", ints),
+               "roll": ("roll", ints), "kroll": ("kroll", ints)}
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
     ap.add_argument("--workers", default="32,66,132")
@@ -60,10 +82,51 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--maxnreg", default="0", help="comma list of register caps (Blocks.maxnreg; 0 = automatic)")
     ap.add_argument("--sync-opt", default="1", help="comma list of 0/1: Blocks.elide_waits and "
                                                     "Blocks.coalesce_signals together")
+    ap.add_argument("--late-append", default="0", help="comma list of 0/1 for the late_append knob")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=8)
     ap.add_argument("--json", default=None)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def sweep_points(args: argparse.Namespace) -> list[dict]:
+    """Every combination of the comma lists, in product order, as {"config": {LoweringConfig
+    fields}, "blocks": {Blocks fields}, "num_warps", "gemv_block", "sync_opt"}. Raises
+    ValueError for a list that does not parse."""
+    axes = {("config", d): parse(getattr(args, d)) for d, parse in LOWERING_AXES.items()}
+    axes.update({("blocks", f): parse(getattr(args, d)) for d, (f, parse) in BLOCKS_AXES.items()})
+    axes[("run", "num_warps")] = ints(args.warps)
+    axes[("run", "gemv_block")] = strs(args.gemv_block)
+    axes[("run", "sync_opt")] = flags(args.sync_opt)
+    points = []
+    for combo in itertools.product(*axes.values()):
+        pt: dict = {"config": {}, "blocks": {}}
+        for (kind, name), v in zip(axes, combo):
+            (pt[kind] if kind != "run" else pt)[name] = v
+        points.append(pt)
+    return points
+
+
+def flat_point(pt: dict) -> dict:
+    """A sweep point's knobs in one dict (lowering, Blocks, then run knobs)."""
+    return {**pt["config"], **pt["blocks"], **{k: v for k, v in pt.items() if k not in ("config", "blocks")}}
+
+
+def varying_knobs(points: list[dict]) -> set[str]:
+    """The knobs that take more than one value over the sweep."""
+    flat = [flat_point(p) for p in points]
+    return {k for k in flat[0] if len({repr(f[k]) for f in flat}) > 1}
+
+
+def tag_of(pt: dict, keys: set[str], invert: bool = False) -> str:
+    """The knobs of a point in ``keys`` (``invert``: those not in it) as name=value."""
+    return " ".join(f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in flat_point(pt).items()
+                    if (k in keys) != invert) or "-"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    points = sweep_points(args)
 
     from amk.baselines import make_reference
     from amk.commands.bench import cuda_target, measure_megakernel
@@ -92,33 +155,18 @@ def main(argv: list[str] | None = None) -> int:
                           indent=1)
 
     print(f"{args.model} on {props.name}: HBM {bw / 1e12:.2f} TB/s, roofline {floor:.4f} ms")
-    grid = itertools.product(ints(args.workers), ints(args.tile), args.policy.split(","), ints(args.warps),
-                             args.gemv_block.split(","), ints(args.gemv_stages), flags(args.fuse),
-                             ints(args.prefetch), flags(args.wave), ints(args.att_t), flags(args.sync_opt),
-                             ints(args.unroll), flags(args.att_dot), ints(args.attn_split),
-                             flags(args.row_prefetch), ints(args.maxnreg), flags(args.x_stage),
-                             flags(args.relaxed_poll), flags(args.x_reuse), ints(args.x_chunk), ints(args.w_preload),
-                             ints(args.prefetch_cap), ints(args.roll), ints(args.tile_gate_up),
-                             ints(args.tile_lm_head), ints(args.prefetch_rows), ints(args.tile_qkv),
-                             ints(args.kroll))
-    for (w, t, pol, nw, gb, gs, fuse, pf, wave, att, so, un, ad, asp, rp, mr, xst, rpl, xru, xch, wpl, pfc, rl,
-         tgu, tlm, pfr, tqkv, kr) in grid:
-        bn, bk = (int(v) for v in gb.split("x"))
-        opts = {"num_warps": nw, "blocks": Blocks(gemv_n=bn, gemv_k=bk, gemv_stages=gs, prefetch=pf,
-                                                  attention_t=att, elide_waits=so, coalesce_signals=so,
-                                                  gemv_unroll=un, attention_dot=ad, row_prefetch=rp,
-                                                  maxnreg=mr, x_stage=xst, relaxed_poll=rpl, x_reuse=xru, x_chunk=xch,
-                                                  w_preload=wpl, prefetch_cap=pfc, roll=rl,
-                                                  prefetch_rows=pfr, kroll=kr)}
-        tag = (f"workers={w:<4} tile={t:<4} tile_qkv={tqkv} tile_gate_up={tgu} tile_lm_head={tlm} {pol:<12} warps={nw} gemv={gb:<7} stages={gs} "
-               f"fuse={int(fuse)} prefetch={pf} wave={int(wave)} att_t={att} sync_opt={int(so)} unroll={un} att_dot={int(ad)} "
-               f"attn_split={asp} row_prefetch={int(rp)} maxnreg={mr} x_stage={int(xst)} x_reuse={int(xru)} x_chunk={xch} w_preload={wpl} prefetch_cap={pfc} prefetch_rows={pfr} roll={rl} kroll={kr} relaxed_poll={int(rpl)}")
-        cfg = LoweringConfig(tile=t, workers=w, policy=pol, dtype="bf16", fuse=fuse, wave=wave, attn_split=asp,
-                             tile_qkv=tqkv, tile_gate_up=tgu, tile_lm_head=tlm, max_seq=max(256, args.prompt_len + args.tokens + 8)).validate()
-        knobs = {"config": cfg.to_json(), "num_warps": nw, "gemv_block": gb, "gemv_stages": gs,
-                 "prefetch": pf, "attention_t": att, "sync_opt": so, "gemv_unroll": un, "attention_dot": ad,
-                 "row_prefetch": rp, "maxnreg": mr, "x_stage": xst, "x_reuse": xru, "x_chunk": xch, "w_preload": wpl, "prefetch_cap": pfc, "prefetch_rows": pfr, "roll": rl, "kroll": kr,
-                 "relaxed_poll": rpl}
+    varying = varying_knobs(points)
+    print("fixed: " + tag_of(points[0], varying, invert=True))
+    for pt in points:
+        bn, bk = (int(v) for v in pt["gemv_block"].split("x"))
+        so = pt["sync_opt"]
+        opts = {"num_warps": pt["num_warps"],
+                "blocks": Blocks(gemv_n=bn, gemv_k=bk, elide_waits=so, coalesce_signals=so, **pt["blocks"])}
+        tag = tag_of(pt, varying)
+        cfg = LoweringConfig(dtype="bf16", max_seq=max(256, args.prompt_len + args.tokens + 8),
+                             **pt["config"]).validate()
+        knobs = {"config": cfg.to_json(), "num_warps": pt["num_warps"], "gemv_block": pt["gemv_block"],
+                 "sync_opt": so, **pt["blocks"]}
         try:
             res, session, ex = measure_megakernel(args.model, resolved, cfg, target, prompt, ref,
                                                   args.tokens, opts)

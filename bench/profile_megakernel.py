@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tile-gate-up", type=int, default=0, help="the tile_gate_up lowering knob (0 = tile)")
     ap.add_argument("--tile-lm-head", type=int, default=0, help="the tile_lm_head lowering knob (0 = tile)")
     ap.add_argument("--attn-split", type=int, default=1, help="the attn_split lowering knob")
+    ap.add_argument("--late-append", action="store_true", help="the late_append lowering knob")
     ap.add_argument("--layer", type=int, default=None,
                     help="also print the stage timeline of this layer (default: the middle one)")
     ap.add_argument("--all-layers", action="store_true",
@@ -69,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     resolved = resolve_model(args.model, dtype="bf16")
     cfg = LoweringConfig(tile=args.tile, workers=args.workers, policy=args.policy, dtype="bf16",
                          max_seq=256, fuse=args.fuse, wave=args.wave, attn_split=args.attn_split,
-                         tile_qkv=args.tile_qkv, tile_gate_up=args.tile_gate_up, tile_lm_head=args.tile_lm_head).validate()
+                         tile_qkv=args.tile_qkv, tile_gate_up=args.tile_gate_up, tile_lm_head=args.tile_lm_head,
+                         late_append=args.late_append).validate()
     target = cuda_target(props)
     session = pipeline.Session.build(args.model, args.tp, cfg, target, resolved=resolved)
     bn, bk = (int(v) for v in args.gemv_block.split("x"))

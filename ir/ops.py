@@ -31,6 +31,12 @@ swiglu_gemv     y = W @ (silu(g) * u) (+ r): SiLU*mul fused into the prologue
                                                                ins (g[K], u[K], W[N,K], r[N]?)
 rope_append     kc[:, pos, :] = rope(k) ; vc[:, pos, :] = v    ins (k, v, inv_freq, pos)
 rope_attention  attention (as above) of rope(q) at pos          ins (q, kc, vc, pos, inv_freq)
+rope_attention_kv
+                rope_attention whose position pos takes its key and value from the current
+                token's k and v (rope(k) and v, each rounded to its cache's dtype, exactly
+                what rope_append writes there) instead of the caches, which it reads at
+                0 .. pos-1 only; the cache append may then run after the attention
+                                                               ins (q, k, v, kc, vc, pos, inv_freq)
 copy            y = x (dtype cast between float dtypes allowed)
 put             dst (a symmetric buffer, usually on another rank) = src, same dtype
 quiet           complete every pending put of this worker (nvshmem_quiet)
@@ -349,6 +355,21 @@ def _spec(name, kind, ins, outs, in_dtypes, out_dtypes, **kw) -> OpSpec:
                   out_dtypes=out_dtypes, **kw)
 
 
+def _check_rope_attention_kv(ins, ind, outs, outd, p):
+    q, k, v, kc, vc, pos, inv_freq = ins
+    errs = [e.replace("rope_attention:", "rope_attention_kv:")
+            for e in _check_rope_attention([q, kc, vc, pos, inv_freq], ind, outs, outd, p)]
+    hd = p.get("head_dim")
+    dk = _cache_dims(kc, hd) if isinstance(hd, int) and hd > 0 else None
+    if dk is not None:
+        for name, src in (("k", k), ("v", v)):
+            if _n(src) != dk[0] * hd:
+                errs.append(f"rope_attention_kv: the caches hold {dk[0]} heads but {name} has {_n(src)} elements")
+    if isinstance(hd, int) and hd % 2:
+        errs.append(f"rope_attention_kv: head_dim must be even, got {hd}")
+    return errs
+
+
 OPS: dict[str, OpSpec] = {
     s.name: s
     for s in [
@@ -384,6 +405,9 @@ OPS: dict[str, OpSpec] = {
         _spec("rope_attention", "compute", ("q", "kc", "vc", "pos", "inv_freq"), ("o",),
               (F, F, F, I32, F32), (F,), params={"head_dim": int, "scale": float},
               check=_check_rope_attention),
+        _spec("rope_attention_kv", "compute", ("q", "k", "v", "kc", "vc", "pos", "inv_freq"), ("o",),
+              (F, F, F, F, F, I32, F32), (F,), params={"head_dim": int, "scale": float},
+              check=_check_rope_attention_kv),
         _spec("copy", "compute", ("x",), ("y",), (ANY,), (ANY,), check=_check_same_numel("copy")),
         _spec("put", "comm", ("src",), ("dst",), (ANY,), (ANY,), check=_check_put),
         _spec("quiet", "sync", (), (), (), ()),

@@ -51,6 +51,12 @@ attn_split    attention tasks per KV head: the query heads attending with one KV
               context; splitting it over more workers shortens it. With ``fuse``, the
               KV head's ``rope_append`` then signals a counter the attention tasks wait on
               instead of sharing their worker.
+late_append   with ``fuse`` (and no q/k norm): attention reads the current token's key and
+              value straight from the k / v projections (``rope_attention_kv``, waiting on
+              the q/k/v tiles only), and the rank's ``rope_append`` into the caches (one
+              task, after the attention tasks) runs on the least-loaded worker behind its
+              gate/up tiles, in that worker's slack, instead of between the projections and
+              the attention: one hand-off less on the step's critical path. Default off.
 ============  =========================================================================
 """
 
@@ -85,6 +91,7 @@ class LoweringConfig:
     tile_qkv: int = 0
     tile_gate_up: int = 0
     tile_lm_head: int = 0
+    late_append: bool = False
 
     def validate(self, source: str = "config") -> "LoweringConfig":
         """Return self, or raise AmkError naming the bad field and the allowed values."""
@@ -103,7 +110,7 @@ class LoweringConfig:
                 raise bad(name, f"expected an integer, got {v!r}")
             if v < 0:
                 raise bad(name, f"must be >= 0 (0: the same as tile), got {v}")
-        for name in ("fuse", "wave"):
+        for name in ("fuse", "wave", "late_append"):
             if not isinstance(getattr(self, name), bool):
                 raise bad(name, f"expected true or false, got {getattr(self, name)!r}")
         if self.workers > 1024:

@@ -43,8 +43,9 @@ def task_bytes(task: Task, buffers: dict[str, Buffer], seq_len: int) -> int:
     """Bytes a task moves through HBM (reads + writes) at sequence length ``seq_len``.
 
     ``embed`` reads one table row (not the whole declared table region); ``kv_append`` and
-    ``rope_append`` write one row per KV head of each cache; ``attention`` and
-    ``rope_attention`` read ``seq_len`` rows of each cache region; sync tasks move nothing;
+    ``rope_append`` write one row per KV head of each cache; ``attention``,
+    ``rope_attention`` and ``rope_attention_kv`` read ``seq_len`` rows of each cache region
+    (the last one also its current k and v); sync tasks move nothing;
     every other op moves its whole regions (the fused GEMVs: their vectors, weight tile
     and residual; a norm_gemv tile re-reads the whole normalised input, which it does).
     Small operands (pos, inv_freq) of the cache ops are not counted.
@@ -55,11 +56,14 @@ def task_bytes(task: Task, buffers: dict[str, Buffer], seq_len: int) -> int:
     if op == "embed":
         row = task.outs[0].numel()
         return 2 * row * DTYPE_BYTES.get(buffers[task.outs[0].buffer].dtype, 4)
-    if op in ("kv_append", "attention", "rope_append", "rope_attention"):
+    if op in ("kv_append", "attention", "rope_append", "rope_attention", "rope_attention_kv"):
         append = op in ("kv_append", "rope_append")
         total = 0
-        caches = task.outs if append else task.ins[1:3]
-        vectors = task.ins[:2] if append else (task.ins[0], task.outs[0])
+        if op == "rope_attention_kv":  # q, the current k and v, the output; the caches
+            caches, vectors = task.ins[3:5], (*task.ins[:3], task.outs[0])
+        else:
+            caches = task.outs if append else task.ins[1:3]
+            vectors = task.ins[:2] if append else (task.ins[0], task.outs[0])
         for reg in caches:
             shape = reg.shape()
             s = shape[-2] if len(shape) >= 2 else 1

@@ -123,12 +123,16 @@ class _Emitter:
         return name
 
     # -- placement ---------------------------------------------------------------------
-    def place(self, rank: int, cost: int, ready: Sequence[Ready] = ()) -> int:
+    def place(self, rank: int, cost: int, ready: Sequence[Ready] = (), least_loaded: bool = False) -> int:
         """Worker for the next unit of work (one tile or one fused chain) on ``rank``.
         ``ready``: the values the work waits for; work with the same ``ready`` is one stage
-        (it can all run at once), which the ``stage`` policy balances by itself."""
+        (it can all run at once), which the ``stage`` policy balances by itself.
+        ``least_loaded``: the worker with the fewest bytes so far whatever the policy (work
+        off the critical path, placed into a worker's slack)."""
         loads = self.load[rank]
-        if self.cfg.policy == "round_robin":
+        if least_loaded:
+            w = min(range(self.W), key=lambda i: (loads[i], i))
+        elif self.cfg.policy == "round_robin":
             w = self.cursor[rank] % self.W
             self.cursor[rank] += 1
         elif self.cfg.policy == "balanced":  # least bytes so far, lowest index on ties
@@ -245,6 +249,8 @@ class _Lowerer:
         self.D = sp.head_dim
         self.H = sp.hidden
         self.S = cfg.max_seq
+        #: late_append: the KV appends of the current layer, emitted after its o projection
+        self.late_appends: list[Callable[[], None]] = []
 
     # -- helpers -------------------------------------------------------------------------
     def weight(self, name: str, rank: int, key: str, shape: Sequence[int],
@@ -387,6 +393,9 @@ class _Lowerer:
         h = self.row_parallel(f"l{i}.attn", plan["o"], attn, x, self.part_heads)
         hn = self.norm_in(f"l{i}.ln2", plan["ln2"], h)
         m = self.mlp_in(i, plan, hn)
+        for emit in self.late_appends:  # after the o and gate/up tiles: never ahead of one in a queue
+            emit()
+        self.late_appends = []
         return self.row_parallel(f"l{i}.mlp", plan["down"], m, h, self.part_cols)
 
     def part_heads(self, r: int) -> tuple[int, int]:
@@ -522,9 +531,12 @@ class _Lowerer:
         inv = Region(self.inv[r], r, (_r(0, D // 2),))
         pos = Region(self.pos[r], r, (_r(0, 1),))
         groups = {g: self.attn_head_groups(r, g) for g in range(g0, g1)}
+        params = {"head_dim": D, "scale": float(self.spec.attn_scale)}
+        if self.cfg.late_append:
+            return self._attention_late_append(i, r, bufs, list(q_ready) + list(kv_ready), groups,
+                                               (kc, vc, a, ca, inv, pos), params)
         split = any(len(v) > 1 for v in groups.values())
         ckc = e.counter(f"c.l{i}.kvc.r{r}", r) if split else None
-        params = {"head_dim": D, "scale": float(self.spec.attn_scale)}
         n_att = 0
 
         def att_regions(j: int, lo: int, hi: int) -> tuple[list[Region], list[Region]]:
@@ -562,6 +574,49 @@ class _Lowerer:
                            params, ready=rdy, signals=[ca])
                     n_att += 1
         return Loc(a, r, 0, nq, (self.ready(ca, n_att),))
+
+    def _attention_late_append(self, i: int, r: int, bufs: dict, ready: list[Ready],
+                               groups: dict[int, list[tuple[int, int]]], places: tuple,
+                               params: dict) -> Loc:
+        """late_append: rank r's ``rope_attention_kv`` tasks (each waits on the q/k/v tiles
+        only and takes position pos from k and v), then, queued in ``late_appends`` for after
+        the gate/up tiles, one ``rope_append`` of all local KV heads that waits on all of
+        them (the caches' row pos is written only after every read of this step). ``places``:
+        (k cache, v cache, attention output, its counter, inv_freq region, pos region)."""
+        e, D, S = self.e, self.D, self.S
+        sh = self.part.shards[r]
+        h0 = sh.q_heads[0]
+        q_b, k_b, v_b = bufs["q"][3], bufs["k"][3], bufs["v"][3]
+        kc, vc, a, ca, inv, pos = places
+        n_att = 0
+        for j, g in enumerate(groups):
+            head = (_r(j, j + 1), _r(0, S), _r(0, D))
+            kv = [Region(k_b, r, (_r(j * D, (j + 1) * D),)), Region(v_b, r, (_r(j * D, (j + 1) * D),))]
+            for s, (lo, hi) in enumerate(groups[g]):
+                qa, qb = (lo - h0) * D, (hi - h0) * D
+                ins = [Region(q_b, r, (_r(qa, qb),)), *kv, Region(kc, r, head), Region(vc, r, head), pos, inv]
+                outs = [Region(a, r, (_r(qa, qb),))]
+                w = e.place(r, e.cost("rope_attention_kv", ins, outs), ready)
+                tag = f".s{s}" if len(groups[g]) > 1 else ""
+                e.task(f"l{i}.attn.kv{g}{tag}.r{r}", r, w, "rope_attention_kv", ins, outs, params,
+                       ready=ready, signals=[ca])
+                n_att += 1
+
+        def appends() -> None:
+            # One task for all of the rank's KV heads, on the worker with the fewest bytes so
+            # far, behind its gate/up tiles: it fills that worker's slack at the end of the
+            # gate/up stage (H200 profile, tenth session: one append per KV head placed by
+            # the stage policy lengthened the gate/up stage by its 3.8 us)
+            done = [self.ready(ca, n_att)]
+            nkv = sh.n_kv * D
+            cache = (_r(0, sh.n_kv), _r(0, S), _r(0, D))
+            ins = [Region(k_b, r, (_r(0, nkv),)), Region(v_b, r, (_r(0, nkv),)), inv, pos]
+            outs = [Region(kc, r, cache), Region(vc, r, cache)]
+            w = e.place(r, e.cost("rope_append", ins, outs), done, least_loaded=True)
+            e.task(f"l{i}.rope_append.r{r}", r, w, "rope_append", ins, outs, {"head_dim": D}, ready=done)
+
+        self.late_appends.append(appends)
+        return Loc(a, r, 0, sh.n_q * D, (self.ready(ca, n_att),))
 
     def chain(self, i: int, r: int, steps: list, ready: list[Ready], counter: str) -> None:
         """Emit dependent single tasks on one worker; the last one signals ``counter``."""

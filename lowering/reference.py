@@ -74,6 +74,10 @@ rope_append     k_rot = rope(k) (as rope, ``head_dim`` slices), then as kv_appen
 rope_attention  q_rot = rope(q) ROUNDED TO q's DTYPE, then attention(q_rot, kc, vc, pos)
                 as above. Equal bit for bit to rope (into a buffer of q's dtype) ->
                 attention.
+rope_attention_kv
+                as rope_attention, with row pos of the caches replaced by rope(k) rounded
+                to kc's dtype and v rounded to vc's dtype (what rope_append stores there).
+                Equal bit for bit to rope_append -> rope_attention.
 copy            y = x, converted to y's dtype (torch ``copy_`` rounding: round to nearest even).
 put             y = x (the executor decides where and when the data lands).
 quiet, fence,   no data (the executor implements their ordering effects).
@@ -271,15 +275,28 @@ def _rope_append(p, ins, outs):
     _append_rows(_rope_f32(k, inv_freq, pos_t, hd, "rope_append"), v, pos_t, hd, outs, "rope_append")
 
 
-def _attention_f32(q, kc, vc, pos_t, hd: int, scale: float, op: str) -> torch.Tensor:
-    """fp32 decode GQA attention (see the module table); returns [numel(q)] (head-major)."""
+def _attention_f32(q, kc, vc, pos_t, hd: int, scale: float, op: str,
+                   cur: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """fp32 decode GQA attention (see the module table); returns [numel(q)] (head-major).
+    ``cur`` = (k, v) fp32 [G * hd] each: the keys and values of position ``pos`` in place of
+    the caches' row pos (rope_attention_kv), which is then never read."""
     pos = _index(pos_t, op, "pos")
     kc, vc = _cache(kc, hd, op, "k cache"), _cache(vc, hd, op, "v cache")
     s = kc.shape[-2]
     if not 0 <= pos < s or vc.shape[-2] != s:
         raise ReferenceOpError(f"{op}: position {pos} out of range [0, {s}) of the cache")
-    k = kc[..., : pos + 1, :].reshape(-1, pos + 1, hd).to(torch.float32)  # [G, L, D]
-    v = vc[..., : pos + 1, :].reshape(-1, pos + 1, hd).to(torch.float32)
+    if cur is None:
+        k = kc[..., : pos + 1, :].reshape(-1, pos + 1, hd).to(torch.float32)  # [G, L, D]
+        v = vc[..., : pos + 1, :].reshape(-1, pos + 1, hd).to(torch.float32)
+    else:
+        gk = kc.numel() // (s * hd)  # kv heads (a cache with no rows before pos is empty)
+        k = kc[..., :pos, :].reshape(gk, pos, hd).to(torch.float32)
+        v = vc[..., :pos, :].reshape(vc.numel() // (s * hd), pos, hd).to(torch.float32)
+        if cur[0].numel() != k.shape[0] * hd or cur[1].numel() != v.shape[0] * hd:
+            raise ReferenceOpError(f"{op}: k / v hold {cur[0].numel()} / {cur[1].numel()} elements, "
+                                   f"the caches {k.shape[0]} heads of {hd}")
+        k = torch.cat([k, cur[0].reshape(-1, 1, hd)], dim=1)
+        v = torch.cat([v, cur[1].reshape(-1, 1, hd)], dim=1)
     g = k.shape[0]
     if q.numel() % hd or v.shape[0] != g:
         raise ReferenceOpError(f"{op}: q {q.numel()} elements / caches {tuple(kc.shape)}, {tuple(vc.shape)} mismatch")
@@ -304,6 +321,17 @@ def _rope_attention(p, ins, outs):
     qr = _round_to(_rope_f32(q, inv_freq, pos_t, hd, "rope_attention"), q.dtype)  # as rope's store
     o = _attention_f32(qr, kc, vc, pos_t, hd, float(p["scale"]), "rope_attention")
     _store(outs[0], o, "rope_attention")
+
+
+def _rope_attention_kv(p, ins, outs):
+    q, k, v, kc, vc, pos_t, inv_freq = ins
+    hd, op = int(p["head_dim"]), "rope_attention_kv"
+    qr = _round_to(_rope_f32(q, inv_freq, pos_t, hd, op), q.dtype)
+    # what rope_append would have stored in row pos of each cache
+    kr = _round_to(_rope_f32(k, inv_freq, pos_t, hd, op), kc.dtype)
+    vr = _round_to(_f32(v), vc.dtype)
+    o = _attention_f32(qr, kc, vc, pos_t, hd, float(p["scale"]), op, cur=(kr, vr))
+    _store(outs[0], o, op)
 
 
 def _silu_mul_f32(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -385,6 +413,7 @@ IMPLS: dict[str, OpFn] = {
     "swiglu_gemv": _swiglu_gemv,
     "rope_append": _rope_append,
     "rope_attention": _rope_attention,
+    "rope_attention_kv": _rope_attention_kv,
     "copy": _copy,
     "put": _copy,
     "quiet": _nothing,

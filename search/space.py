@@ -282,6 +282,8 @@ SEARCHABLE = {
     "tile_qkv": "rows per q/k/v tile (0: tile)",
     "tile_gate_up": "rows per gate/up tile (0: tile)",
     "tile_lm_head": "rows per LM-head tile (0: tile)",
+    "late_append": "with fuse: attention takes the current k/v from the projections and the KV "
+                   "append runs after it (rope_attention_kv)",
 }
 # Fixed for a whole search: they change what is computed or how much can be decoded, not
 # how the step is scheduled (the user picks them with --dtype / --max-seq).
@@ -311,7 +313,8 @@ def space_for(spec: Any, ranks: int, max_workers: int, fixed: dict[str, Any] | N
     workers: powers of two up to ``max_workers`` and up to the number of tiles of the
     largest stage at the smallest tile (more workers would idle). policy, allreduce: the
     lowering's own enumerations; allreduce only when ranks > 1 (R = 1 has no all-reduce).
-    fuse, wave: False, True. tile_gate_up, tile_lm_head: 0 (= tile) and the choices above the
+    fuse, wave: False, True; late_append: False, True for models without q/k norm (it changes
+    only the fused attention; with fuse off it is the same schedule). tile_gate_up, tile_lm_head: 0 (= tile) and the choices above the
     default tile and below the stage's rows on one rank. tile_qkv: 0 and QKV_TILE_CHOICES
     other than the default tile and below the most query rows of one rank. attn_split: 1, 2, 4, ... below the most query heads one rank
     holds of one KV head, and that count itself (one query head per task); 1 without GQA.
@@ -362,6 +365,10 @@ def space_for(spec: Any, ranks: int, max_workers: int, fixed: dict[str, Any] | N
             knobs.append(Knob(name, tuple(lc.POLICIES), d, False, SEARCHABLE[name]))
         elif name in ("fuse", "wave"):
             knobs.append(Knob(name, (False, True), d, False, SEARCHABLE[name]))
+        elif name == "late_append":
+            # only the fused attention of a model without q/k norm has a late append
+            if not getattr(spec, "qk_norm", False):
+                knobs.append(Knob(name, (False, True), d, False, SEARCHABLE[name]))
         elif name == "attn_split":
             from lowering.partition import partition
 

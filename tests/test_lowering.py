@@ -95,10 +95,11 @@ def _fingerprint(prog):
 @pytest.mark.parametrize("knob,value", [("tile", 32), ("workers", 3), ("policy", "balanced"),
                                         ("allreduce", "twoshot"), ("max_seq", 16),
                                         ("dtype", "bf16"), ("fuse", True), ("attn_split", 2),
-                                        ("tile_qkv", 32), ("tile_gate_up", 32), ("tile_lm_head", 32)])
+                                        ("tile_qkv", 32), ("tile_gate_up", 32), ("tile_lm_head", 32),
+                                        ("late_append", True)])
 def test_every_knob_changes_the_program(knob, value):
     g = graph_of("tiny-qwen2", layers=1)
-    base = LoweringConfig(tile=64, workers=2, max_seq=32)
+    base = LoweringConfig(tile=64, workers=2, max_seq=32, fuse=knob == "late_append")
     a = lower(g, 2, config=base)
     b = lower(g, 2, config=base.replace(**{knob: value}))
     assert _fingerprint(a) != _fingerprint(b)
@@ -215,19 +216,20 @@ def _validate(prog):
 
 CONFIGS = [dict(tile=32, workers=2), dict(tile=48, workers=3, policy="balanced", tile_gate_up=64, tile_lm_head=96,
                                                tile_qkv=24),
-           dict(tile=64, workers=1, allreduce="twoshot")]
+           dict(tile=64, workers=1, allreduce="twoshot"),
+           dict(tile=32, workers=3, policy="stage", attn_split=2, late_append=True)]
 
 
 @pytest.mark.parametrize("name", TINY)
 @pytest.mark.parametrize("R", [1, 2, 3, 4])
-@pytest.mark.parametrize("knobs", CONFIGS, ids=["rr", "balanced", "twoshot"])
+@pytest.mark.parametrize("knobs", CONFIGS, ids=["rr", "balanced", "twoshot", "late_append"])
 def test_every_lowering_passes_the_validator(name, R, knobs):
     _validate(lower(graph_of(name), R, config=LoweringConfig(max_seq=32, **knobs)))
 
 
 @pytest.mark.parametrize("name", TINY)
 @pytest.mark.parametrize("R", [1, 2, 3, 4])
-@pytest.mark.parametrize("knobs", CONFIGS, ids=["rr", "balanced", "twoshot"])
+@pytest.mark.parametrize("knobs", CONFIGS, ids=["rr", "balanced", "twoshot", "late_append"])
 def test_every_fused_lowering_passes_the_validator(name, R, knobs):
     _validate(lower(graph_of(name), R, config=LoweringConfig(max_seq=32, fuse=True, **knobs)))
 

@@ -426,6 +426,36 @@ def test_rope_attention_equals_rope_then_attention(dtype, hq, g_, pos):
         assert not torch.equal(y, plain)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("hq,g_,pos", [(4, 2, 0), (4, 2, 9), (3, 1, 5), (2, 2, 11)])
+def test_rope_attention_kv_equals_append_then_attention(dtype, hq, g_, pos):
+    """rope_attention_kv over caches whose row pos is stale (poisoned) equals rope_append ->
+    rope_attention bit for bit, and leaves the caches as they were."""
+    g = _gen(27)
+    hd, s = 16, 12
+    inv = 1.0 / (10000 ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+    q = torch.randn(hq * hd, generator=g).to(dtype)
+    k = torch.randn(g_ * hd, generator=g).to(dtype)
+    v = torch.randn(g_ * hd, generator=g).to(dtype)
+    kc = torch.randn(g_, s, hd, generator=g).to(dtype)
+    vc = torch.randn(g_, s, hd, generator=g).to(dtype)
+    kc[:, pos:] = float("nan")  # never read: rows pos.. are not written yet
+    vc[:, pos:] = float("nan")
+    p = torch.tensor([pos], dtype=torch.int32)
+    prm = {"head_dim": hd, "scale": hd ** -0.5}
+    kc_w, vc_w = kc.clone(), vc.clone()
+    apply_op("rope_append", {"head_dim": hd}, [k, v, inv, p], [kc_w, vc_w])
+    want = _out(hq * hd, dtype=dtype)
+    apply_op("rope_attention", prm, [q, kc_w, vc_w, p, inv], [want])
+    kc0, vc0 = kc.clone(), vc.clone()
+    y = _out(hq * hd, dtype=dtype)
+    apply_op("rope_attention_kv", prm, [q, k, v, kc, vc, p, inv], [y])
+    assert torch.equal(y, want) and not y.isnan().any()
+    assert torch.equal(kc.isnan(), kc0.isnan()) and torch.equal(kc.nan_to_num(), kc0.nan_to_num())
+    with pytest.raises(ReferenceOpError, match="rope_attention_kv"):
+        apply_op("rope_attention_kv", prm, [q, k, v[: hd // 2], kc, vc, p, inv], [y])
+
+
 def test_fused_ops_alias_input_and_output():
     """Every op computes its whole result before writing (outs may alias ins)."""
     g = _gen(26)

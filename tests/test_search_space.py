@@ -66,6 +66,8 @@ def test_every_knob_value_changes_the_program(model, ranks):
         # test them at the finest tile
         fine = k.name in ("wave", "policy")
         at = {**base, "tile": min(sp.knob("tile").values)} if fine else base
+        if k.name == "late_append":  # changes the fused attention only
+            at = {**at, "fuse": True}
         for v in k.values:
             cfg = LoweringConfig(**sp.lowering_config({**at, k.name: v}))
             prints[v] = program_fingerprint(lower(graph, ranks, config=cfg))
@@ -149,3 +151,12 @@ def test_bad_knob_declarations():
         Knob("tile", (1, 1), 1)
     with pytest.raises(ValueError, match="both"):
         SearchSpace([Knob("tile", (1, 2), 1)], {"tile": 1})
+
+
+def test_late_append_only_without_qk_norm():
+    """late_append changes only the fused attention of a model without q/k norm (Qwen3 has
+    its own q/k chains), so the space offers it there only."""
+    for model, has in (("tiny-llama", True), ("tiny-qwen3", False)):
+        spec, _ = _graph(model)
+        names = {k.name for k in space_for(spec, 1, 132).knobs}
+        assert ("late_append" in names) == has, model

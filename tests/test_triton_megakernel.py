@@ -347,7 +347,7 @@ def test_refuses_bad_worker_count():
 # ---------------------------------------------------------------- tiny models (lowering/lower.py)
 def lowered(name: str, workers: int, dtype: str = "f32", max_seq: int = 16, tile: int = 32,
             fuse: bool = False, ranks: int = 1, wave: bool = False, target: Target | None = None,
-            attn_split: int = 1):
+            attn_split: int = 1, late_append: bool = False):
     """(program, init_fn, HF model) for a tiny recipe lowered for ``ranks`` ranks (``fuse``:
     with the fused ops norm_gemv / gemv_res / swiglu_gemv / rope_append / rope_attention)."""
     from lowering.config import LoweringConfig
@@ -359,7 +359,7 @@ def lowered(name: str, workers: int, dtype: str = "f32", max_seq: int = 16, tile
     model = build_model(name)
     graph = import_model(model, model.config, name=name)
     cfg = dict(max_seq=max_seq, workers=workers, tile=tile, dtype=dtype, fuse=fuse, wave=wave,
-               attn_split=attn_split)
+               attn_split=attn_split, late_append=late_append)
     prog = lower(graph, ranks, config=LoweringConfig(**cfg),
                  target=target or Target(name="test", sms=132, max_workers=132, backend="triton"))
     weights = make_init_fn(state_dict_of(model), graph.spec)
@@ -419,13 +419,17 @@ FUSED_OPS = {"norm_gemv", "gemv_res", "swiglu_gemv", "rope_append", "rope_attent
 
 
 @cpu_only
-@pytest.mark.parametrize("name,dtype", [("tiny-llama", "f32"), ("tiny-llama", "bf16")])
-def test_fused_tiny_model_matches_sim(name, dtype):
+@pytest.mark.parametrize("name,dtype,late", [("tiny-llama", "f32", False), ("tiny-llama", "bf16", False),
+                                             ("tiny-llama", "f32", True), ("tiny-llama", "bf16", True)])
+def test_fused_tiny_model_matches_sim(name, dtype, late):
     """A fused program (LoweringConfig(fuse=True)) runs every fused op under the interpreter
-    and matches the CPU executor (and, in fp32, HF)."""
-    prog, init, model = lowered(name, workers=3, dtype=dtype, fuse=True)
+    and matches the CPU executor (and, in fp32, HF); with ``late_append`` attention takes
+    position pos from the projections (rope_attention_kv) and appends after it."""
+    prog, init, model = lowered(name, workers=3, dtype=dtype, fuse=True, late_append=late)
     ops = {t.op for t in prog.tasks}
-    assert FUSED_OPS <= ops, sorted(FUSED_OPS - ops)
+    want_ops = FUSED_OPS - {"rope_attention"} | {"rope_attention_kv"} if late else FUSED_OPS
+    assert want_ops <= ops, sorted(want_ops - ops)
+    assert not late or "rope_attention" not in ops
     ex = TritonExecutor(prog, init, check=False)
     sim = SimExecutor(prog, init, check=False, policy="in_order")
     n = 3 if dtype == "bf16" else len(TOKENS)
@@ -455,12 +459,12 @@ def test_tiny_model_bf16_matches_sim():
 
 @cpu_only
 @pytest.mark.parametrize("name,dtype,fuse", [("tiny-qwen2", "f32", False), ("tiny-llama", "bf16", False),
-                                             ("tiny-llama", "bf16", True)])
+                                             ("tiny-llama", "bf16", True), ("tiny-llama", "bf16", "late")])
 def test_offline_compile_for_sm90(tmp_path, name, dtype, fuse):
     """The GPU code path (inline PTX acquire loads, %globaltimer, release atomics, libdevice,
-    wide loads; with ``fuse`` the fused ops too) compiles to a cubin for sm_90 without a
-    GPU, with no register spills."""
-    prog, init, _ = lowered(name, workers=3, dtype=dtype, fuse=fuse)
+    wide loads; with ``fuse`` the fused ops too, "late": with late_append's
+    rope_attention_kv) compiles to a cubin for sm_90 without a GPU, with no register spills."""
+    prog, init, _ = lowered(name, workers=3, dtype=dtype, fuse=bool(fuse), late_append=fuse == "late")
     ex = TritonExecutor(prog, init, check=False)
     src = ex.emit_source(tmp_path / "kernel.py")
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(ROOT), TRITON_DEFAULT_FP_FUSION="1")

@@ -76,13 +76,13 @@ def test_merge_tables_rebases_waits_and_signals():
 
 
 def _tp_program(name: str, ranks: int, dtype: str = "f32", fuse: bool = False, workers: int = 2,
-                wave: bool = False):
+                wave: bool = False, late_append: bool = False):
     """A tiny recipe lowered for ``ranks`` ranks (tile 32; with ``wave`` tile 8, the wave
     knob's granularity), its init_fn and the HF model."""
     from tests.test_triton_megakernel import lowered
 
     return lowered(name, workers, dtype=dtype, tile=8 if wave else 32, fuse=fuse, ranks=ranks,
-                   wave=wave)
+                   wave=wave, late_append=late_append)
 
 
 def _decode(ex, ranks, tokens):
@@ -102,9 +102,10 @@ def _decode(ex, ranks, tokens):
 @needs_device
 @pytest.mark.parametrize("name,ranks,fuse,wave", [("tiny-llama", 2, False, False), ("tiny-qwen2", 3, True, False),
                                                   ("tiny-llama", 4, True, False), ("tiny-llama", 1, True, True),
-                                                  ("tiny-qwen3", 2, False, True)])
+                                                  ("tiny-qwen3", 2, False, True), ("tiny-qwen2", 2, "late", False)])
 def test_tensor_parallel_model_matches_sim_and_hf(name, ranks, fuse, wave):
-    prog, init, model = _tp_program(name, ranks, fuse=fuse, wave=wave)
+    """fuse "late": fused with late_append (rope_attention_kv, appends after the attention)."""
+    prog, init, model = _tp_program(name, ranks, fuse=bool(fuse), wave=wave, late_append=fuse == "late")
     ex = TritonExecutor(prog, init, check=False, device=DEV)
     sim = SimExecutor(prog, init, check=False, policy="in_order")
     toks = [5, 17, 33]

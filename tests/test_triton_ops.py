@@ -430,6 +430,35 @@ def test_rope_attention(device, dt, hq, G, D):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dt", [F32, BF16])
+@pytest.mark.parametrize("hq,G,D", [(6, 2, 16), (2, 2, 8)])
+def test_rope_attention_kv(device, dt, hq, G, D):
+    """Position pos from the current k and v (the caches' rows pos.. hold NaN and must not be
+    read); matches the reference and leaves the caches untouched."""
+    g = gen(15)
+    S = 10
+    inv = (1.0 / 10000 ** (torch.arange(0, D, 2, dtype=F32) / D)).to(device)
+    scale = 1.0 / math.sqrt(D)
+    for pos in (0, 3, 4, S - 1):
+        kc = torch.randn(G, S, D, generator=g).to(dt)
+        vc = torch.randn(G, S, D, generator=g).to(dt)
+        kc[:, pos:] = float("nan")
+        vc[:, pos:] = float("nan")
+        kc, vc = kc.to(device), vc.to(device)
+        q = (torch.randn(hq * D, generator=g) * 2).to(dt).to(device)
+        k = torch.randn(G * D, generator=g).to(dt).to(device)
+        v = torch.randn(G * D, generator=g).to(dt).to(device)
+        p = torch.tensor([pos], dtype=torch.int32, device=device)
+        o = torch.empty(hq * D, dtype=dt, device=device)
+        kc0 = kc.clone()
+        O.run_attention(q, kc, vc, p, o, scale, block_t=4, inv_freq=inv, kv_new=(k, v))
+        (want,) = ref("rope_attention_kv", {"head_dim": D, "scale": scale}, [q, k, v, kc, vc, p, inv], [o])
+        assert not o.isnan().any()
+        close(o, want, dt, rtol=1e-4 if dt == F32 else None, atol=1e-5 if dt == F32 else None)
+        assert torch.equal(kc.isnan(), kc0.isnan())
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_argmax_wide_block(device):
     """The one-pass argmax: ties across lanes and blocks keep the first index."""
     g = gen(15)

@@ -81,6 +81,16 @@ _F_S0A = tl.constexpr(T.F_S0A)
 _F_S0S = tl.constexpr(T.F_S0S)
 _OPND_W = tl.constexpr(T.OPND_W)
 _ROW = tl.constexpr(T.ROW)
+# row_prefetch: one thread per 128-byte line the row can touch (plus one: a row need not
+# start on a line), at offsets 0, step, ..., bytes - 1 with step <= 128
+_RP_THREADS = -(-T.ROW * 8 // 128) + 1
+_RP_STEP = (T.ROW * 8 - 1) // (_RP_THREADS - 1)
+assert _RP_STEP <= 128
+_RP_ASM = tl.constexpr(
+    "{ .reg .pred %rp_p; .reg .u32 %rp_t; .reg .u64 %rp_o; mov.u32 %rp_t, %tid.x; "
+    f"setp.lt.u32 %rp_p, %rp_t, {_RP_THREADS}; min.u32 %rp_t, %rp_t, {_RP_THREADS - 1}; "
+    f"mul.wide.u32 %rp_o, %rp_t, {_RP_STEP}; "
+    "add.u64 %rp_o, %rp_o, $1; @%rp_p prefetch.global.L1 [%rp_o]; mov.u32 $0, 0; }")
 _F_PFO = tl.constexpr(T.F_PFO)
 _F_PFN = tl.constexpr(T.F_PFN)
 _F_APFO = tl.constexpr(T.F_APFO)
@@ -170,19 +180,16 @@ def l2_prefetch(A_I32, row, AHEAD: tl.constexpr = False, CAP: tl.constexpr = 0):
 
 @device
 def row_prefetch(row):
-    """Start an L1 prefetch of the task-table row at ``row`` (T.ROW int64 = 576 bytes): six
-    threads each issue one ``prefetch.global.L1`` (PTX ISA "prefetch") at byte offsets 0,
-    115, ..., 575, so every 128-byte line the row touches is requested. Issued at the start
+    """Start an L1 prefetch of the task-table row at ``row`` (T.ROW int64 = 704 bytes):
+    ``_RP_THREADS`` threads each issue one ``prefetch.global.L1`` (PTX ISA "prefetch") at
+    byte offsets 0, ``_RP_STEP``, ..., 703 (steps of at most 128 bytes), so every 128-byte
+    line the row touches is requested. Issued at the start
     of the previous task, it turns the next task's header and operand loads (a dependent
     chain otherwise served by L2 or, once the step's weight stream has evicted the table
     from L2, by DRAM) into L1 hits. No effect on memory contents; a no-op under the
     interpreter. An acquire (a wait) invalidates L1, so it helps tasks that do not wait."""
     if not INTERPRET:
-        tl.inline_asm_elementwise(
-            "{ .reg .pred %rp_p; .reg .u32 %rp_t; .reg .u64 %rp_o; mov.u32 %rp_t, %tid.x; "
-            "setp.lt.u32 %rp_p, %rp_t, 6; min.u32 %rp_t, %rp_t, 5; mul.wide.u32 %rp_o, %rp_t, 115; "
-            "add.u64 %rp_o, %rp_o, $1; @%rp_p prefetch.global.L1 [%rp_o]; mov.u32 $0, 0; }",
-            "=r,l", [row], dtype=tl.int32, is_pure=False, pack=1)
+        tl.inline_asm_elementwise(_RP_ASM, "=r,l", [row], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @device
@@ -473,21 +480,38 @@ def t_kv_append(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DK: tl.constexpr, D
 def t_attention(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DQ: tl.constexpr, DKC: tl.constexpr,
                 DVC: tl.constexpr, DP: tl.constexpr, DF: tl.constexpr, DO: tl.constexpr, ROPE: tl.constexpr,
                 BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, DOT: tl.constexpr = False,
-                KV_ALIGN: tl.constexpr = 0):
+                KV_ALIGN: tl.constexpr = 0, DK: tl.constexpr = None, DV: tl.constexpr = None,
+                KV_NEW: tl.constexpr = False):
     """attention (q, kc, vc, pos, o) or, with ROPE, rope_attention (q, kc, vc, pos,
-    inv_freq, o). ``KV_ALIGN``: the table's ``kvaligned`` flag (ops.attention)."""
+    inv_freq, o) or, with ROPE and KV_NEW, rope_attention_kv (q, k, v, kc, vc, pos, inv_freq,
+    o; DK, DV: the dtypes of k and v). ``KV_ALIGN``: the table's ``kvaligned`` flag
+    (ops.attention)."""
     qo, qn0, qn1, qn2, qs0, qs1, qs2 = _opnd(row, 0, slot)
-    co, cg, cs, cd, cgs, css, cds = _opnd(row, 1, slot)
-    uo, ug, us, ud, ugs, uss, uds = _opnd(row, 2, slot)
-    po, pn0, pn1, pn2, ps0, ps1, ps2 = _opnd(row, 3, slot)
+    if KV_NEW:
+        CI: tl.constexpr = 3  # the caches follow q, k, v
+    else:
+        CI: tl.constexpr = 1
+    co, cg, cs, cd, cgs, css, cds = _opnd(row, CI, slot)
+    uo, ug, us, ud, ugs, uss, uds = _opnd(row, CI + 1, slot)
+    po, pn0, pn1, pn2, ps0, ps1, ps2 = _opnd(row, CI + 2, slot)
     if ROPE:
-        fo, fn0, fn1, fn2, fs0, fs1, fs2 = _opnd(row, 4, slot)
-        oo, on0, on1, on2, os0, os1, os2 = _opnd(row, 5, slot)
+        fo, fn0, fn1, fn2, fs0, fs1, fs2 = _opnd(row, CI + 3, slot)
+        oo, on0, on1, on2, os0, os1, os2 = _opnd(row, CI + 4, slot)
         fp = _ptr(A_BF16, A_F16, A_F32, A_I32, DF) + fo
     else:
-        oo, on0, on1, on2, os0, os1, os2 = _opnd(row, 4, slot)
+        oo, on0, on1, on2, os0, os1, os2 = _opnd(row, CI + 3, slot)
         fo, fn1, fn2, fs0, fs1, fs2 = oo, on1, on2, os0, os1, os2
         fp = _ptr(A_BF16, A_F16, A_F32, A_I32, DO) + fo
+    if KV_NEW:
+        ko, kn0, kn1, kn2, ks0, ks1, ks2 = _opnd(row, 1, slot)
+        vo, vn0, vn1, vn2, vs0, vs1, vs2 = _opnd(row, 2, slot)
+        kp = _ptr(A_BF16, A_F16, A_F32, A_I32, DK) + ko
+        vp = _ptr(A_BF16, A_F16, A_F32, A_I32, DV) + vo
+    else:  # unused
+        kn1, kn2, ks0, ks1, ks2 = qn1, qn2, qs0, qs1, qs2
+        vn1, vn2, vs0, vs1, vs2 = qn1, qn2, qs0, qs1, qs2
+        kp = _ptr(A_BF16, A_F16, A_F32, A_I32, DQ) + qo
+        vp = kp
     if KV_ALIGN > 1:
         co = K.aligned(co, KV_ALIGN)
         uo = K.aligned(uo, KV_ALIGN)
@@ -501,7 +525,8 @@ def t_attention(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DQ: tl.constexpr, D
                     _ptr(A_BF16, A_F16, A_F32, A_I32, DVC) + uo, ugs, uss, uds, pos,
                     _ptr(A_BF16, A_F16, A_F32, A_I32, DO) + oo, on1, on2, os0, os1, os2,
                     hq, cg, cd, _param_f(row, 1), fp, fn1, fn2, fs0, fs1, fs2, ROPE,
-                    BLOCK_T, BLOCK_D, BLOCK_Q, DOT, KV_ALIGN)
+                    BLOCK_T, BLOCK_D, BLOCK_Q, DOT, KV_ALIGN,
+                    kp, kn1, kn2, ks0, ks1, ks2, vp, vn1, vn2, vs0, vs1, vs2, KV_NEW)
         st = _ok()
     return st
 
@@ -723,6 +748,10 @@ def _call(v: T.Variant) -> str:
         rope = op == "rope_attention"
         return (f"t_attention({_COMMON}, {d[0]}, {d[1]}, {d[2]}, {d[3]}, {d[4]}, {d[5] if rope else d[4]}, "
                 f"{rope}, ATT_T, ATT_D, ATT_Q, ATT_DOT, {kva})")
+    if op == "rope_attention_kv":  # q, k, v, kc, vc, pos, inv_freq, o
+        kva = 16 // T.DTYPE_BYTES[v.dtypes[3]] if v.flag("kvaligned") else 0
+        return (f"t_attention({_COMMON}, {d[0]}, {d[3]}, {d[4]}, {d[5]}, {d[6]}, {d[7]}, "
+                f"True, ATT_T, ATT_D, ATT_Q, ATT_DOT, {kva}, {d[1]}, {d[2]}, True)")
     if op in ("silu_mul", "add"):
         return f"t_{op}({_COMMON}, {d[0]}, {d[1]}, {d[2]}, BLOCK)"
     if op == "reduce":

@@ -657,7 +657,9 @@ def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, v
               o, o_n1, o_n2, o_s0, o_s1, o_s2, HQ, G, D, scale,
               f, f_n1, f_n2, f_s0, f_s1, f_s2, ROPE: tl.constexpr,
               BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, DOT: tl.constexpr = False,
-              KV_ALIGN: tl.constexpr = 0):
+              KV_ALIGN: tl.constexpr = 0,
+              k=None, k_n1=1, k_n2=1, k_s0=0, k_s1=0, k_s2=1, v=None, v_n1=1, v_n2=1, v_s0=0, v_s1=0, v_s2=1,
+              KV_NEW: tl.constexpr = False):
     """Decode GQA attention over cache positions 0..pos (inclusive), fp32:
     for query head h < HQ (q is [HQ, D]) and g = h // (HQ / G):
     o[h] = softmax(q[h] . kc[g, :pos+1]^T * scale) @ vc[g, :pos+1].
@@ -665,6 +667,11 @@ def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, v
     ``ROPE`` (rope_attention): q is first rotated by RoPE at ``pos`` with frequencies
     ``f`` (inv_freq[D/2]) and rounded to q's dtype, the value the unfused rope op would
     have stored; otherwise ``f`` is unused.
+
+    ``KV_NEW`` (rope_attention_kv; needs ``ROPE``): position ``pos`` takes its key from
+    rope(k[g*D:(g+1)*D]) rounded to the K cache's dtype and its value from v[g*D:(g+1)*D]
+    rounded to the V cache's dtype (what rope_append stores in row pos); the caches are
+    read at positions 0 .. pos-1 only.
 
     The HQ/G query heads of one kv head are processed together (the cache is read once per
     kv head), with an online softmax (running max and sum) over BLOCK_T positions at a time.
@@ -695,6 +702,10 @@ def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, v
         pd = tl.where(lo, dd + half, dd - half)  # the rotate-half partner of each lane
         c, s = rope_cs(f, f_n1, f_n2, f_s0, f_s1, f_s2, tl.where(lo, dd, dd - half), dm, pos.to(tl.float32))
         s = tl.where(lo, -s, s)
+    if KV_NEW:
+        TC = pos  # cache rows read; row pos comes from k and v
+    else:
+        TC = T
     for g in range(0, G):
         qi = (g * grp + qh)[:, None] * D + dd[None, :]
         qmask = qm[:, None] & dm[None, :]
@@ -703,6 +714,12 @@ def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, v
             qpi = (g * grp + qh)[:, None] * D + pd[None, :]
             qp = tl.load(q + flat_off(qpi, q_n1, q_n2, q_s0, q_s1, q_s2), mask=qmask, other=0).to(tl.float32)
             qv = round_as(qv * c[None, :] + qp * s[None, :], q.dtype.element_ty)
+        if KV_NEW:
+            kl = tl.load(k + flat_off(g * D + dd, k_n1, k_n2, k_s0, k_s1, k_s2), mask=dm, other=0).to(tl.float32)
+            kp = tl.load(k + flat_off(g * D + pd, k_n1, k_n2, k_s0, k_s1, k_s2), mask=dm, other=0).to(tl.float32)
+            knew = round_as(kl * c + kp * s, kc.dtype.element_ty)
+            vl = tl.load(v + flat_off(g * D + dd, v_n1, v_n2, v_s0, v_s1, v_s2), mask=dm, other=0).to(tl.float32)
+            vnew = round_as(vl, vc.dtype.element_ty)
         m_i = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_Q], dtype=tl.float32)
         acc = tl.zeros([BLOCK_Q, BLOCK_D], dtype=tl.float32)
@@ -717,14 +734,18 @@ def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, v
         vb = vc + g * vc_g
         # V issued with K (before the score reductions' barriers): one round trip, not two
         tn = tl.arange(0, BLOCK_T)
-        knext, vnext = _kv_block(kb, kc_t, kc_d, vb, vc_t, vc_d, tn, dd, (tn < T)[:, None] & dm[None, :], KV_ALIGN)
+        knext, vnext = _kv_block(kb, kc_t, kc_d, vb, vc_t, vc_d, tn, dd, (tn < TC)[:, None] & dm[None, :], KV_ALIGN)
         for t0 in range(0, T, BLOCK_T):
             t = t0 + tl.arange(0, BLOCK_T)
             tm = t < T
             kt = knext.to(tl.float32)
             vt = vnext.to(tl.float32)
+            if KV_NEW:
+                cur = (t == pos)[:, None]
+                kt = tl.where(cur, knew[None, :], kt)
+                vt = tl.where(cur, vnew[None, :], vt)
             tn = t + BLOCK_T  # the next block's loads (all masked off after the last: no traffic)
-            knext, vnext = _kv_block(kb, kc_t, kc_d, vb, vc_t, vc_d, tn, dd, (tn < T)[:, None] & dm[None, :],
+            knext, vnext = _kv_block(kb, kc_t, kc_d, vb, vc_t, vc_d, tn, dd, (tn < TC)[:, None] & dm[None, :],
                                      KV_ALIGN)
             if DOT:
                 sc = tl.dot(qv, tl.trans(kt), input_precision="ieee") * scale  # [BQ, BT]
@@ -933,10 +954,12 @@ def _k_kv_append(k, k_n1, k_n2, k_s0, k_s1, k_s2, v, v_n1, v_n2, v_s0, v_s1, v_s
 def _k_attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, vc_t, vc_d, posp,
                  o, o_n1, o_n2, o_s0, o_s1, o_s2, HQ, G, D, scale, f, f_n1, f_n2, f_s0, f_s1, f_s2,
                  ROPE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr,
-                 DOT: tl.constexpr = False):
+                 DOT: tl.constexpr = False, k=None, k_n1=1, k_n2=1, k_s0=0, k_s1=0, k_s2=1,
+                 v=None, v_n1=1, v_n2=1, v_s0=0, v_s1=0, v_s2=1, KV_NEW: tl.constexpr = False):
     attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, vc_t, vc_d, tl.load(posp),
               o, o_n1, o_n2, o_s0, o_s1, o_s2, HQ, G, D, scale, f, f_n1, f_n2, f_s0, f_s1, f_s2, ROPE,
-              BLOCK_T, BLOCK_D, BLOCK_Q, DOT)
+              BLOCK_T, BLOCK_D, BLOCK_Q, DOT, 0, k, k_n1, k_n2, k_s0, k_s1, k_s2, v, v_n1, v_n2, v_s0, v_s1, v_s2,
+              KV_NEW)
 
 
 @triton.jit
@@ -1071,18 +1094,26 @@ def run_kv_append(k, v, pos, kc, vc, block: int = 64) -> None:
     _k_kv_append[(1,)](k, *flat_desc(k), v, *flat_desc(v), pos, kc, *kst, vc, *vst, g, d, BLOCK=block)
 
 
-def run_attention(q, kc, vc, pos, o, scale: float, block_t: int = 16, inv_freq=None, dot: bool = False) -> None:
+def run_attention(q, kc, vc, pos, o, scale: float, block_t: int = 16, inv_freq=None, dot: bool = False,
+                  kv_new=None) -> None:
     """attention, or rope_attention when ``inv_freq`` is given (``dot``: attention's DOT,
-    blocks raised to tl.dot's minimum of 16)."""
+    blocks raised to tl.dot's minimum of 16); with ``kv_new`` = (k, v) as well,
+    rope_attention_kv."""
+    if kv_new is not None and inv_freq is None:
+        raise ValueError("run_attention: kv_new (rope_attention_kv) needs inv_freq")
     g, _, d, *kst = _cache(kc)
     _, _, _, *vst = _cache(vc)
     hq = q.numel() // d
     f = inv_freq if inv_freq is not None else q
+    kn, vn = kv_new if kv_new is not None else (q, q)
     lo = 16 if dot else 1
     _k_attention[(1,)](q, *flat_desc(q), kc, *kst, vc, *vst, pos, o, *flat_desc(o), hq, g, d, scale,
                        f, *flat_desc(f), ROPE=inv_freq is not None, BLOCK_T=max(lo, block_t),
                        BLOCK_D=max(lo, triton.next_power_of_2(d)),
-                       BLOCK_Q=max(lo, triton.next_power_of_2(max(1, hq // g))), DOT=dot)
+                       BLOCK_Q=max(lo, triton.next_power_of_2(max(1, hq // g))), DOT=dot,
+                       k=kn, **dict(zip(("k_n1", "k_n2", "k_s0", "k_s1", "k_s2"), flat_desc(kn))),
+                       v=vn, **dict(zip(("v_n1", "v_n2", "v_s0", "v_s1", "v_s2"), flat_desc(vn))),
+                       KV_NEW=kv_new is not None)
 
 
 def run_silu_mul(g, u, y, block: int = _EW) -> None:

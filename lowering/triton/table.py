@@ -104,7 +104,7 @@ F_P0 = 5
 N_PARAMS = 4
 F_OPND = F_P0 + N_PARAMS
 OPND_W = 8
-MAX_OPNDS = 6
+MAX_OPNDS = 8  # rope_attention_kv: q, k, v, kc, vc, pos, inv_freq, o
 F_FLAGS = F_OPND + MAX_OPNDS * OPND_W  # bit 0: the task has a system-scope (remote) signal
 # The first wait and the first signal are copied into the row (also kept in ``waits`` /
 # ``signals``) so the kernel reads them with the row's other header fields in one round of
@@ -123,7 +123,7 @@ F_PFN = F_FLAGS + 8
 # so the kernel starts that prefetch from fields it loads with the row's header.
 F_APFO = F_FLAGS + 9
 F_APFN = F_FLAGS + 10
-ROW = 72  # F_APFN + 1 = 68 fields, padded to 72
+ROW = 88  # F_APFN + 1 = 84 fields, padded to 88 (704 bytes)
 assert F_APFN < ROW
 FLAG_SYS_SIGNAL = 1
 FLAG_X_READY = 2
@@ -152,6 +152,7 @@ ROLE_VIEWS: dict[str, tuple[str, ...]] = {
     "swiglu_gemv": ("flat", "flat", "matrix", "flat", "flat"),  # g, u, W, [r], y
     "rope_append": ("flat", "flat", "flat", "flat", "cache", "cache"),
     "rope_attention": ("flat", "cache", "cache", "flat", "flat", "flat"),
+    "rope_attention_kv": ("flat", "flat", "flat", "cache", "cache", "flat", "flat", "flat"),
     "rope": ("flat", "flat", "flat", "flat"),
     "kv_append": ("flat", "flat", "flat", "cache", "cache"),
     "attention": ("flat", "cache", "cache", "flat", "flat"),
@@ -177,6 +178,7 @@ PARAM_SLOTS: dict[str, tuple[tuple[str, str], ...]] = {
     "norm_gemv": (("eps", "f"),),
     "rope_append": (("head_dim", "i"),),
     "rope_attention": (("head_dim", "i"), ("scale", "f")),
+    "rope_attention_kv": (("head_dim", "i"), ("scale", "f")),
 }
 
 #: The GEMV family: op -> (operand index of x, of the prologue's second vector or None,
@@ -524,9 +526,10 @@ def _check_descs(task: Task, descs: list[Desc]) -> None:
     elif op == "argmax_combine":
         if descs[0].n[2] != 2:
             raise TableError(f"{where}: pairs viewed as [{descs[0].n[1]}, {descs[0].n[2]}], not [k, 2]")
-    elif op in ("kv_append", "attention", "rope_append", "rope_attention"):
+    elif op in ("kv_append", "attention", "rope_append", "rope_attention", "rope_attention_kv"):
         hd = int(task.params["head_dim"])
-        caches = {"kv_append": descs[3:5], "rope_append": descs[4:6]}.get(op, descs[1:3])
+        caches = {"kv_append": descs[3:5], "rope_append": descs[4:6],
+                  "rope_attention_kv": descs[3:5]}.get(op, descs[1:3])
         if op.startswith("rope_") and hd % 2:
             raise TableError(f"{where}: head_dim={hd} must be even for RoPE")
         for c in caches:
@@ -543,6 +546,10 @@ def _check_descs(task: Task, descs: list[Desc]) -> None:
         else:
             if src.numel % hd or (src.numel // hd) % g:
                 raise TableError(f"{where}: {src.numel // hd} query heads do not split over {g} kv heads")
+            if op == "rope_attention_kv":
+                for d in descs[1:3]:
+                    if d.numel != g * hd:
+                        raise TableError(f"{where}: caches hold {g} heads, current k / v has {d.numel} elements")
 
 
 def _prefetch_range(w: Desc, row: list[int], k: int, esize: int, layout: ArenaLayout,
@@ -581,13 +588,14 @@ def _variant(task: Task, bufs: dict[str, Buffer], descs: list[Desc], slots: int)
         flags["xaligned"] = (flags["xcontig"] and flags["aligned"]
                              and all((d.s[2] == 1 or d.n[2] == 1) and (d.off * e) % 16 == 0
                                      and (d.coef * e) % 16 == 0 for d, e in xs))
-    elif task.op in ("attention", "rope_attention"):
+    elif task.op in ("attention", "rope_attention", "rope_attention_kv"):
         # the K and V caches ([G, T, D]) with unit head-dim stride and every row start on a
         # 16-byte boundary: the kernel loads them as 16-byte vectors (ops.attention KV_ALIGN)
-        vec = 16 // DTYPE_BYTES[dtypes[1]]
-        flags["kvaligned"] = DTYPE_BYTES[dtypes[1]] == DTYPE_BYTES[dtypes[2]] and all(
+        ci = 3 if task.op == "rope_attention_kv" else 1
+        vec = 16 // DTYPE_BYTES[dtypes[ci]]
+        flags["kvaligned"] = DTYPE_BYTES[dtypes[ci]] == DTYPE_BYTES[dtypes[ci + 1]] and all(
             d.s[2] == 1 and d.s[1] % vec == 0 and d.s[0] % vec == 0
-            and all((d.off + d.coef * sl) % vec == 0 for sl in range(slots)) for d in descs[1:3])
+            and all((d.off + d.coef * sl) % vec == 0 for sl in range(slots)) for d in descs[ci:ci + 2])
     elif task.op == "reduce":
         flags["residual"] = len(task.ins) > 1
     return Variant(task.op, dtypes, tuple(sorted(flags.items())))
@@ -761,10 +769,11 @@ def build_table(program: ScheduleProgram, rank: int, order: Sequence[Sequence[Ta
             for j, (name, kind) in enumerate(PARAM_SLOTS.get(t.op, ())):
                 v = t.params[name]
                 row[F_P0 + j] = int(v) if kind == "i" else f32_bits(v)
-            if t.op in ("attention", "rope_attention"):
+            if t.op in ("attention", "rope_attention", "rope_attention_kv"):
                 hd = int(t.params["head_dim"])
+                ci = 3 if t.op == "rope_attention_kv" else 1
                 dims["head_dim"] = max(dims["head_dim"], hd)
-                dims["group"] = max(dims["group"], descs[0].numel // hd // descs[1].n[0])
+                dims["group"] = max(dims["group"], descs[0].numel // hd // descs[ci].n[0])
             v = _variant(t, bufs, descs, slots)
             if v not in vindex:
                 vindex[v] = len(variants)
