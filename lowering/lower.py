@@ -249,7 +249,7 @@ class _Lowerer:
         self.D = sp.head_dim
         self.H = sp.hidden
         self.S = cfg.max_seq
-        #: late_append: the KV appends of the current layer, emitted after its o projection
+        #: late_append: the KV appends of the current layer, emitted after its gate/up tiles
         self.late_appends: list[Callable[[], None]] = []
 
     # -- helpers -------------------------------------------------------------------------
