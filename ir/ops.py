@@ -104,6 +104,15 @@ class OpSpec:
     def max_ins(self) -> int:
         return len(self.ins) + len(self.optional_ins)
 
+    def operand_index(self, role: str, n_ins: int) -> int:
+        """Index of the required role ``role`` in a task's operands (its ``n_ins`` ins, then
+        its outs). Raises ValueError for a role the op does not have."""
+        if role in self.ins:
+            return self.ins.index(role)
+        if role in self.outs:
+            return n_ins + self.outs.index(role)
+        raise ValueError(f"op {self.name} has no operand {role!r}")
+
     def dtypes_for_in(self, i: int) -> tuple[str, ...]:
         if i < len(self.ins):
             return self.in_dtypes[i]

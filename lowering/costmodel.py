@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ir.ops import OPS
 from ir.program import DTYPE_BYTES, Buffer, ScheduleProgram, Task
 
 DEFAULT_HBM_BW = 3.0e12
@@ -59,11 +60,10 @@ def task_bytes(task: Task, buffers: dict[str, Buffer], seq_len: int) -> int:
     if op in ("kv_append", "attention", "rope_append", "rope_attention", "rope_attention_kv"):
         append = op in ("kv_append", "rope_append")
         total = 0
-        if op == "rope_attention_kv":  # q, the current k and v, the output; the caches
-            caches, vectors = task.ins[3:5], (*task.ins[:3], task.outs[0])
-        else:
-            caches = task.outs if append else task.ins[1:3]
-            vectors = task.ins[:2] if append else (task.ins[0], task.outs[0])
+        spec = OPS[op]
+        regs = dict(zip(spec.ins + spec.outs, (*task.ins, *task.outs)))
+        caches = (regs["kc"], regs["vc"])
+        vectors = [regs[role] for role in ("q", "k", "v", "o") if role in regs]
         for reg in caches:
             shape = reg.shape()
             s = shape[-2] if len(shape) >= 2 else 1

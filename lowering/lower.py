@@ -130,13 +130,11 @@ class _Emitter:
         ``least_loaded``: the worker with the fewest bytes so far whatever the policy (work
         off the critical path, placed into a worker's slack)."""
         loads = self.load[rank]
-        if least_loaded:
+        if least_loaded or self.cfg.policy == "balanced":  # least bytes so far, lowest index on ties
             w = min(range(self.W), key=lambda i: (loads[i], i))
         elif self.cfg.policy == "round_robin":
             w = self.cursor[rank] % self.W
             self.cursor[rank] += 1
-        elif self.cfg.policy == "balanced":  # least bytes so far, lowest index on ties
-            w = min(range(self.W), key=lambda i: (loads[i], i))
         else:  # stage: least bytes in this stage, then least bytes so far
             key = tuple(sorted((rd.counter, rd.threshold) for rd in ready))
             st = self.stage_load[rank].setdefault(key, [0] * self.W)
@@ -517,7 +515,8 @@ class _Lowerer:
         into row pos of the caches) then ``rope_attention`` of g's query heads. With one
         attention task per KV head (``attn_split`` 1 or no GQA), both run on one worker so
         queue order orders the cache write before its read; with several, each attention
-        task runs on its own worker and waits on a counter the rank's appends signal."""
+        task runs on its own worker and waits on a counter the rank's appends signal. With
+        ``late_append``: ``rope_attention_kv`` tasks and one later append (``_late_append``)."""
         e, D, S = self.e, self.D, self.S
         sh = self.part.shards[r]
         h0 = sh.q_heads[0]
@@ -532,11 +531,7 @@ class _Lowerer:
         pos = Region(self.pos[r], r, (_r(0, 1),))
         groups = {g: self.attn_head_groups(r, g) for g in range(g0, g1)}
         params = {"head_dim": D, "scale": float(self.spec.attn_scale)}
-        if self.cfg.late_append:
-            return self._attention_late_append(i, r, bufs, list(q_ready) + list(kv_ready), groups,
-                                               (kc, vc, a, ca, inv, pos), params)
         split = any(len(v) > 1 for v in groups.values())
-        ckc = e.counter(f"c.l{i}.kvc.r{r}", r) if split else None
         n_att = 0
 
         def att_regions(j: int, lo: int, hi: int) -> tuple[list[Region], list[Region]]:
@@ -544,6 +539,27 @@ class _Lowerer:
             qa, qb = (lo - h0) * D, (hi - h0) * D
             return ([Region(q_b, r, (_r(qa, qb),)), Region(kc, r, head), Region(vc, r, head), pos, inv],
                     [Region(a, r, (_r(qa, qb),))])
+
+        if self.cfg.late_append:
+            # rope_attention_kv tasks wait on the q/k/v tiles only; the rank's one append waits
+            # on all of them and is emitted later (layer(): after the gate/up tiles)
+            ready = list(q_ready) + list(kv_ready)
+            for j, g in enumerate(range(g0, g1)):
+                kv = [Region(k_b, r, (_r(j * D, (j + 1) * D),)), Region(v_b, r, (_r(j * D, (j + 1) * D),))]
+                for s, (lo, hi) in enumerate(groups[g]):
+                    att_ins, att_outs = att_regions(j, lo, hi)
+                    att_ins = att_ins[:1] + kv + att_ins[1:]  # q, k, v, kc, vc, pos, inv_freq
+                    w = e.place(r, e.cost("rope_attention_kv", att_ins, att_outs), ready)
+                    tag = f".s{s}" if len(groups[g]) > 1 else ""
+                    e.task(f"l{i}.attn.kv{g}{tag}.r{r}", r, w, "rope_attention_kv", att_ins, att_outs, params,
+                           ready=ready, signals=[ca])
+                    n_att += 1
+            nkv, cache = sh.n_kv * D, (_r(0, sh.n_kv), _r(0, S), _r(0, D))
+            app = ([Region(k_b, r, (_r(0, nkv),)), Region(v_b, r, (_r(0, nkv),)), inv, pos],
+                   [Region(kc, r, cache), Region(vc, r, cache)], [self.ready(ca, n_att)])
+            self.late_appends.append(lambda: self._late_append(i, r, *app))
+            return Loc(a, r, 0, nq, (self.ready(ca, n_att),))
+        ckc = e.counter(f"c.l{i}.kvc.r{r}", r) if split else None
 
         for j, g in enumerate(range(g0, g1)):
             head = (_r(j, j + 1), _r(0, S), _r(0, D))
@@ -575,48 +591,14 @@ class _Lowerer:
                     n_att += 1
         return Loc(a, r, 0, nq, (self.ready(ca, n_att),))
 
-    def _attention_late_append(self, i: int, r: int, bufs: dict, ready: list[Ready],
-                               groups: dict[int, list[tuple[int, int]]], places: tuple,
-                               params: dict) -> Loc:
-        """late_append: rank r's ``rope_attention_kv`` tasks (each waits on the q/k/v tiles
-        only and takes position pos from k and v), then, queued in ``late_appends`` for after
-        the gate/up tiles, one ``rope_append`` of all local KV heads that waits on all of
-        them (the caches' row pos is written only after every read of this step). ``places``:
-        (k cache, v cache, attention output, its counter, inv_freq region, pos region)."""
-        e, D, S = self.e, self.D, self.S
-        sh = self.part.shards[r]
-        h0 = sh.q_heads[0]
-        q_b, k_b, v_b = bufs["q"][3], bufs["k"][3], bufs["v"][3]
-        kc, vc, a, ca, inv, pos = places
-        n_att = 0
-        for j, g in enumerate(groups):
-            head = (_r(j, j + 1), _r(0, S), _r(0, D))
-            kv = [Region(k_b, r, (_r(j * D, (j + 1) * D),)), Region(v_b, r, (_r(j * D, (j + 1) * D),))]
-            for s, (lo, hi) in enumerate(groups[g]):
-                qa, qb = (lo - h0) * D, (hi - h0) * D
-                ins = [Region(q_b, r, (_r(qa, qb),)), *kv, Region(kc, r, head), Region(vc, r, head), pos, inv]
-                outs = [Region(a, r, (_r(qa, qb),))]
-                w = e.place(r, e.cost("rope_attention_kv", ins, outs), ready)
-                tag = f".s{s}" if len(groups[g]) > 1 else ""
-                e.task(f"l{i}.attn.kv{g}{tag}.r{r}", r, w, "rope_attention_kv", ins, outs, params,
-                       ready=ready, signals=[ca])
-                n_att += 1
-
-        def appends() -> None:
-            # One task for all of the rank's KV heads, on the worker with the fewest bytes so
-            # far, behind its gate/up tiles: it fills that worker's slack at the end of the
-            # gate/up stage (H200 profile, tenth session: one append per KV head placed by
-            # the stage policy lengthened the gate/up stage by its 3.8 us)
-            done = [self.ready(ca, n_att)]
-            nkv = sh.n_kv * D
-            cache = (_r(0, sh.n_kv), _r(0, S), _r(0, D))
-            ins = [Region(k_b, r, (_r(0, nkv),)), Region(v_b, r, (_r(0, nkv),)), inv, pos]
-            outs = [Region(kc, r, cache), Region(vc, r, cache)]
-            w = e.place(r, e.cost("rope_append", ins, outs), done, least_loaded=True)
-            e.task(f"l{i}.rope_append.r{r}", r, w, "rope_append", ins, outs, {"head_dim": D}, ready=done)
-
-        self.late_appends.append(appends)
-        return Loc(a, r, 0, sh.n_q * D, (self.ready(ca, n_att),))
+    def _late_append(self, i: int, r: int, ins: list[Region], outs: list[Region], done: list[Ready]) -> None:
+        """late_append: rank r's one ``rope_append`` of all its KV heads, waiting on all of its
+        attention tasks (``done``), on the worker with the fewest bytes so far. Emitted after
+        the gate/up tiles, so it fills that worker's slack at the end of the gate/up stage
+        (H200 profile, tenth session: one append per KV head placed by the stage policy
+        lengthened the gate/up stage by its 3.8 us)."""
+        w = self.e.place(r, self.e.cost("rope_append", ins, outs), done, least_loaded=True)
+        self.e.task(f"l{i}.rope_append.r{r}", r, w, "rope_append", ins, outs, {"head_dim": self.D}, ready=done)
 
     def chain(self, i: int, r: int, steps: list, ready: list[Ready], counter: str) -> None:
         """Emit dependent single tasks on one worker; the last one signals ``counter``."""

@@ -528,8 +528,8 @@ def _check_descs(task: Task, descs: list[Desc]) -> None:
             raise TableError(f"{where}: pairs viewed as [{descs[0].n[1]}, {descs[0].n[2]}], not [k, 2]")
     elif op in ("kv_append", "attention", "rope_append", "rope_attention", "rope_attention_kv"):
         hd = int(task.params["head_dim"])
-        caches = {"kv_append": descs[3:5], "rope_append": descs[4:6],
-                  "rope_attention_kv": descs[3:5]}.get(op, descs[1:3])
+        ci = OPS[op].operand_index("kc", len(task.ins))  # the V cache follows
+        caches = descs[ci:ci + 2]
         if op.startswith("rope_") and hd % 2:
             raise TableError(f"{where}: head_dim={hd} must be even for RoPE")
         for c in caches:
@@ -591,7 +591,7 @@ def _variant(task: Task, bufs: dict[str, Buffer], descs: list[Desc], slots: int)
     elif task.op in ("attention", "rope_attention", "rope_attention_kv"):
         # the K and V caches ([G, T, D]) with unit head-dim stride and every row start on a
         # 16-byte boundary: the kernel loads them as 16-byte vectors (ops.attention KV_ALIGN)
-        ci = 3 if task.op == "rope_attention_kv" else 1
+        ci = OPS[task.op].operand_index("kc", len(task.ins))  # the V cache follows
         vec = 16 // DTYPE_BYTES[dtypes[ci]]
         flags["kvaligned"] = DTYPE_BYTES[dtypes[ci]] == DTYPE_BYTES[dtypes[ci + 1]] and all(
             d.s[2] == 1 and d.s[1] % vec == 0 and d.s[0] % vec == 0
@@ -771,7 +771,7 @@ def build_table(program: ScheduleProgram, rank: int, order: Sequence[Sequence[Ta
                 row[F_P0 + j] = int(v) if kind == "i" else f32_bits(v)
             if t.op in ("attention", "rope_attention", "rope_attention_kv"):
                 hd = int(t.params["head_dim"])
-                ci = 3 if t.op == "rope_attention_kv" else 1
+                ci = OPS[t.op].operand_index("kc", len(t.ins))
                 dims["head_dim"] = max(dims["head_dim"], hd)
                 dims["group"] = max(dims["group"], descs[0].numel // hd // descs[ci].n[0])
             v = _variant(t, bufs, descs, slots)
