@@ -51,11 +51,9 @@ def run_tp(args, ctx) -> int:
     exit code (0: the megakernel is correct)."""
     from rich.console import Console
 
-    from amk import pipeline
-    from amk.baselines import BaselineResult, judge_tokens, make_reference
+    from amk.baselines import BaselineResult, make_reference
     from amk.commands.bench import _config, backend_options, cuda_target, measure_megakernel
-    from amk.timing import Timing, measure_hbm_bandwidth
-    from lowering.triton.graph import DecodeGraph
+    from amk.timing import measure_hbm_bandwidth
     from models.sources import resolve_model
     from search.evaluator import weight_bytes_per_rank
 
@@ -90,36 +88,14 @@ def run_tp(args, ctx) -> int:
     ref = ctx.broadcast_object(ref, 0)
 
     # -- the tensor-parallel megakernel -----------------------------------------------------
-    t0 = time.perf_counter()
-    with con.status(f"megakernel: lower for {R} ranks, validate, build"):
-        session = pipeline.Session.build(args.model, R, cfg, target, resolved=resolved)
-        if not session.verdict.ok:
-            raise AmkError("the schedule was rejected by the validator: "
-                           + "; ".join(f.message for f in session.verdict.errors[:3]), exit_code=1)
-        dec = session.decoder("triton", backend_options={**opts, "dist": ctx})
-    timings["build_s"] = time.perf_counter() - t0
-    with con.status("megakernel: logits vs HF eager at positions 0/7/31"):
-        report = session.check(dec)
-    ex = dec.ex
-    dec.step(int(prompt[0, 0]), 0)  # leaves every rank at the same step boundary
-    graph = DecodeGraph(ex, max_tokens=cfg.max_seq)
-    ctx.barrier()
-    with con.status(f"megakernel: {args.tokens} decode steps, one CUDA-graph replay each"):
-        t0 = time.perf_counter()
-        toks, timing = graph.decode(prompt[0].tolist(), args.tokens)
-        wall = time.perf_counter() - t0
-    per_rank = ctx.all_gather_object({"rank": rank, "tokens": toks, "timing": timing.to_json(),
-                                      "wall_s": wall, "device": torch.cuda.get_device_name(dev)})
-    agree = all(p["tokens"] == per_rank[0]["tokens"] for p in per_rank)
-    ok_tokens, first, note = judge_tokens(toks, ref)
-    if not agree:
-        ok_tokens, note = False, "ranks produced different tokens: " + "; ".join(
-            str(p["tokens"][:8]) for p in per_rank)
-    if not report.ok:
-        note = f"logit check failed: {'; '.join(report.failures())}; {note}"
-    slowest = max(per_rank, key=lambda p: p["timing"]["median_ms"])
-    ours = BaselineResult(f"amk_megakernel_tp{R}", toks, Timing(**slowest["timing"]),
-                          ok_tokens and report.ok, note)
+    with con.status(f"megakernel: lower for {R} ranks, validate, build, check logits, decode in a CUDA graph"):
+        ours, session, ex = measure_megakernel_tp(args.model, resolved, cfg, target, prompt, ref,
+                                                  args.tokens, opts, ctx)
+    timings["build_s"] = ours.extra["build_s"]
+    report, per_rank, agree, first = (ours.extra["report"], ours.extra["per_rank"], ours.extra["ranks_agree"],
+                                      ours.extra["first_divergence"])
+    toks = ours.tokens
+    ours.extra = {}  # the JSON holds these fields at its top level
     per_rank_bytes = weight_bytes_per_rank(session.program)
     floor = max(b / min(bws) for b in per_rank_bytes) * 1e3
 
@@ -182,6 +158,55 @@ def run_tp(args, ctx) -> int:
     _print_table(args, props, R, floor, bws, ours, baselines)
     write(result(baselines, done=True))
     return 0 if ours.correct else 1
+
+
+def measure_megakernel_tp(model_arg, resolved, cfg, target, prompt, ref, n_tokens: int, opts: dict, ctx):
+    """Lower for ``ctx.world`` ranks, validate, build this rank's NVSHMEM executor, check logits
+    against HF eager at positions 0, 7 and 31 (SPMD), then decode ``n_tokens`` with one
+    CUDA-graph replay per token. Called by every rank (collective).
+
+    ``prompt``: int64 [1, P] (CPU); ``ref``: the TokenReference (on every rank). Returns
+    (BaselineResult ``amk_megakernel_tp{R}`` whose timing is the slowest rank's and whose
+    ``extra`` holds ``report`` (LogitReport), ``per_rank`` (every rank's tokens, timing, wall
+    time, device), ``ranks_agree``, ``first_divergence``, ``build_s``, ``tasks``), the Session
+    and this rank's executor. Raises AmkError if the validator rejects the schedule."""
+    from amk import pipeline
+    from amk.baselines import BaselineResult, judge_tokens
+    from amk.timing import Timing
+    from lowering.triton.graph import DecodeGraph
+
+    R, rank, dev = ctx.world, ctx.rank, ctx.device
+    t0 = time.perf_counter()
+    session = pipeline.Session.build(model_arg, R, cfg, target, resolved=resolved)
+    if not session.verdict.ok:
+        raise AmkError("the schedule was rejected by the validator: "
+                       + "; ".join(f.message for f in session.verdict.errors[:3]), exit_code=1)
+    dec = session.decoder("triton", backend_options={**opts, "dist": ctx})
+    build_s = time.perf_counter() - t0
+    report = session.check(dec)
+    ex = dec.ex
+    dec.step(int(prompt[0, 0]), 0)  # leaves every rank at the same step boundary
+    graph = DecodeGraph(ex, max_tokens=cfg.max_seq)
+    ctx.barrier()
+    t0 = time.perf_counter()
+    toks, timing = graph.decode(prompt[0].tolist(), n_tokens)
+    wall = time.perf_counter() - t0
+    per_rank = ctx.all_gather_object({"rank": rank, "tokens": toks, "timing": timing.to_json(),
+                                      "wall_s": wall, "device": torch.cuda.get_device_name(dev)})
+    agree = all(p["tokens"] == per_rank[0]["tokens"] for p in per_rank)
+    ok_tokens, first, note = judge_tokens(toks, ref)
+    if not agree:
+        ok_tokens, note = False, "ranks produced different tokens: " + "; ".join(
+            str(p["tokens"][:8]) for p in per_rank)
+    if not report.ok:
+        note = f"logit check failed: {'; '.join(report.failures())}; {note}"
+    slowest = max(per_rank, key=lambda p: p["timing"]["median_ms"])
+    ours = BaselineResult(f"amk_megakernel_tp{R}", toks, Timing(**slowest["timing"]),
+                          ok_tokens and report.ok, note,
+                          {"report": report, "per_rank": per_rank, "ranks_agree": agree,
+                           "first_divergence": first, "build_s": build_s,
+                           "tasks": len(session.program.tasks)})
+    return ours, session, ex
 
 
 def _tp_baselines(args, ctx, model, prompt, ref, con) -> list:

@@ -4,6 +4,9 @@ Usage: python bench/megakernel_sweep.py MODEL [--workers 32,66,132] [--tile 64,1
            [--policy balanced] [--warps 4,8] [--gemv-block 16x256,32x512] [--gemv-stages 1,3]
            [--fuse 0,1] [--wave 0,1] [--prefetch 0,1] [--late-append 0,1] ... [--tokens 64] [--json FILE]
 Every knob flag takes a comma list; the sweep runs their product (``--help`` lists them).
+``--tp R``: tensor parallel over R GPUs, one process per GPU over NVSHMEM (spawned, as
+``amk bench --tp R``); each row's latency is the slowest rank's median and its roofline the
+per-rank one (amk/bench_tp.py); rank 0 prints and writes the JSON.
 Prints the knobs that stay fixed once, then per row the ones that vary, tasks, median
 ms/token, % of roofline, and the correctness verdict (greedy tokens vs HF generate with the
 bf16 near-tie rule, plus the logit check).
@@ -36,7 +39,7 @@ def strs(s: str) -> list[str]:
 #: Sweep flags (argparse dest) that set a LoweringConfig field of the same name.
 LOWERING_AXES = {"workers": ints, "tile": ints, "policy": strs, "fuse": flags, "wave": flags,
                  "attn_split": ints, "tile_qkv": ints, "tile_gate_up": ints, "tile_lm_head": ints,
-                 "late_append": flags}
+                 "late_append": flags, "tile_reduce": ints, "allreduce": strs}
 #: Sweep flags (argparse dest) that set a Blocks field: dest -> (field, parser). A row of the
 #: JSON records each under the field's name (bench/sweep_best.py maps them to amk bench flags).
 BLOCKS_AXES = {"gemv_stages": ("gemv_stages", ints), "prefetch": ("prefetch", ints),
@@ -78,6 +81,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--tile-qkv", default="0", help="comma list of the tile_qkv lowering knob (0 = tile)")
     ap.add_argument("--kroll", default="0", help="comma list of Blocks.kroll (unrolled K groups; 0 = off)")
     ap.add_argument("--tile-lm-head", default="0", help="comma list of the tile_lm_head lowering knob (0 = tile)")
+    ap.add_argument("--tp", type=int, default=1,
+                    help="ranks: one process per GPU over NVSHMEM (R GPUs needed), as amk bench --tp R")
+    ap.add_argument("--tile-reduce", default="0", help="comma list of the tile_reduce lowering knob (0 = tile)")
+    ap.add_argument("--allreduce", default="oneshot", help="comma list of the allreduce lowering knob")
     ap.add_argument("--relaxed-poll", default="0", help="comma list of 0/1 (Blocks.relaxed_poll)")
     ap.add_argument("--maxnreg", default="0", help="comma list of register caps (Blocks.maxnreg; 0 = automatic)")
     ap.add_argument("--sync-opt", default="1", help="comma list of 0/1: Blocks.elide_waits and "
@@ -127,34 +134,50 @@ def tag_of(pt: dict, keys: set[str], invert: bool = False) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     points = sweep_points(args)
+    ctx = None
+    if args.tp > 1:
+        from amk import launch
+        if not launch.in_spawned_rank():
+            return launch.spawn(sys.argv[1:] if argv is None else argv, args.tp,
+                                prefix=[sys.executable, __file__])
+        from lowering.triton.dist import init_distributed
+        ctx = init_distributed(args.tp)
 
     from amk.baselines import make_reference
+    from amk.bench_tp import measure_megakernel_tp
     from amk.commands.bench import cuda_target, measure_megakernel
     from amk.timing import decode_weight_bytes, measure_hbm_bandwidth, roofline_ms
     from lowering.config import LoweringConfig
     from lowering.triton.runtime import Blocks
     from models.sources import resolve_model
+    from search.evaluator import weight_bytes_per_rank
 
-    dev = torch.device("cuda")
+    dev = ctx.device if ctx else torch.device("cuda")
     props = torch.cuda.get_device_properties(dev)
     bw = measure_hbm_bandwidth(dev)
-    resolved = resolve_model(args.model, dtype="bf16")
+    if ctx:
+        bw = min(ctx.all_gather_object(bw))  # the per-rank roofline uses the slowest rank's
+    resolved = resolve_model(args.model, dtype="bf16", device=dev if ctx else None)
     model = resolved.model.to(dev)
     g = torch.Generator().manual_seed(1234)
     prompt = torch.randint(0, model.config.vocab_size, (1, args.prompt_len), generator=g)
-    ref = make_reference(model, prompt.to(dev), args.tokens)
+    ref = make_reference(model, prompt.to(dev), args.tokens) if not ctx or ctx.rank == 0 else None
+    if ctx:
+        ref = ctx.broadcast_object(ref, 0)
     floor = roofline_ms(decode_weight_bytes(model), bw)
     target = cuda_target(props)
     rows = []
 
     def dump() -> None:  # after every row: a sweep cut off by a time limit keeps what it measured
-        if args.json:
+        if args.json and (not ctx or ctx.rank == 0):
             with open(args.json, "w") as f:
-                json.dump({"device": props.name, "model": args.model, "hbm_bytes_per_s": bw,
+                json.dump({"device": props.name if not ctx else f"{ctx.world} x {props.name}",
+                           "model": args.model, "tp": args.tp, "hbm_bytes_per_s": bw,
                            "roofline_ms": floor, "command": " ".join(sys.argv), "rows": rows}, f,
                           indent=1)
 
-    print(f"{args.model} on {props.name}: HBM {bw / 1e12:.2f} TB/s, roofline {floor:.4f} ms")
+    print(f"{args.model} on {props.name}{f' x {args.tp}' if ctx else ''}: HBM {bw / 1e12:.2f} TB/s, "
+          f"roofline {floor:.4f} ms{' (one GPU; rows give the per-rank one)' if ctx else ''}")
     varying = varying_knobs(points)
     print("fixed: " + tag_of(points[0], varying, invert=True))
     for pt in points:
@@ -168,24 +191,33 @@ def main(argv: list[str] | None = None) -> int:
         knobs = {"config": cfg.to_json(), "num_warps": pt["num_warps"], "gemv_block": pt["gemv_block"],
                  "sync_opt": so, **pt["blocks"]}
         try:
-            res, session, ex = measure_megakernel(args.model, resolved, cfg, target, prompt, ref,
-                                                  args.tokens, opts)
-        except Exception as err:
+            if ctx:
+                res, session, ex = measure_megakernel_tp(args.model, resolved, cfg, target, prompt, ref,
+                                                         args.tokens, opts, ctx)
+            else:
+                res, session, ex = measure_megakernel(args.model, resolved, cfg, target, prompt, ref,
+                                                      args.tokens, opts)
+        except Exception as err:  # (under --tp a failure on one rank only would desync the ranks)
             print(f"  {tag}: FAILED {type(err).__name__}: {err}", flush=True)
             rows.append({**knobs, "error": f"{type(err).__name__}: {err}"})
             dump()
             continue
         med = res.timing.median_ms
+        check = res.extra["report"].to_json() if ctx else res.extra["logit_check"]
+        row_floor = floor
+        if ctx:
+            row_floor = max(weight_bytes_per_rank(session.program)) / bw * 1e3
         row = {**knobs, "tasks": res.extra["tasks"], "latency_ms_median": med,
-               "timing": res.timing.to_json(), "roofline_pct": 100 * floor / med,
+               "timing": res.timing.to_json(), "roofline_ms": row_floor, "roofline_pct": 100 * row_floor / med,
                "correct": res.correct, "note": res.note, "build_s": res.extra["build_s"],
-               "occupancy": ex.occupancy,
-               "max_abs_err": res.extra["logit_check"].get("max_abs_err")}
+               "occupancy": ex.occupancy, "max_abs_err": check.get("max_abs_err")}
         rows.append(row)
         dump()
         print(f"  {tag} tasks={row['tasks']:<6} {med:8.4f} ms "
               f"({row['roofline_pct']:5.1f}% roofline) correct={res.correct} {res.note}",
               flush=True)
+        if ctx:  # the next schedule's arena needs the symmetric heap's room
+            ctx.free_symmetric(ex.arena)
         del ex, session
         torch.cuda.empty_cache()
     dump()

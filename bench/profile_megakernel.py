@@ -33,6 +33,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefetch", type=int, default=0, help="L2 prefetch look-ahead (Blocks.prefetch)")
     ap.add_argument("--tp", type=int, default=1,
                     help="ranks, co-located on this one GPU (workers is then per rank: R x W must be co-resident)")
+    ap.add_argument("--spawn", action="store_true",
+                    help="with --tp R: one process per GPU over NVSHMEM (R GPUs needed), as `amk generate --tp R`; "
+                         "each rank profiles its own kernel, rank 0 prints, --json FILE gets one file per rank "
+                         "(FILE with .r<rank> before the suffix)")
     ap.add_argument("--sync-opt", type=int, default=1, help="1/0: Blocks.elide_waits and coalesce_signals")
     ap.add_argument("--unroll", type=int, default=1, help="GEMV K-loop unroll (Blocks.gemv_unroll)")
     ap.add_argument("--att-t", type=int, default=32, help="attention position block (Blocks.attention_t)")
@@ -50,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tile-lm-head", type=int, default=0, help="the tile_lm_head lowering knob (0 = tile)")
     ap.add_argument("--attn-split", type=int, default=1, help="the attn_split lowering knob")
     ap.add_argument("--late-append", action="store_true", help="the late_append lowering knob")
+    ap.add_argument("--allreduce", default="oneshot", help="the allreduce lowering knob (oneshot, twoshot)")
+    ap.add_argument("--tile-reduce", type=int, default=0, help="the tile_reduce lowering knob (0 = tile)")
     ap.add_argument("--layer", type=int, default=None,
                     help="also print the stage timeline of this layer (default: the middle one)")
     ap.add_argument("--all-layers", action="store_true",
@@ -57,6 +63,15 @@ def main(argv: list[str] | None = None) -> int:
                          "the LM head's timeline")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    ctx = None
+    if args.spawn and args.tp > 1:
+        import sys
+        from amk import launch
+        if not launch.in_spawned_rank():
+            return launch.spawn(sys.argv[1:] if argv is None else argv, args.tp,
+                                prefix=[sys.executable, __file__])
+        from lowering.triton.dist import init_distributed
+        ctx = init_distributed(args.tp)
 
     from amk import pipeline
     from amk.commands.bench import cuda_target
@@ -65,13 +80,14 @@ def main(argv: list[str] | None = None) -> int:
     from lowering.triton.runtime import Blocks
     from models.sources import resolve_model
 
-    dev = torch.device("cuda")
+    dev = ctx.device if ctx is not None else torch.device("cuda")
     props = torch.cuda.get_device_properties(dev)
-    resolved = resolve_model(args.model, dtype="bf16")
+    resolved = resolve_model(args.model, dtype="bf16", device=dev if ctx is not None else None)
     cfg = LoweringConfig(tile=args.tile, workers=args.workers, policy=args.policy, dtype="bf16",
                          max_seq=256, fuse=args.fuse, wave=args.wave, attn_split=args.attn_split,
                          tile_qkv=args.tile_qkv, tile_gate_up=args.tile_gate_up, tile_lm_head=args.tile_lm_head,
-                         late_append=args.late_append).validate()
+                         late_append=args.late_append, allreduce=args.allreduce,
+                         tile_reduce=args.tile_reduce).validate()
     target = cuda_target(props)
     session = pipeline.Session.build(args.model, args.tp, cfg, target, resolved=resolved)
     bn, bk = (int(v) for v in args.gemv_block.split("x"))
@@ -85,12 +101,12 @@ def main(argv: list[str] | None = None) -> int:
                                                          x_reuse=bool(args.x_reuse), w_preload=args.w_preload,
                                                          prefetch_cap=args.prefetch_cap, roll=args.roll,
                                                          prefetch_rows=args.prefetch_rows, kroll=args.kroll),
-        "profile": True})
+        "profile": True, **({"dist": ctx} if ctx is not None else {})})
     ex = dec.ex
     tok = 1
     for pos in range(args.steps):
         tok = dec.step(tok, pos)
-    torch.cuda.synchronize()
+    torch.cuda.synchronize(dev)
     prof = ex._prof.view(-1, MK.PROF_W).cpu().numpy().astype(np.int64)
     tab = ex.table
     ops = tab.task_ops
@@ -115,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'op':<16}{'tasks':>7}{'op us mean':>12}{'op us p90':>11}{'op us sum':>11}"
           f"{'wait us mean':>14}")
     out = {"model": args.model, "device": props.name, "span_us": span_us,
+           "rank": 0 if ctx is None else ctx.rank, "ranks": args.tp, "spawned": ctx is not None,
            "busiest_worker_op_us": max(busy), "gap_us_mean": float(gaps.mean()), "ops": {}}
     for op, d in sorted(per_op.items(), key=lambda kv: -sum(kv[1]["op_us"])):
         a, wt = np.array(d["op_us"]), np.array(d["wait_us"])
@@ -140,8 +157,17 @@ def main(argv: list[str] | None = None) -> int:
         out["stages_mean"], out["layer_span_us"] = layers_mean(tab, prof, n_layers)
         out["lm_stages"] = stage_timeline(tab, prof, "lm")
     if args.json:
-        with open(args.json, "w") as f:
+        path = args.json
+        if ctx is not None:
+            stem, dot, suf = path.rpartition(".")
+            path = f"{stem}.r{ctx.rank}.{suf}" if dot else f"{path}.r{ctx.rank}"
+        with open(path, "w") as f:
             json.dump(out, f, indent=1)
+    if ctx is not None and ctx.rank != 0:
+        import sys
+        spans = out.get("layer_span_us")
+        print(f"rank {ctx.rank}: last step span {span_us:.1f} us"
+              + (f"; layer spans mean {np.mean(spans):.1f} us" if spans else ""), file=sys.stderr)
     return 0
 
 
@@ -151,11 +177,12 @@ def stage_timeline(tab, prof, layer: int | str, quiet: bool = False) -> list[dic
     first op start and last op end relative to the layer's first stage start, the slowest
     task's op time, the spread of op starts, and the hand-off: this stage's first op start
     minus the previous stage's last op end (signal -> poll -> header -> operand loads).
-    Rank 0's tasks only when several ranks are co-located."""
+    The lowest rank's tasks when several ranks are co-located."""
     groups: dict[str, list[int]] = {}
+    first = min(tab.task_ranks)  # co-located: rank 0; one rank per process: that rank
     for row, tid in enumerate(tab.task_ids):
         parts = tid.split(".")
-        if parts[0] == (layer if isinstance(layer, str) else f"l{layer}") and tab.task_ranks[row] == 0:
+        if parts[0] == (layer if isinstance(layer, str) else f"l{layer}") and tab.task_ranks[row] == first:
             key = parts[1]
             if layer == "lm" and key[:1] == "k" and key[1:].isdigit():
                 key = "head"  # the LM-head GEMV tiles of every argmax chunk

@@ -7,8 +7,8 @@ lowering ignored would not exist here.
 knob          meaning
 ============  =========================================================================
 tile          rows per GEMV tile (q/k/v, o, gate/up, down, lm_head) and columns per
-              all-reduce reduce tile; also the alignment of the MLP-column and vocabulary
-              splits over ranks
+              all-reduce reduce tile (unless ``tile_reduce``); also the alignment of the
+              MLP-column and vocabulary splits over ranks
 workers       persistent workers (CTAs) per rank
 policy        tile -> worker assignment: ``round_robin`` (tile i of a stage -> worker
               i mod W), ``balanced`` (greedy: the worker with the fewest bytes moved so
@@ -51,6 +51,11 @@ attn_split    attention tasks per KV head: the query heads attending with one KV
               context; splitting it over more workers shortens it. With ``fuse``, the
               KV head's ``rope_append`` then signals a counter the attention tasks wait on
               instead of sharing their worker.
+tile_reduce   columns per all-reduce reduce tile (0, the default: ``tile``). A reduce
+              tile moves a few hundred bytes, so at ``tile`` 16 the reduce of a 4096-wide
+              hidden state is 256 tasks, each a wait, a task header and a signal, and the
+              next stage waits for all 256 signals (Llama-3.1-8B at tp 2: 7.5 us per
+              reduce stage, eleventh session); fewer, wider tiles cut that
 late_append   with ``fuse`` (and no q/k norm): attention reads the current token's key and
               value straight from the k / v projections (``rope_attention_kv``, waiting on
               the q/k/v tiles only), and the rank's ``rope_append`` into the caches (one
@@ -92,6 +97,7 @@ class LoweringConfig:
     tile_gate_up: int = 0
     tile_lm_head: int = 0
     late_append: bool = False
+    tile_reduce: int = 0
 
     def validate(self, source: str = "config") -> "LoweringConfig":
         """Return self, or raise AmkError naming the bad field and the allowed values."""
@@ -104,7 +110,7 @@ class LoweringConfig:
                 raise bad(name, f"expected an integer, got {v!r}")
             if v < 1:
                 raise bad(name, f"must be >= 1, got {v}")
-        for name in ("tile_qkv", "tile_gate_up", "tile_lm_head"):
+        for name in ("tile_qkv", "tile_gate_up", "tile_lm_head", "tile_reduce"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
                 raise bad(name, f"expected an integer, got {v!r}")

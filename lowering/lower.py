@@ -743,7 +743,7 @@ class _Lowerer:
                 rdy.append(part[r])
             rdy += [Ready(arrive[(q, r)], 1, frozenset()) for q in contrib if q != r]
             n = 0
-            for a, b in tiles(0, H, self.cfg.tile):
+            for a, b in tiles(0, H, self.cfg.tile_reduce or self.cfg.tile):
                 ins = [Region(rx, r, (SLOT, _r(0, P), _r(a, b))), resid[r].region(a, b)]
                 outs = [Region(y, r, (_r(a, b),))]
                 w = e.place(r, e.cost("reduce", ins, outs), rdy)
@@ -786,7 +786,7 @@ class _Lowerer:
                 rdy.append(part[b])
             rdy += [Ready(arrive[(q, b)], 1, frozenset()) for q in contrib if q != b]
             n = 0
-            for a, c_ in tiles(lo, hi, self.cfg.tile):
+            for a, c_ in tiles(lo, hi, self.cfg.tile_reduce or self.cfg.tile):
                 ins = [Region(rs, b, (SLOT, _r(0, P), _r(a, c_))), resid[b].region(a, c_)]
                 outs = [Region(ag, b, (SLOT, _r(a, c_)))]
                 w = e.place(b, e.cost("reduce", ins, outs), rdy)

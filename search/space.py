@@ -282,6 +282,7 @@ SEARCHABLE = {
     "tile_qkv": "rows per q/k/v tile (0: tile)",
     "tile_gate_up": "rows per gate/up tile (0: tile)",
     "tile_lm_head": "rows per LM-head tile (0: tile)",
+    "tile_reduce": "columns per all-reduce reduce tile (0: tile)",
     "late_append": "with fuse: attention takes the current k/v from the projections and the KV "
                    "append runs after it (rope_attention_kv)",
 }
@@ -294,6 +295,8 @@ TILE_CHOICES = (16, 32, 64, 128, 256, 512)
 # and not all powers of two (24 rows: Llama-3.2-1B's 3072 rows in 128 tiles)
 QKV_TILE_CHOICES = (16, 24, 32, 48, 64, 96, 128)
 WORKER_CHOICES = (1, 2, 4, 8, 16, 32, 64, 128)
+# a reduce tile moves a few hundred bytes: the useful ones are far wider than a GEMV tile
+REDUCE_TILE_CHOICES = (64, 128, 256, 512, 1024, 2048)
 
 
 def _next_pow2(n: int) -> int:
@@ -318,6 +321,8 @@ def space_for(spec: Any, ranks: int, max_workers: int, fixed: dict[str, Any] | N
     default tile and below the stage's rows on one rank. tile_qkv: 0 and QKV_TILE_CHOICES
     other than the default tile and below the most query rows of one rank. attn_split: 1, 2, 4, ... below the most query heads one rank
     holds of one KV head, and that count itself (one query head per task); 1 without GQA.
+    tile_reduce (ranks > 1 only): 0 and REDUCE_TILE_CHOICES above the default tile and below
+    the hidden size.
     ``fixed``: values of the non-searchable fields (defaults: the lowering's). Raises
     SpaceError if LoweringConfig has a field this module does not classify.
     """
@@ -378,6 +383,10 @@ def space_for(spec: Any, ranks: int, max_workers: int, fixed: dict[str, Any] | N
                        for lo, hi in [part.kv_group_heads(r, g)]] or [1])
             vals = sorted({s for s in (1, 2, 4, 8, 16) if s < grp} | {1, grp})
             knobs.append(Knob(name, tuple(vals), d, True, SEARCHABLE[name]))
+        elif name == "tile_reduce":
+            vals = sorted({0, d} | {t for t in REDUCE_TILE_CHOICES if default.tile < t < int(spec.hidden)})
+            if ranks > 1 and len(vals) > 1:
+                knobs.append(Knob(name, tuple(vals), d, True, SEARCHABLE[name]))
         elif name == "allreduce":
             if ranks > 1:
                 knobs.append(Knob(name, tuple(lc.ALLREDUCE_ALGOS), d, False, SEARCHABLE[name]))

@@ -69,7 +69,7 @@ def test_config_json_round_trip_and_errors(tmp_path):
                        ({"policy": "greedy"}, "'policy'"), ({"dtype": "fp8"}, "'dtype'"),
                        ({"allreduce": "ring"}, "'allreduce'"), ({"tiles": 8}, "'tiles'"),
                        ({"workers": True}, "'workers'"), ({"fuse": 1}, "'fuse'"),
-                       ({"fuse": "yes"}, "'fuse'")]:
+                       ({"fuse": "yes"}, "'fuse'"), ({"tile_reduce": -1}, "'tile_reduce'")]:
         with pytest.raises(AmkError, match=words):
             LoweringConfig.from_json(obj)
     bad = tmp_path / "c.json"
@@ -96,7 +96,7 @@ def _fingerprint(prog):
                                         ("allreduce", "twoshot"), ("max_seq", 16),
                                         ("dtype", "bf16"), ("fuse", True), ("attn_split", 2),
                                         ("tile_qkv", 32), ("tile_gate_up", 32), ("tile_lm_head", 32),
-                                        ("late_append", True)])
+                                        ("late_append", True), ("tile_reduce", 16)])
 def test_every_knob_changes_the_program(knob, value):
     g = graph_of("tiny-qwen2", layers=1)
     base = LoweringConfig(tile=64, workers=2, max_seq=32, fuse=knob == "late_append")

@@ -36,6 +36,47 @@ def test_grid_is_the_product_of_named_axes():
 def test_every_lowering_knob_is_an_axis():
     """Each LoweringConfig field the sweep can set, and each Blocks axis, names a real field."""
     lc = {f.name for f in fields(LoweringConfig)}
-    assert set(sweep.LOWERING_AXES) == lc - {"dtype", "max_seq", "allreduce"}
+    assert set(sweep.LOWERING_AXES) == lc - {"dtype", "max_seq"}
     bf = {f.name for f in fields(Blocks)}
     assert {f for f, _ in sweep.BLOCKS_AXES.values()} <= bf
+
+
+def test_tp_spawns_one_process_per_rank(monkeypatch):
+    """``--tp R`` (outside a rank process) hands the same command line to amk.launch.spawn with
+    this script as the program, for the sweep and for the profiler's ``--spawn``."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    from amk import launch
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("profile_megakernel", root / "bench" / "profile_megakernel.py")
+    prof = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prof)
+    calls = []
+    monkeypatch.setattr(launch, "in_spawned_rank", lambda: False)
+    monkeypatch.setattr(launch, "spawn", lambda argv, ranks, prefix=None: calls.append((argv, ranks, prefix)) or 7)
+    argv = ["config:llama-3.1-8b", "--tp", "2", "--tile-reduce", "0,256"]
+    assert sweep.main(argv) == 7
+    assert calls[-1][0] == argv and calls[-1][1] == 2
+    assert calls[-1][2][0] == sys.executable and calls[-1][2][1].endswith("megakernel_sweep.py")
+    argv = ["config:llama-3.1-8b", "--tp", "4", "--spawn", "--tile-reduce", "256"]
+    assert prof.main(argv) == 7
+    assert calls[-1][0] == argv and calls[-1][1] == 4 and calls[-1][2][1].endswith("profile_megakernel.py")
+    pts = sweep.sweep_points(sweep.parser().parse_args(["m", "--tile-reduce", "0,256", "--allreduce", "oneshot,twoshot"]))
+    assert {(p["config"]["tile_reduce"], p["config"]["allreduce"]) for p in pts} == {
+        (0, "oneshot"), (0, "twoshot"), (256, "oneshot"), (256, "twoshot")}
+
+
+def test_free_symmetric_refuses_a_foreign_tensor():
+    """DistContext.free_symmetric only gives back tensors from symmetric_bytes (checked before
+    any NVSHMEM call, so the error names the mistake)."""
+    import pytest
+    import torch
+
+    from lowering.triton.dist import DistContext, DistError
+
+    ctx = DistContext(rank=0, world=1, local_rank=0, device=torch.device("cpu"))
+    with pytest.raises(DistError, match="not allocated by symmetric_bytes"):
+        ctx.free_symmetric(torch.zeros(4))

@@ -347,9 +347,10 @@ def test_refuses_bad_worker_count():
 # ---------------------------------------------------------------- tiny models (lowering/lower.py)
 def lowered(name: str, workers: int, dtype: str = "f32", max_seq: int = 16, tile: int = 32,
             fuse: bool = False, ranks: int = 1, wave: bool = False, target: Target | None = None,
-            attn_split: int = 1, late_append: bool = False):
+            attn_split: int = 1, late_append: bool = False, **knobs):
     """(program, init_fn, HF model) for a tiny recipe lowered for ``ranks`` ranks (``fuse``:
-    with the fused ops norm_gemv / gemv_res / swiglu_gemv / rope_append / rope_attention)."""
+    with the fused ops norm_gemv / gemv_res / swiglu_gemv / rope_append / rope_attention);
+    ``knobs``: further LoweringConfig fields."""
     from lowering.config import LoweringConfig
     from lowering.lower import lower
     from lowering.weights import make_init_fn, state_dict_of
@@ -359,7 +360,7 @@ def lowered(name: str, workers: int, dtype: str = "f32", max_seq: int = 16, tile
     model = build_model(name)
     graph = import_model(model, model.config, name=name)
     cfg = dict(max_seq=max_seq, workers=workers, tile=tile, dtype=dtype, fuse=fuse, wave=wave,
-               attn_split=attn_split, late_append=late_append)
+               attn_split=attn_split, late_append=late_append, **knobs)
     prog = lower(graph, ranks, config=LoweringConfig(**cfg),
                  target=target or Target(name="test", sms=132, max_workers=132, backend="triton"))
     weights = make_init_fn(state_dict_of(model), graph.spec)

@@ -107,6 +107,8 @@ def test_tensor_parallel_model_matches_sim_and_hf(name, ranks, fuse, wave):
     """fuse "late": fused with late_append (rope_attention_kv, appends after the attention)."""
     prog, init, model = _tp_program(name, ranks, fuse=bool(fuse), wave=wave, late_append=fuse == "late")
     ex = TritonExecutor(prog, init, check=False, device=DEV)
+    if ranks > 1:  # the all-reduce's puts and reduces run on 16-byte vectors (table flag vec)
+        _assert_vector_moves(ex)
     sim = SimExecutor(prog, init, check=False, policy="in_order")
     toks = [5, 17, 33]
     got, want = _decode(ex, ranks, toks), _decode(sim, ranks, toks)
@@ -121,6 +123,77 @@ def test_tensor_parallel_model_matches_sim_and_hf(name, ranks, fuse, wave):
             torch.testing.assert_close(lg.cpu(), ls, rtol=1e-4, atol=2e-5)
             torch.testing.assert_close(lg.cpu(), lh, rtol=1e-4, atol=2e-5)
             assert nt == ns == int(torch.argmax(lh))
+
+
+def _assert_vector_moves(ex) -> None:
+    """Every reduce and every put of a hidden-state row (all-reduce) has the ``vec`` flag;
+    the LM head's argmax pairs (two fp32 per chunk) may not."""
+    var = ex.table.variants
+    for tid, op, row in zip(ex.table.task_ids, ex.table.task_ops, ex.table.rows):
+        if op == "reduce" or (op == "put" and not tid.startswith("lm.")):
+            v = var[int(row[T.F_OP])]
+            assert v.flag("vec"), (tid, v)
+
+
+def test_vec_flag_needs_flat_aligned_regions():
+    """table._flat_aligned: a region gets the 16-byte vector path only when its flat index is
+    its element offset and every slot start and the extent are multiples of the vector."""
+    from lowering.triton.table import Desc, _flat_aligned
+
+    row = Desc(off=64, coef=128, n=(1, 1, 64), s=(0, 0, 1))
+    assert _flat_aligned(row, 8, 2)
+    assert not _flat_aligned(Desc(off=68, coef=128, n=(1, 1, 64), s=(0, 0, 1)), 8, 2)  # start
+    assert not _flat_aligned(Desc(off=64, coef=132, n=(1, 1, 64), s=(0, 0, 1)), 8, 2)  # slot 1's start
+    assert not _flat_aligned(Desc(off=64, coef=128, n=(1, 1, 60), s=(0, 0, 1)), 8, 2)  # extent
+    assert not _flat_aligned(Desc(off=64, coef=128, n=(1, 1, 64), s=(0, 0, 2)), 8, 2)  # strided
+    assert not _flat_aligned(Desc(off=0, coef=0, n=(1, 4, 16), s=(0, 32, 1)), 8, 1)  # rows with gaps
+    assert _flat_aligned(Desc(off=0, coef=0, n=(1, 4, 16), s=(0, 16, 1)), 8, 1)
+
+
+@needs_device
+def test_bf16_tensor_parallel_vector_moves_keep_results(monkeypatch):
+    """bf16 at tp 2 (one-shot) and 4 (two-shot): the vectorised puts and reduces (8 elements
+    per access) give bit-identical logits and tokens to the generic strided path."""
+    from tests.test_triton_megakernel import lowered
+
+    for ranks, algo in ((2, "oneshot"), (4, "twoshot")):
+        prog, init, _ = lowered("tiny-llama", 2, dtype="bf16", tile=16, fuse=True, ranks=ranks, allreduce=algo)
+        ex = TritonExecutor(prog, init, check=False, device=DEV)
+        _assert_vector_moves(ex)
+        with monkeypatch.context() as m:
+            m.setattr(T, "_flat_aligned", lambda *a: False)
+            gen = TritonExecutor(prog, init, check=False, device=DEV)
+        assert not any(v.flag("vec") for v in gen.table.variants)
+        for (lg, nt), (lr, nr) in zip(_decode(ex, ranks, [5, 17]), _decode(gen, ranks, [5, 17])):
+            assert torch.equal(lg, lr) and nt == nr
+
+
+@pytest.mark.skipif(not INTERP, reason="offline compile runs without a GPU")
+@pytest.mark.parametrize("triton_path", ["local", "device"])
+def test_allreduce_moves_compile_to_16_byte_vectors(tmp_path, triton_path):
+    """A bf16 all-reduce program (puts and reduces only) compiled offline for sm_90 loads and
+    stores 16-byte vectors (ld/st.global.v4): the ``vec`` path's alignment facts reach
+    Triton's analysis. ``device``: with the GPU machines' Triton (AMK_DEVICE_TRITON)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if triton_path == "device" and not os.environ.get("AMK_DEVICE_TRITON"):
+        pytest.skip("AMK_DEVICE_TRITON (the GPU machines' Triton, .ci/run installs 3.6) unset")
+    root = Path(__file__).resolve().parents[1]
+    ex = TritonExecutor(allreduce(ranks=2, n=256, workers=2, dtype="bf16"), None, check=False, device=DEV)
+    assert all(v.flag("vec") for v in ex.table.variants if v.op in ("put", "reduce"))
+    src = ex.emit_source(tmp_path / "kernel.py")
+    path = [os.environ["AMK_DEVICE_TRITON"]] if triton_path == "device" else []
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([*path, str(root)]))
+    code = "import sys; from lowering.triton.megakernel import _main; sys.exit(_main(sys.argv[1:]))"
+    res = subprocess.run([sys.executable, "-c", code, str(src), "--arch", "90"], capture_output=True,
+                         text=True, env=env, cwd=root, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rep = json.loads(res.stdout.strip().splitlines()[-1])
+    assert rep["vector_loads"] and rep["vector_stores"], rep
 
 
 @needs_device

@@ -116,6 +116,19 @@ class DistContext:
         self._tensors.append(t)
         return t
 
+    def free_symmetric(self, t: torch.Tensor) -> None:
+        """Give a tensor from ``symmetric_bytes`` back to the symmetric heap, so a later
+        allocation (another schedule's arena, e.g. in a sweep) finds the room. Collective,
+        like the allocation; nothing may use ``t`` (or a view or CUDA graph of it) after."""
+        k = next((i for i, u in enumerate(self._tensors) if u is t), None)
+        if k is None:
+            raise DistError("free_symmetric: the tensor was not allocated by symmetric_bytes")
+        import nvshmem.core.interop.torch as nvt
+        torch.cuda.synchronize(self.device)
+        self.barrier()
+        del self._tensors[k]
+        nvt.free_tensor(t)
+
     def peer_deltas(self, t: torch.Tensor) -> dict[int, int]:
         """For a symmetric tensor ``t``: peer rank -> byte distance from this rank's copy to
         the peer's copy as mapped into this process (``nvshmem_ptr`` minus own pointer).

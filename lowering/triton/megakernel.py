@@ -559,19 +559,24 @@ def t_add(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DA: tl.constexpr, DB: tl.
 
 @device
 def t_reduce(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DP: tl.constexpr, DR: tl.constexpr,
-             DY: tl.constexpr, HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+             DY: tl.constexpr, HAS_RES: tl.constexpr, BLOCK: tl.constexpr, VEC: tl.constexpr = 0):
     po, pn0, pn1, pn2, ps0, ps1, ps2 = _opnd(row, 0, slot)
     if HAS_RES:
         ro, rn0, rn1, rn2, rs0, rs1, rs2 = _opnd(row, 1, slot)
         yo, yn0, yn1, yn2, ys0, ys1, ys2 = _opnd(row, 2, slot)
+        if VEC > 0:
+            ro = K.aligned(ro, VEC)
         rp = _ptr(A_BF16, A_F16, A_F32, A_I32, DR) + ro
     else:
         yo, yn0, yn1, yn2, ys0, ys1, ys2 = _opnd(row, 1, slot)
         rp = _ptr(A_BF16, A_F16, A_F32, A_I32, DY) + yo
         rn1, rn2, rs0, rs1, rs2 = yn1, yn2, ys0, ys1, ys2
+    if VEC > 0:
+        po = K.aligned(po, VEC)
+        yo = K.aligned(yo, VEC)
     K.reduce(_ptr(A_BF16, A_F16, A_F32, A_I32, DP) + po, ps1, ps2, pn1, rp, rn1, rn2, rs0, rs1, rs2,
              _ptr(A_BF16, A_F16, A_F32, A_I32, DY) + yo, yn1, yn2, ys0, ys1, ys2, yn0 * yn1 * yn2,
-             HAS_RES, BLOCK)
+             HAS_RES, BLOCK, VEC)
     return _ok()
 
 
@@ -597,12 +602,15 @@ def t_argmax_combine(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DP: tl.constex
 
 @device
 def t_copy(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DY: tl.constexpr,
-           BLOCK: tl.constexpr):
+           BLOCK: tl.constexpr, VEC: tl.constexpr = 0):
     """copy and put (a put's destination offset already includes the peer's arena delta)."""
     xo, xn0, xn1, xn2, xs0, xs1, xs2 = _opnd(row, 0, slot)
     yo, yn0, yn1, yn2, ys0, ys1, ys2 = _opnd(row, 1, slot)
+    if VEC > 0:
+        xo = K.aligned(xo, VEC)
+        yo = K.aligned(yo, VEC)
     K.copy(_ptr(A_BF16, A_F16, A_F32, A_I32, DX) + xo, xn1, xn2, xs0, xs1, xs2,
-           _ptr(A_BF16, A_F16, A_F32, A_I32, DY) + yo, yn1, yn2, ys0, ys1, ys2, yn0 * yn1 * yn2, BLOCK)
+           _ptr(A_BF16, A_F16, A_F32, A_I32, DY) + yo, yn1, yn2, ys0, ys1, ys2, yn0 * yn1 * yn2, BLOCK, VEC)
     return _ok()
 
 
@@ -718,6 +726,12 @@ PROF_W = 8
 _COMMON = "A_BF16, A_F16, A_F32, A_I32, row, slot, err"
 
 
+def _vec(v: T.Variant) -> int:
+    """Elements per 16-byte vector for a variant with the table's ``vec`` flag (its widest
+    operand dtype), else 0: the generic strided path."""
+    return 16 // max(T.DTYPE_BYTES[d] for d in v.dtypes) if v.flag("vec") else 0
+
+
 def _call(v: T.Variant) -> str:
     """The dispatch call for one variant (generated source)."""
     d = [TL_DTYPE[x] for x in v.dtypes]
@@ -757,13 +771,13 @@ def _call(v: T.Variant) -> str:
     if op == "reduce":
         res = v.flag("residual")
         dr = d[1] if res else d[-1]
-        return f"t_reduce({_COMMON}, {d[0]}, {dr}, {d[-1]}, {res}, BLOCK)"
+        return f"t_reduce({_COMMON}, {d[0]}, {dr}, {d[-1]}, {res}, BLOCK, {_vec(v)})"
     if op == "argmax":
         return f"t_argmax({_COMMON}, {d[0]}, {d[1]}, BLOCK)"
     if op == "argmax_combine":
         return f"t_argmax_combine({_COMMON}, {d[0]}, {d[1]}, PAIR_BLOCK)"
     if op in ("copy", "put"):
-        return f"t_copy({_COMMON}, {d[0]}, {d[1]}, BLOCK)"
+        return f"t_copy({_COMMON}, {d[0]}, {d[1]}, BLOCK, {_vec(v)})"
     if op in ("quiet", "fence"):
         return "t_fence()"
     if op == "nop":
@@ -937,6 +951,7 @@ def compile_offline(source: str, constexprs: dict[str, int], arch: int = 90, num
                row_prefetch="prefetch.global.L1" in ptx, line_prefetch="prefetch.global.L2 " in ptx,
                release_gpu="gpu.release.add" in ptx, release_sys="sys.release.add" in ptx,
                barrier="bar.sync" in ptx, vector_loads=bool(re.search(r"ld\.global(\.\w+)*\.v4", ptx)),
+               vector_stores=bool(re.search(r"st\.global(\.\w+)*\.v4", ptx)),
                regs=None, local_bytes=None)
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     tool = str(tool) if tool.exists() else shutil.which("cuobjdump")

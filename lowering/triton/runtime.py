@@ -616,7 +616,12 @@ class TritonExecutor:
     def _launch(self, epoch: int) -> None:
         self._epoch.fill_(epoch)
         if not self.interpret and self.compiled is None:
-            self._check_coresidency()
+            self._check_coresidency()  # compiles the kernel (seconds) before its first launch
+            if self.dist is not None:
+                # every rank launches only once all have compiled: a rank whose compile ran
+                # 2 s longer than a peer's left that peer's first waits past the watchdog
+                # bound (a tp 2 sweep row failed so, eleventh session)
+                self.dist.barrier()
         self._kernel[(self.workers,)](*self._args(), **self._launch_kw)
         rec = self._err.to("cpu")
         self._report(epoch, rec)

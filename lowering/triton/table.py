@@ -598,7 +598,26 @@ def _variant(task: Task, bufs: dict[str, Buffer], descs: list[Desc], slots: int)
             and all((d.off + d.coef * sl) % vec == 0 for sl in range(slots)) for d in descs[ci:ci + 2])
     elif task.op == "reduce":
         flags["residual"] = len(task.ins) > 1
+        # P [KP, n] rows contiguous at a 16-byte row stride, residual and y flat
+        vec = 16 // max(DTYPE_BYTES[d] for d in dtypes)
+        p = descs[0]
+        flags["vec"] = (p.n[0] == 1 and (p.s[2] == 1 or p.n[2] == 1) and p.n[2] % vec == 0
+                        and (p.n[1] == 1 or p.s[1] % vec == 0)
+                        and all((p.off + p.coef * sl) % vec == 0 for sl in range(slots))
+                        and all(_flat_aligned(d, vec, slots) for d in descs[1:]))
+    elif task.op in ("copy", "put"):
+        vec = 16 // max(DTYPE_BYTES[d] for d in dtypes)
+        flags["vec"] = all(_flat_aligned(d, vec, slots) for d in descs)
     return Variant(task.op, dtypes, tuple(sorted(flags.items())))
+
+
+def _flat_aligned(d: Desc, vec: int, slots: int) -> bool:
+    """The region's flat index i addresses element off + i (every axis of extent > 1 at its
+    row-major stride), and its extent and every slot's start are multiples of ``vec``
+    elements (buffer bases and peer deltas are 16-byte aligned: build_layout, build_table)."""
+    (n0, n1, n2), (s0, s1, s2) = d.n, d.s
+    flat = (n2 == 1 or s2 == 1) and (n1 == 1 or s1 == n2) and (n0 == 1 or s0 == n1 * n2)
+    return flat and d.numel % vec == 0 and all((d.off + d.coef * sl) % vec == 0 for sl in range(slots))
 
 
 def elide_waits(queue: Sequence[Task]) -> list[list]:
