@@ -1,7 +1,7 @@
 """Where does a megakernel step spend its time? In-kernel %globaltimer stamps per task.
 
 Usage: python bench/profile_megakernel.py MODEL [--workers 132] [--tile 32] [--warps 8]
-           [--gemv-block 32x512] [--steps 12] [--json FILE]
+           [--gemv-block 32x512] [--steps 12] [--tp R [--spawn]] [--json FILE]
 Runs ``--steps`` decode steps with the profiling kernel (one extra global store per stamp)
 and reports, per op: task count, mean / p90 op time (op start -> signals released) and
 mean wait time (queue head -> waits satisfied), plus the step's span and the sum of op

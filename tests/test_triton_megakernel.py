@@ -177,7 +177,7 @@ def test_table_layout_and_descriptors():
     assert tab.signals[s0].tolist() == [0, 2, T.SCOPE_GPU]
     variants = {v.describe() for v in tab.variants}
     assert "gemv(bf16,bf16,f32)[aligned,contig,xaligned,xcontig]" in variants
-    assert "copy(f32,f32)" in variants and "fence()" in variants
+    assert "copy(f32,f32)[vec]" in variants and "fence()" in variants  # contiguous, 16-byte aligned
 
 
 def test_table_refuses_unsafe_programs():
