@@ -133,3 +133,14 @@ def tp_entry(ranks: int, backend: str, colocate: bool = False) -> tuple[int | No
     if ctx.rank != 0:
         sys.stdout = open(os.devnull, "w")
     return None, ctx
+
+
+def script_entry(script: str, argv: Sequence[str] | None, ranks: int) -> tuple[int | None, Any]:
+    """``tp_entry`` for a bench script run as ``python SCRIPT ... --tp R`` (R > 1): in the
+    launcher, spawn R ranks running ``SCRIPT`` with the same arguments (``argv``; None: this
+    process's own) and return (their exit code, None); inside a rank (spawned or torchrun),
+    return (None, this rank's DistContext). Raises DistError as ``init_distributed``."""
+    if not in_spawned_rank():
+        return spawn(sys.argv[1:] if argv is None else argv, ranks, prefix=[sys.executable, script]), None
+    from lowering.triton.dist import init_distributed
+    return None, init_distributed(ranks)

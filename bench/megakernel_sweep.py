@@ -137,11 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     ctx = None
     if args.tp > 1:
         from amk import launch
-        if not launch.in_spawned_rank():
-            return launch.spawn(sys.argv[1:] if argv is None else argv, args.tp,
-                                prefix=[sys.executable, __file__])
-        from lowering.triton.dist import init_distributed
-        ctx = init_distributed(args.tp)
+        code, ctx = launch.script_entry(__file__, argv, args.tp)
+        if code is not None:
+            return code
 
     from amk.baselines import make_reference
     from amk.bench_tp import measure_megakernel_tp

@@ -65,13 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     ctx = None
     if args.spawn and args.tp > 1:
-        import sys
         from amk import launch
-        if not launch.in_spawned_rank():
-            return launch.spawn(sys.argv[1:] if argv is None else argv, args.tp,
-                                prefix=[sys.executable, __file__])
-        from lowering.triton.dist import init_distributed
-        ctx = init_distributed(args.tp)
+        code, ctx = launch.script_entry(__file__, argv, args.tp)
+        if code is not None:
+            return code
 
     from amk import pipeline
     from amk.commands.bench import cuda_target

@@ -727,9 +727,9 @@ _COMMON = "A_BF16, A_F16, A_F32, A_I32, row, slot, err"
 
 
 def _vec(v: T.Variant) -> int:
-    """Elements per 16-byte vector for a variant with the table's ``vec`` flag (its widest
-    operand dtype), else 0: the generic strided path."""
-    return 16 // max(T.DTYPE_BYTES[d] for d in v.dtypes) if v.flag("vec") else 0
+    """Elements per 16-byte vector for a variant with the table's ``vec`` flag, else 0: the
+    generic strided path."""
+    return T.vec_elems(v.dtypes) if v.flag("vec") else 0
 
 
 def _call(v: T.Variant) -> str:

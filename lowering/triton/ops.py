@@ -804,20 +804,22 @@ def reduce(p, p_rs, p_cs, KP, r, r_n1, r_n2, r_s0, r_s1, r_s2, y, y_n1, y_n2, y_
     for i0 in range(0, n, BLOCK):
         i = i0 + tl.arange(0, BLOCK)
         m = i < n
-        if VEC > 0:
-            acc = tl.load(p + i, mask=m, other=0).to(tl.float32)
-            for k in range(1, KP):
-                acc += tl.load(p + k * p_rs + i, mask=m, other=0).to(tl.float32)
-            if HAS_RES:
-                acc += tl.load(r + i, mask=m, other=0).to(tl.float32)
-            store(y + i, acc, m)
+        if VEC > 0:  # plain i, so Triton's analysis sees the contiguity
+            pi = i
+            yi = i
         else:
-            acc = tl.load(p + i * p_cs, mask=m, other=0).to(tl.float32)
-            for k in range(1, KP):
-                acc += tl.load(p + k * p_rs + i * p_cs, mask=m, other=0).to(tl.float32)
-            if HAS_RES:
-                acc += tl.load(r + flat_off(i, r_n1, r_n2, r_s0, r_s1, r_s2), mask=m, other=0).to(tl.float32)
-            store(y + flat_off(i, y_n1, y_n2, y_s0, y_s1, y_s2), acc, m)
+            pi = i * p_cs
+            yi = flat_off(i, y_n1, y_n2, y_s0, y_s1, y_s2)
+        acc = tl.load(p + pi, mask=m, other=0).to(tl.float32)
+        for k in range(1, KP):
+            acc += tl.load(p + k * p_rs + pi, mask=m, other=0).to(tl.float32)
+        if HAS_RES:
+            if VEC > 0:
+                ri = i
+            else:
+                ri = flat_off(i, r_n1, r_n2, r_s0, r_s1, r_s2)
+            acc += tl.load(r + ri, mask=m, other=0).to(tl.float32)
+        store(y + yi, acc, m)
 
 
 @device
@@ -897,11 +899,13 @@ def copy(x, x_n1, x_n2, x_s0, x_s1, x_s2, y, y_n1, y_n2, y_s0, y_s1, y_s2, n, BL
     for i0 in range(0, n, BLOCK):
         i = i0 + tl.arange(0, BLOCK)
         m = i < n
-        if VEC > 0:
-            store(y + i, tl.load(x + i, mask=m, other=0), m)
+        if VEC > 0:  # plain i, so Triton's analysis sees the contiguity
+            xi = i
+            yi = i
         else:
-            v = tl.load(x + flat_off(i, x_n1, x_n2, x_s0, x_s1, x_s2), mask=m, other=0)
-            store(y + flat_off(i, y_n1, y_n2, y_s0, y_s1, y_s2), v, m)
+            xi = flat_off(i, x_n1, x_n2, x_s0, x_s1, x_s2)
+            yi = flat_off(i, y_n1, y_n2, y_s0, y_s1, y_s2)
+        store(y + yi, tl.load(x + xi, mask=m, other=0), m)
 
 
 @device

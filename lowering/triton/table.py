@@ -581,8 +581,7 @@ def _variant(task: Task, bufs: dict[str, Buffer], descs: list[Desc], slots: int)
         flags["xcontig"] = all(descs[j].n[0] == 1 and descs[j].n[1] == 1
                                for j in (xi, ai) if j is not None)
         vec = 16 // esize  # elements per 16 bytes
-        offsets = {w.off + w.coef * s for s in range(slots)}
-        flags["aligned"] = (flags["contig"] and all(o % vec == 0 for o in offsets)
+        flags["aligned"] = (flags["contig"] and _starts_aligned(w, vec, slots)
                             and (w.n[1] == 1 or w.s[1] % vec == 0) and w.n[2] % vec == 0)
         xs = [(descs[j], DTYPE_BYTES[dtypes[j]]) for j in (xi, ai) if j is not None]
         flags["xaligned"] = (flags["xcontig"] and flags["aligned"]
@@ -594,21 +593,29 @@ def _variant(task: Task, bufs: dict[str, Buffer], descs: list[Desc], slots: int)
         ci = OPS[task.op].operand_index("kc", len(task.ins))  # the V cache follows
         vec = 16 // DTYPE_BYTES[dtypes[ci]]
         flags["kvaligned"] = DTYPE_BYTES[dtypes[ci]] == DTYPE_BYTES[dtypes[ci + 1]] and all(
-            d.s[2] == 1 and d.s[1] % vec == 0 and d.s[0] % vec == 0
-            and all((d.off + d.coef * sl) % vec == 0 for sl in range(slots)) for d in descs[ci:ci + 2])
+            d.s[2] == 1 and d.s[1] % vec == 0 and d.s[0] % vec == 0 and _starts_aligned(d, vec, slots)
+            for d in descs[ci:ci + 2])
     elif task.op == "reduce":
         flags["residual"] = len(task.ins) > 1
         # P [KP, n] rows contiguous at a 16-byte row stride, residual and y flat
-        vec = 16 // max(DTYPE_BYTES[d] for d in dtypes)
+        vec = vec_elems(dtypes)
         p = descs[0]
         flags["vec"] = (p.n[0] == 1 and (p.s[2] == 1 or p.n[2] == 1) and p.n[2] % vec == 0
-                        and (p.n[1] == 1 or p.s[1] % vec == 0)
-                        and all((p.off + p.coef * sl) % vec == 0 for sl in range(slots))
+                        and (p.n[1] == 1 or p.s[1] % vec == 0) and _starts_aligned(p, vec, slots)
                         and all(_flat_aligned(d, vec, slots) for d in descs[1:]))
     elif task.op in ("copy", "put"):
-        vec = 16 // max(DTYPE_BYTES[d] for d in dtypes)
-        flags["vec"] = all(_flat_aligned(d, vec, slots) for d in descs)
+        flags["vec"] = all(_flat_aligned(d, vec_elems(dtypes), slots) for d in descs)
     return Variant(task.op, dtypes, tuple(sorted(flags.items())))
+
+
+def vec_elems(dtypes: Sequence[str]) -> int:
+    """Elements per 16-byte vector of a ``vec`` variant: its widest operand dtype's."""
+    return 16 // max(DTYPE_BYTES[d] for d in dtypes)
+
+
+def _starts_aligned(d: Desc, vec: int, slots: int) -> bool:
+    """The operand starts on a multiple of ``vec`` elements in every slot."""
+    return all((d.off + d.coef * sl) % vec == 0 for sl in range(slots))
 
 
 def _flat_aligned(d: Desc, vec: int, slots: int) -> bool:
@@ -617,7 +624,7 @@ def _flat_aligned(d: Desc, vec: int, slots: int) -> bool:
     elements (buffer bases and peer deltas are 16-byte aligned: build_layout, build_table)."""
     (n0, n1, n2), (s0, s1, s2) = d.n, d.s
     flat = (n2 == 1 or s2 == 1) and (n1 == 1 or s1 == n2) and (n0 == 1 or s0 == n1 * n2)
-    return flat and d.numel % vec == 0 and all((d.off + d.coef * sl) % vec == 0 for sl in range(slots))
+    return flat and d.numel % vec == 0 and _starts_aligned(d, vec, slots)
 
 
 def elide_waits(queue: Sequence[Task]) -> list[list]:
