@@ -44,6 +44,14 @@ fence           order this worker's earlier puts before its later ones, per dest
                 rank (nvshmem_fence)
 nop             no data; carries waits and signals (credits, barriers)
 ==============  ==============================================================================
+
+**Mirror outputs.** The GEMV family (gemv, norm_gemv, gemv_res, swiglu_gemv) may list up to
+``MAX_MIRRORS`` more outputs after y: each receives a copy of y, so it must have y's shape
+and dtype. A mirror is a region of a symmetric buffer on another rank (usually y's own
+region there): the peer stores of a one-shot all-reduce fused into the GEMV tile that
+computes the partial (``LoweringConfig.allreduce = "fused"``). The validator treats a
+mirror like a put's destination: a remote write that its consumer may read only after a
+wait that includes the task's own signal to that rank (put-with-signal).
 """
 
 from __future__ import annotations
@@ -80,7 +88,8 @@ class OpSpec:
     follow ``ins``. ``in_dtypes`` / ``out_dtypes``: per role, the allowed dtypes.
     ``params``: required param names and their Python types; ``optional_params`` likewise.
     ``kind``: ``compute``, ``comm`` (moves data between ranks) or ``sync`` (no data).
-    ``backends``: backends that implement the op.
+    ``backends``: backends that implement the op. ``mirrors``: how many mirror outputs
+    (copies of the first output, see the module doc) a task may add after ``outs``.
     """
 
     name: str
@@ -95,6 +104,30 @@ class OpSpec:
     optional_params: dict[str, type] = field(default_factory=dict)
     check: CheckFn | None = None
     backends: frozenset[str] = frozenset({"sim", "triton"})
+    mirrors: int = 0
+
+    @property
+    def min_outs(self) -> int:
+        return len(self.outs)
+
+    @property
+    def max_outs(self) -> int:
+        return len(self.outs) + self.mirrors
+
+    def dtypes_for_out(self, i: int) -> tuple[str, ...]:
+        """Allowed dtypes of output ``i`` (a mirror output: those of the first output)."""
+        return self.out_dtypes[i] if i < len(self.outs) else self.out_dtypes[0]
+
+    def arity_ok(self, n_ins: int, n_outs: int) -> bool:
+        """Whether a task with ``n_ins`` inputs and ``n_outs`` outputs fits this op."""
+        return self.min_ins <= n_ins <= self.max_ins and self.min_outs <= n_outs <= self.max_outs
+
+    def arity_text(self) -> str:
+        """'2-3 inputs and 1 output' / '... and 1-8 outputs' (for error messages)."""
+        def count(lo: int, hi: int, noun: str) -> str:
+            return f"{lo} {noun}{'' if lo == 1 else 's'}" if lo == hi else f"{lo}-{hi} {noun}s"
+
+        return f"{count(self.min_ins, self.max_ins, 'input')} and {count(self.min_outs, self.max_outs, 'output')}"
 
     @property
     def min_ins(self) -> int:
@@ -359,6 +392,24 @@ def _check_rope_attention(ins, ind, outs, outd, p):
     return errs
 
 
+#: Most mirror outputs a GEMV-family task may carry in the IR (a one-shot all-reduce over up
+#: to 8 ranks); a backend may accept fewer (triton: table.MAX_MIRRORS).
+MAX_MIRRORS = 7
+
+
+def _with_mirrors(check: CheckFn) -> CheckFn:
+    """``check`` on the task's first output, plus: every mirror output has its shape and dtype."""
+    def run(ins, ind, outs, outd, p):
+        errs = check(ins, ind, outs[:1], outd[:1], p)
+        for k in range(1, len(outs)):
+            if outs[k] != outs[0] or outd[k] != outd[0]:
+                errs.append(f"mirror output {k} is {outd[k]} {outs[k]}; the first output is "
+                            f"{outd[0]} {outs[0]} (a mirror receives a copy of it)")
+        return errs
+
+    return run
+
+
 def _spec(name, kind, ins, outs, in_dtypes, out_dtypes, **kw) -> OpSpec:
     return OpSpec(name=name, kind=kind, ins=ins, outs=outs, in_dtypes=in_dtypes,
                   out_dtypes=out_dtypes, **kw)
@@ -386,7 +437,7 @@ OPS: dict[str, OpSpec] = {
         _spec("rmsnorm", "compute", ("x", "w"), ("y",), (F, F), (F,),
               params={"dim": int, "eps": float}, check=_check_rmsnorm),
         _spec("gemv", "compute", ("x", "w"), ("y",), (F, F), (F,),
-              optional_ins=("bias",), optional_in_dtypes=(F,), check=_check_gemv),
+              optional_ins=("bias",), optional_in_dtypes=(F,), check=_with_mirrors(_check_gemv), mirrors=MAX_MIRRORS),
         _spec("rope", "compute", ("x", "inv_freq", "pos"), ("y",), (F, F32, I32), (F,),
               params={"head_dim": int}, check=_check_rope),
         _spec("kv_append", "compute", ("k", "v", "pos"), ("kc", "vc"), (F, F, I32), (F, F),
@@ -404,11 +455,11 @@ OPS: dict[str, OpSpec] = {
               check=_check_argmax_combine),
         _spec("norm_gemv", "compute", ("x", "norm_w", "w"), ("y",), (F, F, F), (F,),
               optional_ins=("bias",), optional_in_dtypes=(F,), params={"eps": float},
-              check=_check_norm_gemv),
+              check=_with_mirrors(_check_norm_gemv), mirrors=MAX_MIRRORS),
         _spec("gemv_res", "compute", ("x", "w", "r"), ("y",), (F, F, F), (F,),
-              check=_check_gemv_res),
+              check=_with_mirrors(_check_gemv_res), mirrors=MAX_MIRRORS),
         _spec("swiglu_gemv", "compute", ("g", "u", "w"), ("y",), (F, F, F), (F,),
-              optional_ins=("r",), optional_in_dtypes=(F,), check=_check_swiglu_gemv),
+              optional_ins=("r",), optional_in_dtypes=(F,), check=_with_mirrors(_check_swiglu_gemv), mirrors=MAX_MIRRORS),
         _spec("rope_append", "compute", ("k", "v", "inv_freq", "pos"), ("kc", "vc"),
               (F, F, F32, I32), (F, F), params={"head_dim": int}, check=_check_rope_append),
         _spec("rope_attention", "compute", ("q", "kc", "vc", "pos", "inv_freq"), ("o",),

@@ -18,8 +18,12 @@ policy        tile -> worker assignment: ``round_robin`` (tile i of a stage -> w
               pile a stage's tiles up: Llama-3.2-1B layer 8's 130 q/k/v tiles landed two on
               12 workers and none on 14)
 allreduce     cross-rank reduction algorithm: ``oneshot`` (every rank puts its partial
-              into every peer's receive buffer, then reduces locally) or ``twoshot``
-              (reduce-scatter: each rank reduces one column block, then all-gathers it)
+              into every peer's receive buffer, then reduces locally), ``fused`` (one-shot
+              with the puts fused into the GEMV tiles: each tile stores its rows of the
+              partial into its own and every peer's receive buffer, mirror outputs of
+              ir/ops.py, and signals each peer; no put stage, the reduce waits on the
+              tiles) or ``twoshot`` (reduce-scatter: each rank reduces one column block,
+              then all-gathers it)
 max_seq       KV-cache length in tokens (positions 0 .. max_seq-1 can be decoded)
 dtype         dtype of weights, activations and KV cache: ``f32`` or ``bf16``
 fuse          emit fused ops (ir/ops.py): RMSNorm into the following GEMVs
@@ -75,7 +79,7 @@ from typing import Any
 from amk.errors import AmkError
 
 POLICIES = ("round_robin", "balanced", "stage")
-ALLREDUCE_ALGOS = ("oneshot", "twoshot")
+ALLREDUCE_ALGOS = ("oneshot", "fused", "twoshot")
 DTYPES = ("f32", "bf16")
 
 

@@ -349,7 +349,9 @@ class _Lowerer:
     def gemv_tiles(self, tag: str, r: int, x: Loc | Prologue, wbuf: str, k: int,
                    rows: tuple[int, int], y: Callable[[int, int], Region], bias: str | None,
                    counter: str, fuse: Callable[[int, int, int], None] | None = None,
-                   resid: Loc | None = None, stage_rows: int | None = None, tile: int = 0) -> int:
+                   resid: Loc | None = None, stage_rows: int | None = None, tile: int = 0,
+                   mirrors: Callable[[int, int], list[Region]] | None = None,
+                   peer_counters: Sequence[str] = ()) -> int:
         """GEMV tiles over local weight rows ``rows`` of ``wbuf`` ([n, k]); output rows
         [a, b) of the tile go to ``y(a, b)`` (row indices local to wbuf). ``x`` is a value
         (op ``gemv``) or a Prologue (its op: ``norm_gemv`` / ``swiglu_gemv``). ``resid``: add
@@ -357,8 +359,10 @@ class _Lowerer:
         gets its ``r``). ``fuse(worker, a, b)`` may emit follow-up tasks of the tile on the
         same worker (it then signals). ``stage_rows``: rows of the whole stage this call is
         part of (for the ``wave`` tile size; default: ``rows``). ``tile``: the stage's own
-        tile rows (0: the config's ``tile``; stage_tile). Returns the number of tiles (each
-        signals ``counter`` once)."""
+        tile rows (0: the config's ``tile``; stage_tile). ``mirrors(a, b)``: more regions that
+        receive a copy of the tile's output (ir/ops.py mirror outputs: peer stores), and
+        ``peer_counters``: the peers' counters each tile also signals once (put-with-signal).
+        Returns the number of tiles (each signals ``counter`` once)."""
         src = _prologue(x)
         op = src.op
         if resid is not None:
@@ -374,9 +378,9 @@ class _Lowerer:
                 ins.append(Region(bias, r, (_r(a, b),)))
             if resid is not None:
                 ins.append(resid.region(a, b))
-            outs = [y(a, b)]
+            outs = [y(a, b)] + (mirrors(a, b) if mirrors else [])
             w = self.e.place(r, self.e.cost(op, ins, outs), ready)
-            sig = [] if fuse else [counter]
+            sig = [] if fuse else [counter, *peer_counters]
             self.e.task(f"{tag}.t{n}.r{r}", r, w, op, ins, outs, dict(src.params), ready=ready,
                         signals=sig)
             if fuse:
@@ -672,7 +676,7 @@ class _Lowerer:
                                   ((0, H), (c0, c1)))
         if self.R == 1:
             return self._row_single(site, xin, resid, wbuf)
-        if self.cfg.allreduce == "oneshot":
+        if self.cfg.allreduce in ("oneshot", "fused"):
             return self._row_oneshot(site, xin, resid, wbuf, contrib)
         return self._row_twoshot(site, xin, resid, wbuf, contrib)
 
@@ -701,31 +705,44 @@ class _Lowerer:
                             lambda a, b: Region(part, r, (_r(a, b),)), None, cnt, fuse=fuse)
         return {r: Loc(out, r, 0, H, (self.ready(cnt, n),))}
 
-    def _partials(self, site: str, xin, wbuf, contrib, buf: str, idx: dict[int, int]) -> dict[int, Ready]:
-        """Each contributor writes its partial into its own row of ``buf`` (slot s)."""
-        e, H = self.e, self.H
-        ready = {}
+    def _partials(self, site: str, xin, wbuf, contrib, buf: str, idx: dict[int, int],
+                  arrive: dict[tuple[int, int], str] | None = None) -> tuple[dict[int, Ready], dict[int, int]]:
+        """Each contributor writes its partial into its own row of ``buf`` (slot s); with
+        ``arrive`` ((source, peer) -> the peer's arrival counter) each tile also stores its
+        rows into that row of every peer's ``buf`` and signals the peers' counters (the
+        fused all-reduce). Returns each contributor's local Ready and its number of tiles."""
+        e, H, R = self.e, self.H, self.R
+        ready, ntiles = {}, {}
         for r in contrib:
             c = e.counter(f"c.{site}.part.r{r}", r)
             k = xin[r].length
-            n = self.gemv_tiles(f"{site}.w", r, xin[r], wbuf[r], k, (0, H),
-                                lambda a, b, r=r: Region(buf, r, (SLOT, _r(idx[r], idx[r] + 1), _r(a, b))),
-                                None, c)
-            ready[r] = self.ready(c, n)
-        return ready
+            row = lambda a, b, r=r, p=r: Region(buf, p, (SLOT, _r(idx[r], idx[r] + 1), _r(a, b)))  # noqa: E731
+            peers = [p for p in range(R) if p != r] if arrive is not None else []
+            n = self.gemv_tiles(f"{site}.w", r, xin[r], wbuf[r], k, (0, H), row, None, c,
+                                mirrors=(lambda a, b, r=r, peers=peers: [row(a, b, r, p) for p in peers])
+                                if peers else None,
+                                peer_counters=[arrive[(r, p)] for p in peers])
+            ready[r], ntiles[r] = self.ready(c, n), n
+        return ready, ntiles
 
     def _row_oneshot(self, site, xin, resid, wbuf, contrib) -> dict[int, Loc]:
         """One-shot all-reduce: every contributor puts its whole partial into its row of every
         peer's receive buffer (put-with-signal to a per-source arrival counter on the peer);
-        every rank then reduces all rows + residual in column tiles."""
+        every rank then reduces all rows + residual in column tiles. With ``allreduce``
+        ``fused`` the GEMV tiles store their rows to the peers themselves (mirror outputs)
+        and each signals the peers' arrival counters: no put tasks."""
         e, H, R, P = self.e, self.H, self.R, len(contrib)
         idx = {r: k for k, r in enumerate(contrib)}
         rx = e.buffer(f"rx.{site}", "activation", self.dt, (2, P, H), None)
-        part = self._partials(site, xin, wbuf, contrib, rx, idx)
+        fused = self.cfg.allreduce == "fused"
         arrive: dict[tuple[int, int], str] = {}
+        if fused:
+            arrive = {(r, p): e.counter(f"c.{site}.from{r}.r{p}", p)
+                      for r in contrib for p in range(R) if p != r}
+        part, ntiles = self._partials(site, xin, wbuf, contrib, rx, idx, arrive if fused else None)
         for r in contrib:
             for p in range(R):
-                if p == r:
+                if p == r or fused:
                     continue
                 c = e.counter(f"c.{site}.from{r}.r{p}", p)
                 arrive[(r, p)] = c
@@ -741,7 +758,9 @@ class _Lowerer:
             rdy = list(resid[r].ready)
             if r in part:
                 rdy.append(part[r])
-            rdy += [Ready(arrive[(q, r)], 1, frozenset()) for q in contrib if q != r]
+            # the peer's tiles (fused) or its one put signal the arrival counter: remote
+            # producers, so no worker of this rank skips the wait (empty workers)
+            rdy += [Ready(arrive[(q, r)], ntiles[q] if fused else 1, frozenset()) for q in contrib if q != r]
             n = 0
             for a, b in tiles(0, H, self.cfg.tile_reduce or self.cfg.tile):
                 ins = [Region(rx, r, (SLOT, _r(0, P), _r(a, b))), resid[r].region(a, b)]
@@ -761,7 +780,7 @@ class _Lowerer:
         idx = {r: k for k, r in enumerate(contrib)}
         rs = e.buffer(f"rs.{site}", "activation", self.dt, (2, P, H), None)
         ag = e.buffer(f"ag.{site}", "activation", self.dt, (2, H), None)
-        part = self._partials(site, xin, wbuf, contrib, rs, idx)
+        part, _ = self._partials(site, xin, wbuf, contrib, rs, idx)
         blocks = split_aligned(H, R, self.cfg.tile)
         owners = [b for b in range(R) if blocks[b][1] > blocks[b][0]]
         arrive: dict[tuple[int, int], str] = {}

@@ -92,6 +92,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from ir.ops import OPS
 from ir.program import DTYPES
 
 #: torch dtype of each IR dtype.
@@ -422,17 +423,38 @@ IMPLS: dict[str, OpFn] = {
 }
 
 
+def op_impl(op: str) -> OpFn:
+    """The implementation of IR op ``op``, mirror outputs included: after the op has written
+    its outputs, every output beyond the op's own (ir/ops.py, "Mirror outputs") receives a
+    copy of the first. Raises KeyError for an op that ir/ops.py does not define."""
+    try:
+        fn = IMPLS[op]
+    except KeyError:
+        raise KeyError(f"unknown op {op!r}") from None
+    n_own = len(OPS[op].outs)
+    if not OPS[op].mirrors:
+        return fn
+
+    def run(params: dict, ins: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> None:
+        fn(params, ins, outs[:n_own])
+        for m in outs[n_own:]:
+            if m.numel() != outs[0].numel():
+                raise ReferenceOpError(f"{op}: mirror output has {m.numel()} elements, "
+                                       f"the first output {outs[0].numel()}")
+            m.copy_(outs[0].reshape(m.shape))
+
+    return run
+
+
 def apply_op(op: str, params: dict[str, Any], ins: Sequence[torch.Tensor],
              outs: Sequence[torch.Tensor]) -> None:
-    """Compute IR op ``op`` on ``ins`` and write the result into the ``outs`` tensors.
+    """Compute IR op ``op`` on ``ins`` and write the result into the ``outs`` tensors
+    (mirror outputs: copies of the first, op_impl).
 
     See the module docstring for each op's exact definition. Raises ReferenceOpError for
     operands the op cannot use (wrong element counts, token or position out of range),
     KeyError for an op that ir/ops.py does not define.
     """
-    try:
-        fn = IMPLS[op]
-    except KeyError:
-        raise KeyError(f"unknown op {op!r}") from None
+    fn = op_impl(op)
     with torch.no_grad():
         fn(params, ins, outs)

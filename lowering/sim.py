@@ -61,7 +61,7 @@ import torch
 
 from ir.ops import OPS
 from ir.program import FLOAT_DTYPES, Buffer, Region, ScheduleProgram
-from lowering.reference import IMPLS, INT_POISON, ReferenceOpError, torch_dtype
+from lowering.reference import INT_POISON, ReferenceOpError, op_impl, torch_dtype
 
 POLICIES = ("in_order", "random", "adversarial")
 
@@ -290,9 +290,9 @@ class SimExecutor:
             spec = OPS.get(t.op)
             if spec is None:
                 raise SimError(f"{where}: unknown op {t.op!r}")
-            if not spec.min_ins <= len(t.ins) <= spec.max_ins or len(t.outs) != len(spec.outs):
-                raise SimError(f"{where}: op {t.op} takes {spec.min_ins}..{spec.max_ins} ins and "
-                               f"{len(spec.outs)} outs, got {len(t.ins)} and {len(t.outs)}")
+            if not spec.arity_ok(len(t.ins), len(t.outs)):
+                raise SimError(f"{where}: op {t.op} takes {spec.arity_text()}, "
+                               f"got {len(t.ins)} and {len(t.outs)}")
             for role, regs in (("in", t.ins), ("out", t.outs)):
                 for reg in regs:
                     self._check_region(where, role, t.rank, reg)
@@ -345,7 +345,7 @@ class SimExecutor:
                     pinned.add(reg.buffer)
             for i, reg in enumerate(t.outs):
                 written.add(reg.buffer)
-                if spec.out_dtypes[i] == ("f32",):
+                if spec.dtypes_for_out(i) == ("f32",):
                     pinned.add(reg.buffer)
         self._mem: dict[tuple[str, int], torch.Tensor] = {}
         self._shared: set[tuple[str, int]] = set()  # storage owned by the caller's tensor
@@ -395,7 +395,7 @@ class SimExecutor:
             ct = _CTask()
             ct.id, ct.rank, ct.worker, ct.op = t.id, t.rank, t.worker, t.op
             ct.params = dict(t.params)
-            ct.fn = IMPLS[t.op]
+            ct.fn = op_impl(t.op)
             ct.kind = {"quiet": _QUIET, "fence": _FENCE, "nop": _NOP}.get(t.op, _COMPUTE)
             ct.waits = tuple((cidx[w.counter], n_per_epoch[w.counter],
                               w.offset * n_per_epoch[w.counter] + w.threshold) for w in t.waits)

@@ -273,7 +273,8 @@ SEARCHABLE = {
     "workers": "persistent workers (CTAs) per rank",
     "policy": "tile -> worker assignment: round_robin, balanced (greedy by bytes moved) or stage "
               "(greedy by bytes within each stage, then overall)",
-    "allreduce": "cross-rank reduction: oneshot (put partial to every peer, reduce locally) "
+    "allreduce": "cross-rank reduction: oneshot (put partial to every peer, reduce locally), "
+                 "fused (oneshot with the peer stores in the GEMV tiles, no put stage) "
                  "or twoshot (reduce-scatter then all-gather)",
     "fuse": "fused ops (norm_gemv, rope_append, rope_attention, gemv_res, swiglu_gemv) "
             "instead of separate rmsnorm / rope / silu_mul / add stages",

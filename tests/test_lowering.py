@@ -93,7 +93,7 @@ def _fingerprint(prog):
 
 
 @pytest.mark.parametrize("knob,value", [("tile", 32), ("workers", 3), ("policy", "balanced"),
-                                        ("allreduce", "twoshot"), ("max_seq", 16),
+                                        ("allreduce", "twoshot"), ("allreduce", "fused"), ("max_seq", 16),
                                         ("dtype", "bf16"), ("fuse", True), ("attn_split", 2),
                                         ("tile_qkv", 32), ("tile_gate_up", 32), ("tile_lm_head", 32),
                                         ("late_append", True), ("tile_reduce", 16)])
@@ -396,3 +396,28 @@ def test_fused_wave_places_gate_and_up_tiles_apart(name, R):
     down = [t for t in prog.tasks if t.rank == 0 and t.op == "swiglu_gemv" and t.id.startswith("l0.")]
     act = {w.counter: w.threshold for w in down[0].waits}
     assert act[gate[0].signals[0].counter] == 2 * len(gate)
+
+
+@pytest.mark.parametrize("R", [2, 4])
+def test_fused_allreduce_moves_the_puts_into_the_gemv_tiles(R):
+    """allreduce ``fused``: no put task is left at the o / down sites; every row-parallel GEMV
+    tile writes its own rank's receive row plus the same row on each peer (mirror outputs) and
+    signals each peer's arrival counter once; a reduce waits on a peer's counter for all of
+    that peer's tiles. The program validates."""
+    from validator import validate
+
+    g = graph_of("tiny-llama", layers=1)
+    prog = lower(g, R, config=LoweringConfig(tile=16, workers=3, max_seq=32, allreduce="fused"))
+    assert validate(prog).ok
+    assert not [t.id for t in prog.tasks if t.op == "put" and not t.id.startswith("lm.")]
+    tiles = [t for t in prog.tasks if t.id.startswith("l0.attn.w.")]
+    assert tiles
+    for t in tiles:
+        y, *mirrors = t.outs
+        assert y.rank == t.rank and sorted(m.rank for m in mirrors) == [p for p in range(R) if p != t.rank]
+        assert all(m.buffer == y.buffer and m.ranges == y.ranges for m in mirrors)
+        peers = {s.counter for s in t.signals if f".from{t.rank}." in s.counter}
+        assert peers == {f"c.l0.attn.from{t.rank}.r{p}" for p in range(R) if p != t.rank}
+    n0 = sum(1 for t in tiles if t.rank == 0)
+    red = next(t for t in prog.tasks if t.id == "l0.attn.red.t0.r1")
+    assert {w.counter: w.threshold for w in red.waits}["c.l0.attn.from0.r1"] == n0

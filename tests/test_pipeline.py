@@ -38,6 +38,7 @@ def _session(name: str, R: int, **knobs) -> pipeline.Session:
     ("tiny-qwen3", 2, dict(workers=2), "random", 8),
     ("tiny-qwen3", 3, dict(workers=2, policy="balanced"), "adversarial", 9),
     ("tiny-qwen3", 4, dict(workers=1, allreduce="twoshot"), "adversarial", 10),
+    ("tiny-qwen2", 3, dict(workers=2, allreduce="fused"), "adversarial", 17),
 ])
 def test_tiny_models_match_hf_logits(name, R, knobs, policy, seed):
     s = _session(name, R, **knobs)
@@ -56,6 +57,7 @@ def test_tiny_models_match_hf_logits(name, R, knobs, policy, seed):
     ("tiny-qwen2", 2, dict(workers=2, allreduce="twoshot"), "random", 14),
     ("tiny-qwen3", 1, dict(workers=2), "random", 15),
     ("tiny-qwen3", 2, dict(workers=2, tile=32), "adversarial", 16),
+    ("tiny-llama", 4, dict(workers=2, tile=16, allreduce="fused"), "adversarial", 18),
 ])
 def test_fused_tiny_models_match_hf_logits(name, R, knobs, policy, seed):
     s = _session(name, R, fuse=True, **knobs)
@@ -287,3 +289,29 @@ def test_cli_generate_verify_json(capsys):
     assert out["match"] is True and out["first_divergence"] is None
     assert out["tokens"] == out["reference_tokens"] and len(out["tokens"]) == 6
     assert isinstance(out["text"], str)
+
+
+def test_validator_refuses_a_fused_allreduce_tile_without_its_peer_signal():
+    """allreduce ``fused``: a GEMV tile's peer stores (mirror outputs) are pending remote
+    writes like a put's. Move one tile's signal to the peer onto another tile (the counts
+    still add up, so no deadlock): the peer's reduce may then read the first tile's rows
+    before they are delivered, and the validator names that race."""
+    import dataclasses
+
+    from ir.program import Signal
+
+    s = _session("tiny-llama", 2, workers=3, tile=32, allreduce="fused")
+    assert s.verdict.ok
+    p = s.program
+    tiles = [i for i, t in enumerate(p.tasks) if len(t.outs) > 1
+             and any(sg.counter == "c.l0.attn.from0.r1" for sg in t.signals)]
+    assert len(tiles) >= 2
+    a, b = p.tasks[tiles[0]], p.tasks[tiles[1]]
+    p.tasks[tiles[0]] = dataclasses.replace(a, signals=tuple(sg for sg in a.signals
+                                                             if sg.counter != "c.l0.attn.from0.r1"))
+    p.tasks[tiles[1]] = dataclasses.replace(b, signals=tuple(
+        Signal(sg.counter, 2) if sg.counter == "c.l0.attn.from0.r1" else sg for sg in b.signals))
+    verdict, _ = pipeline.validate_program(p)
+    assert not verdict.ok
+    assert any(f.cls == "RemoteReadBeforeDelivery" and a.id in f.message for f in verdict.errors), \
+        [(f.cls, f.message) for f in verdict.errors[:3]]

@@ -465,3 +465,22 @@ def test_fused_ops_alias_input_and_output():
     apply_op("norm_gemv", {"eps": 1e-6}, [x, nw, w], [want])
     apply_op("norm_gemv", {"eps": 1e-6}, [buf, nw, w], [buf])
     assert torch.equal(buf, want)
+
+
+def test_gemv_mirror_outputs_receive_copies_of_y():
+    """A GEMV-family task's outputs after y (mirror outputs, ir/ops.py) get y's values; the
+    op spec checks each mirror's shape and dtype against y, and other ops take no mirrors."""
+    from ir.ops import MAX_MIRRORS
+
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(8, generator=g), torch.randn(4, 8, generator=g)
+    y, m1, m2 = torch.empty(4), torch.full((4,), float("nan")), torch.full((1, 4), float("nan"))
+    apply_op("gemv", {}, [x, w], [y, m1, m2])
+    assert torch.equal(m1, y) and torch.equal(m2.reshape(4), y)
+    spec = OPS["gemv"]
+    assert spec.arity_ok(2, 1 + MAX_MIRRORS) and not spec.arity_ok(2, 2 + MAX_MIRRORS)
+    assert spec.check([(8,), (4, 8)], ["f32", "f32"], [(4,), (4,)], ["f32", "f32"], {}) == []
+    errs = spec.check([(8,), (4, 8)], ["f32", "f32"], [(4,), (3,)], ["f32", "f32"], {})
+    assert errs and "mirror output 1" in errs[0]
+    assert spec.check([(8,), (4, 8)], ["f32", "f32"], [(4,), (4,)], ["f32", "bf16"], {})
+    assert not OPS["add"].arity_ok(2, 2) and OPS["add"].arity_text() == "2 inputs and 1 output"

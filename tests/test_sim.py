@@ -506,7 +506,7 @@ def _one_task(**kw) -> ScheduleProgram:
     ({"ins": ["x[0:4]"], "outs": ["s[0:4]"], "waits": ["c1>=1"]}, "only own-rank counters"),
     ({"ins": ["x[0:4]"], "outs": ["s[0:4]"], "waits": ["nope>=1"]}, "unknown counter"),
     ({"ins": ["x[0:4]"], "outs": ["zz[0:4]"]}, "unknown buffer"),
-    ({"ins": ["x[0:4]", "x[0:4]"], "outs": ["s[0:4]"]}, "takes 1..1 ins"),
+    ({"ins": ["x[0:4]", "x[0:4]"], "outs": ["s[0:4]"]}, "takes 1 input and 1 output"),
     ({"op": "softmax"}, "unknown op"),
 ])
 def test_structural_refusals_even_without_check(kw, msg):

@@ -168,6 +168,55 @@ def test_bf16_tensor_parallel_vector_moves_keep_results(monkeypatch):
             assert torch.equal(lg, lr) and nt == nr
 
 
+@needs_device
+@pytest.mark.parametrize("ranks,dtype,fuse", [(2, "bf16", True), (4, "bf16", True), (3, "f32", False)])
+def test_fused_allreduce_stores_peers_from_the_gemv(ranks, dtype, fuse):
+    """allreduce "fused": the row-parallel GEMV tiles store their partial rows into every
+    peer's receive buffer themselves (mirror outputs, R - 1 per tile) and signal the peers;
+    no put task is left in the layers (only the LM head's argmax pairs). Logits and tokens are
+    bit-identical to the one-shot all-reduce with put tasks (same sums, same order)."""
+    from tests.test_triton_megakernel import lowered
+
+    runs = {}
+    for algo in ("oneshot", "fused"):
+        prog, init, _ = lowered("tiny-llama", 2, dtype=dtype, tile=16, fuse=fuse, ranks=ranks, allreduce=algo)
+        ex = TritonExecutor(prog, init, check=False, device=DEV)
+        puts = [t.id for t in prog.tasks if t.op == "put"]
+        mirrored = [t for t in prog.tasks if t.op in T.GEMV_OPS and len(t.outs) > 1]
+        if algo == "fused":
+            assert all(i.startswith("lm.") for i in puts), puts
+            assert mirrored and all(len(t.outs) == ranks for t in mirrored)
+            assert all({m.rank for m in t.outs} == set(range(ranks)) for t in mirrored)
+            var = [v for v in ex.table.variants if v.op in T.GEMV_OPS and v.flag("mirror")]
+            assert var and all(T.gemv_mirrors(v) == ranks - 1 for v in var), var
+        else:
+            assert not mirrored and any(not i.startswith("lm.") for i in puts)
+        runs[algo] = _decode(ex, ranks, [5, 17, 33])
+    for (lf, tf), (lo, to) in zip(runs["fused"], runs["oneshot"]):
+        assert torch.equal(lf, lo) and tf == to
+
+
+def test_table_refuses_a_mirror_that_is_not_the_output_on_a_peer():
+    """A mirror output must be y's own region on another rank (the kernel stores it at y's
+    offsets plus one delta); anything else is a TableError naming the task."""
+    import dataclasses
+
+    from ir.program import Range
+    from tests.test_triton_megakernel import lowered
+
+    prog, _, _ = lowered("tiny-llama", 2, tile=16, ranks=2, allreduce="fused")
+    t = next(t for t in prog.tasks if t.rank == 0 and t.op in T.GEMV_OPS and len(t.outs) == 2)
+    y, m = t.outs
+    cols = m.ranges[-1]
+    shifted = Range.of(cols.start.const + 16, cols.stop.const + 16)
+    for reg in (dataclasses.replace(m, rank=y.rank), dataclasses.replace(m, ranges=(*m.ranges[:-1], shifted))):
+        i = prog.tasks.index(t)
+        prog.tasks[i] = dataclasses.replace(t, outs=(y, reg))
+        with pytest.raises(T.TableError, match=f"task {t.id}: mirror output 1"):
+            TritonExecutor(prog, None, check=False, device=DEV)
+        prog.tasks[i] = t
+
+
 @pytest.mark.skipif(not INTERP, reason="offline compile runs without a GPU")
 @pytest.mark.parametrize("triton_path", ["local", "device"])
 def test_allreduce_moves_compile_to_16_byte_vectors(tmp_path, triton_path):

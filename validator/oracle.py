@@ -305,9 +305,9 @@ def _structure(prog: ScheduleProgram) -> list[Problem]:
 def _check_op(t, spec, bufs, slots, shapes_ok, add) -> None:
     """The op contract of ir/ops.py for task ``t`` (arity, dtypes, params, shape check)."""
     tid = [t.id]
-    if not (spec.min_ins <= len(t.ins) <= spec.max_ins) or len(t.outs) != len(spec.outs):
-        add("op_contract", f"task {t.id}: {t.op} takes {spec.min_ins}..{spec.max_ins} inputs "
-            f"and {len(spec.outs)} outputs, got {len(t.ins)} and {len(t.outs)}", tid)
+    if not spec.arity_ok(len(t.ins), len(t.outs)):
+        add("op_contract", f"task {t.id}: {t.op} takes {spec.arity_text()}, "
+            f"got {len(t.ins)} and {len(t.outs)}", tid)
         return
     in_dt = [bufs[r.buffer].dtype for r in t.ins]
     out_dt = [bufs[r.buffer].dtype for r in t.outs]
@@ -315,7 +315,7 @@ def _check_op(t, spec, bufs, slots, shapes_ok, add) -> None:
         if d not in spec.dtypes_for_in(i):
             add("op_contract", f"task {t.id}: input {i} of {t.op} has dtype {d}", tid)
     for i, d in enumerate(out_dt):
-        if d not in spec.out_dtypes[i]:
+        if d not in spec.dtypes_for_out(i):
             add("op_contract", f"task {t.id}: output {i} of {t.op} has dtype {d}", tid)
     for name, typ in spec.params.items():
         if name not in t.params or not _param_ok(t.params[name], typ):

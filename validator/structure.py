@@ -343,11 +343,10 @@ def check_structure(prog: Any, backend: str | None = None) -> StructureResult:
         t_group.append(group)
 
         # arity
-        arity_ok = spec.min_ins <= len(ins) <= spec.max_ins and len(outs) == len(spec.outs)
+        arity_ok = spec.arity_ok(len(ins), len(outs))
         if not arity_ok:
-            out.add("BadArity", f"task {tid}: op {op} takes {spec.min_ins}"
-                    f"{'' if spec.max_ins == spec.min_ins else '-' + str(spec.max_ins)} inputs "
-                    f"and {len(spec.outs)} outputs, got {len(ins)} and {len(outs)}",
+            out.add("BadArity", f"task {tid}: op {op} takes {spec.arity_text()}, "
+                    f"got {len(ins)} and {len(outs)}",
                     tasks=[tid], witness={"op": op, "ins": len(ins), "outs": len(outs)})
 
         # regions
@@ -475,9 +474,9 @@ def check_structure(prog: Any, backend: str | None = None) -> StructureResult:
                             f"{'/'.join(spec.dtypes_for_in(k))}, got {dt}", tasks=[tid],
                             witness={"operand": f"ins[{k}]", "dtype": dt})
             for k, dt in enumerate(out_dtypes):
-                if dt not in spec.out_dtypes[k]:
+                if dt not in spec.dtypes_for_out(k):
                     out.add("BadDtype", f"task {tid}: op {op} output {k} must be one of "
-                            f"{'/'.join(spec.out_dtypes[k])}, got {dt}", tasks=[tid],
+                            f"{'/'.join(spec.dtypes_for_out(k))}, got {dt}", tasks=[tid],
                             witness={"operand": f"outs[{k}]", "dtype": dt})
             perr = _check_params(spec, params)
             for msg in perr:

@@ -27,12 +27,13 @@ OP_NAMES = list(OPS)
 OP_ID = {n: i for i, n in enumerate(OP_NAMES)}
 DT_ID = {d: i for i, d in enumerate(DTYPES)}
 MAX_IN = max(s.max_ins for s in OPS.values())
-MAX_OUT = max(len(s.outs) for s in OPS.values())
+MAX_OUT = max(s.max_outs for s in OPS.values())  # mirror outputs included
 N_OPER = MAX_IN + MAX_OUT
 
 _MIN_IN = np.array([OPS[n].min_ins for n in OP_NAMES])
 _MAX_IN = np.array([OPS[n].max_ins for n in OP_NAMES])
-_N_OUT = np.array([len(OPS[n].outs) for n in OP_NAMES])
+_MIN_OUT = np.array([OPS[n].min_outs for n in OP_NAMES])
+_MAX_OUT = np.array([OPS[n].max_outs for n in OP_NAMES])
 # allowed dtype per (op, operand slot, dtype): slots 0..MAX_IN-1 are ins, then outs
 _DT_OK = np.zeros((len(OP_NAMES), N_OPER, len(DTYPES)), dtype=bool)
 for _o, _n in enumerate(OP_NAMES):
@@ -40,8 +41,8 @@ for _o, _n in enumerate(OP_NAMES):
     for _i in range(_s.max_ins):
         for _d in _s.dtypes_for_in(_i):
             _DT_OK[_o, _i, DT_ID[_d]] = True
-    for _i, _ds in enumerate(_s.out_dtypes):
-        for _d in _ds:
+    for _i in range(_s.max_outs):
+        for _d in _s.dtypes_for_out(_i):
             _DT_OK[_o, MAX_IN + _i, DT_ID[_d]] = True
 
 _TASK = attrgetter("id", "rank", "worker", "op", "group", "ins", "outs", "params", "waits",
@@ -107,7 +108,7 @@ def _fast(prog, R, W, S, be, buf_id, buf_shape, buf_dtype, buf_sym, buf_owner, c
         return None
     n_in = np.fromiter(map(len, ins), np.int64, n)
     n_out = np.fromiter(map(len, outs), np.int64, n)
-    if ((n_in < _MIN_IN[t_op]) | (n_in > _MAX_IN[t_op]) | (n_out != _N_OUT[t_op])).any():
+    if ((n_in < _MIN_IN[t_op]) | (n_in > _MAX_IN[t_op]) | (n_out < _MIN_OUT[t_op]) | (n_out > _MAX_OUT[t_op])).any():
         return None
 
     # ---- regions, in task order: ins then outs ----

@@ -295,6 +295,13 @@ def _opnd(row, KK: tl.constexpr, slot):
 
 
 @device
+def _opnd_off(row, KK: tl.constexpr, slot):
+    """Operand KK's element offset at this slot (its first field pair only)."""
+    b = row + (_F_OPND + KK * _OPND_W)
+    return tl.load(b) + tl.load(b + 1) * slot
+
+
+@device
 def _param_i(row, J: tl.constexpr):
     return tl.load(row + (_F_P0 + J)).to(tl.int32)
 
@@ -352,7 +359,8 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
            BLOCK_K: tl.constexpr, STAGES: tl.constexpr = 1, PROF=None, PROFILE: tl.constexpr = False,
            X_ALIGN: tl.constexpr = 0, UNROLL: tl.constexpr = 1, XS=None, X_STAGE: tl.constexpr = False,
            X_CHUNK: tl.constexpr = 0, W_PRE: tl.constexpr = 0, ROLL: tl.constexpr = 0, KROLL: tl.constexpr = 0, fl=0,
-           nw=0, w0=0, wc=0, wn=0, wb=0, WAITS=None, i=0, epoch=0, abort_ptr=None, timeout=0, SYS: tl.constexpr = False, RELAXED: tl.constexpr = False):
+           nw=0, w0=0, wc=0, wn=0, wb=0, WAITS=None, i=0, epoch=0, abort_ptr=None, timeout=0, SYS: tl.constexpr = False, RELAXED: tl.constexpr = False,
+           MIRRORS: tl.constexpr = 0):
     """gemv, norm_gemv, gemv_res, swiglu_gemv (ops.gemv_ex; ``PRO`` the prologue, ``STAGES``
     its weight-streaming pipeline depth, ``X_STAGE`` its f(x) staged once in the worker's
     scratch ``XS``, skipped when the row's ``FLAG_X_READY`` says an earlier task of this
@@ -365,6 +373,9 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
     row's ``FLAG_W_CONST`` says no task writes W (weights do not change during a step, so
     the load needs no happens-before edge; the table proves it per program), and after them
     otherwise: the wait and the x pass then overlap that part of the weight stream.
+    ``MIRRORS`` (0..3, table.gemv_mirrors): operands after y are its mirror outputs (same
+    layout, on peers); each row block of y is stored there too, at y's offsets plus the
+    mirror's element delta (the peer stores of a fused one-shot all-reduce).
     Returns (1 if the waits held else 0, op status)."""
     xo, xn0, xn1, xn2, xs0, xs1, xs2 = _opnd(row, 0, slot)
     if PRO == K.PRO_PLAIN:
@@ -391,6 +402,16 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
         yo, yn0, yn1, yn2, ys0, ys1, ys2 = _opnd(row, WI + 1, slot)
         bp = _ptr(A_BF16, A_F16, A_F32, A_I32, DY) + yo
         bn1, bn2, bs0, bs1, bs2 = yn1, yn2, ys0, ys1, ys2
+    YI: tl.constexpr = WI + 2 if HAS_BIAS else WI + 1
+    m1 = yo * 0
+    m2 = m1
+    m3 = m1
+    if MIRRORS > 0:
+        m1 = _opnd_off(row, YI + 1, slot) - yo
+    if MIRRORS > 1:
+        m2 = _opnd_off(row, YI + 2, slot) - yo
+    if MIRRORS > 2:
+        m3 = _opnd_off(row, YI + 3, slot) - yo
     if PRO == K.PRO_NORM:
         eps = _param_f(row, 0)
     else:
@@ -418,7 +439,7 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
                   eps, wp, ws1, ws2, bp, bn1, bn2, bs0, bs1, bs2,
                   _ptr(A_BF16, A_F16, A_F32, A_I32, DY) + yo, yn1, yn2, ys0, ys1, ys2, wn1, wn2,
                   PRO, HAS_BIAS, X_CONTIG, W_CONTIG, W_ALIGN, BLOCK_N, BLOCK_K, STAGES, PROF, PROFILE, X_ALIGN,
-                  UNROLL, XS, X_STAGE, x_ready, X_CHUNK, wpre, W_PRE, ROLL, KROLL)
+                  UNROLL, XS, X_STAGE, x_ready, X_CHUNK, wpre, W_PRE, ROLL, KROLL, m1, m2, m3, MIRRORS)
     return ok, _ok()
 
 
@@ -750,7 +771,8 @@ def _call(v: T.Variant) -> str:
         xalign = 16 // T.DTYPE_BYTES[v.dtypes[xi]] if v.flag("xaligned") else 0
         return (f"t_gemv({_COMMON}, {d[xi]}, {da}, {d[wi]}, {db}, {d[-1]}, {pro}, {bias}, "
                 f"{v.flag('xcontig')}, {v.flag('contig')}, {align}, GEMV_N, GEMV_K, GEMV_STAGES, "
-                f"PROF + i.to(tl.int64) * PROF_W, PROFILE, {xalign}, GEMV_UNROLL, XSW, X_STAGE, X_CHUNK)")
+                f"PROF + i.to(tl.int64) * PROF_W, PROFILE, {xalign}, GEMV_UNROLL, XSW, X_STAGE, X_CHUNK, "
+                f"MIRRORS={T.gemv_mirrors(v)})")
     if op == "rope":
         return f"t_rope({_COMMON}, {d[0]}, {d[1]}, {d[2]}, {d[3]}, ROPE_BLOCK)"
     if op == "kv_append":

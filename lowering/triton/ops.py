@@ -281,7 +281,7 @@ def _gemv_rows(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2,
                PRO: tl.constexpr, HAS_BIAS: tl.constexpr, X_CONTIG: tl.constexpr, W_CONTIG: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, X_ALIGN: tl.constexpr,
                UNROLL: tl.constexpr, wpre=0, W_PRE: tl.constexpr = 0, ROLL: tl.constexpr = 0, roll_ok=0,
-               KROLL: tl.constexpr = 0):
+               KROLL: tl.constexpr = 0, m1=0, m2=0, m3=0, MIRRORS: tl.constexpr = 0):
     """gemv_ex's row blocks: y[rows] = W[rows, :] @ f(x) (+ b) for every BLOCK_N rows, f the
     prologue ``PRO`` with the RMSNorm factor ``rstd`` already known (loop forms: gemv_ex).
     ``W_PRE`` > 0: ``wpre`` holds W[0:BLOCK_N, 0:W_PRE] (gemv_wpre); the first row block
@@ -292,7 +292,9 @@ def _gemv_rows(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2,
     loop runs in groups of UNROLL blocks; before the first group the row block's first
     KROLL groups are prefetched into L2, and each group starts the prefetch of the group
     KROLL later, line by line (l2_prefetch_lines), so a long row block streams from L2
-    (same summation order as the plain unrolled loop: bit-identical)."""
+    (same summation order as the plain unrolled loop: bit-identical). ``MIRRORS`` (0..3):
+    each row block is also stored at ``y + m1`` (``m2``, ``m3``), the mirror outputs' element
+    deltas (peer copies of y: megakernel.t_gemv)."""
     pre = tl.zeros([BLOCK_N], dtype=tl.float32)
     if W_PRE > 0:
         pc = tl.arange(0, W_PRE)
@@ -395,7 +397,14 @@ def _gemv_rows(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2,
                 out += pre
         if HAS_BIAS:
             out += tl.load(b + flat_off(rows, b_n1, b_n2, b_s0, b_s1, b_s2), mask=rm, other=0).to(tl.float32)
-        store(y + flat_off(rows, y_n1, y_n2, y_s0, y_s1, y_s2), out, rm)
+        yoff = flat_off(rows, y_n1, y_n2, y_s0, y_s1, y_s2)
+        store(y + yoff, out, rm)
+        if MIRRORS > 0:
+            store(y + m1 + yoff, out, rm)
+        if MIRRORS > 1:
+            store(y + m2 + yoff, out, rm)
+        if MIRRORS > 2:
+            store(y + m3 + yoff, out, rm)
 
 
 @device
@@ -406,7 +415,8 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
             W_ALIGN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr = 1,
             PROF=None, PROFILE: tl.constexpr = False, X_ALIGN: tl.constexpr = 0, UNROLL: tl.constexpr = 1,
             XS=None, X_STAGE: tl.constexpr = False, x_ready=0, X_CHUNK: tl.constexpr = 0,
-            wpre=0, W_PRE: tl.constexpr = 0, ROLL: tl.constexpr = 0, KROLL: tl.constexpr = 0):
+            wpre=0, W_PRE: tl.constexpr = 0, ROLL: tl.constexpr = 0, KROLL: tl.constexpr = 0,
+            m1=0, m2=0, m3=0, MIRRORS: tl.constexpr = 0):
     """y[N] = W[N, K] @ f(x)[K] (+ b), fp32 accumulation, with a fused prologue f (``PRO``):
 
     * PRO_PLAIN: f(x) = x (gemv; ``a`` and ``eps`` unused).
@@ -427,6 +437,8 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
     row block, so y may be b (an in-place residual) but must not overlap x, a or W.
     ``PROFILE``: store %globaltimer at ``PROF + 4`` (prologue done) and ``PROF + 5`` (all
     row blocks stored), the megakernel's profiling stamps (megakernel.PROF_W).
+    ``MIRRORS`` (0..3) with element deltas ``m1`` .. ``m3``: y is also stored at ``y + m*``
+    (mirror outputs on peer ranks, _gemv_rows).
 
     ``X_STAGE`` (PRO_NORM / PRO_SWIGLU; ignored for PRO_PLAIN): f(x) is computed once per call,
     for all K, into ``XS`` (scratch of at least K elements of 4 bytes, 16-byte aligned, used
@@ -531,14 +543,14 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
             tl.store(PROF + 4, global_timer())
         _gemv_rows(xs, 1, K, 0, 0, 1, xs, 1, K, 0, 0, 1, rstd, w, w_rs, w_cs, b, b_n1, b_n2, b_s0, b_s1, b_s2,
                    y, y_n1, y_n2, y_s0, y_s1, y_s2, N, K, PRO_PLAIN, HAS_BIAS, True, W_CONTIG,
-                   BLOCK_N, BLOCK_K, STAGES, XA, UNROLL, wpre, W_PRE, ROLL, roll_ok, KR)
+                   BLOCK_N, BLOCK_K, STAGES, XA, UNROLL, wpre, W_PRE, ROLL, roll_ok, KR, m1, m2, m3, MIRRORS)
     else:
         if PROFILE:
             tl.store(PROF + 4, global_timer())
         _gemv_rows(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, rstd,
                    w, w_rs, w_cs, b, b_n1, b_n2, b_s0, b_s1, b_s2, y, y_n1, y_n2, y_s0, y_s1, y_s2, N, K,
                    PRO, HAS_BIAS, X_CONTIG, W_CONTIG, BLOCK_N, BLOCK_K, STAGES, X_ALIGN, UNROLL, wpre, W_PRE,
-                   ROLL, roll_ok, KR)
+                   ROLL, roll_ok, KR, m1, m2, m3, MIRRORS)
     if PROFILE:
         tl.store(PROF + 5, global_timer())
 

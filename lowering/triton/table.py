@@ -35,7 +35,8 @@ row field             meaning
 ``F_NWAIT, F_WAIT0``  number of waits and index of the first in ``waits``
 ``F_NSIG, F_SIG0``    number of signals and index of the first in ``signals``
 ``F_P0 .. F_P0+3``    op params (ints as is; floats as their IEEE float32 bit pattern)
-``F_OPND + 8*k + j``  operand k (ins then outs, IR order): j=0 element offset at slot 0,
+``F_OPND + 8*k + j``  operand k (ins then outs, IR order; a GEMV's mirror outputs after y,
+                      each at y's layout on a peer): j=0 element offset at slot 0,
                       j=1 element offset added per slot (regions affine in ``s``),
                       j=2..4 extents (n0, n1, n2), j=5..7 strides (s0, s1, s2) in elements
 ``F_FLAGS``           bit 0: the task signals another rank (fence at system scope first);
@@ -105,6 +106,8 @@ N_PARAMS = 4
 F_OPND = F_P0 + N_PARAMS
 OPND_W = 8
 MAX_OPNDS = 8  # rope_attention_kv: q, k, v, kc, vc, pos, inv_freq, o
+#: Mirror outputs (ir/ops.py) a GEMV row may carry: norm_gemv with a bias has 5 operands.
+MAX_MIRRORS = 3
 F_FLAGS = F_OPND + MAX_OPNDS * OPND_W  # bit 0: the task has a system-scope (remote) signal
 # The first wait and the first signal are copied into the row (also kept in ``waits`` /
 # ``signals``) so the kernel reads them with the row's other header fields in one round of
@@ -201,12 +204,14 @@ def f32_bits(x: float) -> int:
 
 
 def _views_for(task: Task) -> tuple[str, ...]:
-    """Operand views for a task, accounting for optional ins (gemv bias, reduce residual):
-    ``ROLE_VIEWS`` lists every role, optional ins included."""
+    """Operand views for a task, accounting for optional ins (gemv bias, reduce residual)
+    and mirror outputs (viewed as the first output): ``ROLE_VIEWS`` lists every role,
+    optional ins included."""
     v = ROLE_VIEWS[task.op]
     spec = OPS[task.op]
     assert len(v) == spec.max_ins + len(spec.outs), task.op
-    return v[:len(task.ins)] + v[spec.max_ins:]
+    outs = v[spec.max_ins:]
+    return v[:len(task.ins)] + outs + outs[:1] * (len(task.outs) - len(outs))
 
 
 # ---------------------------------------------------------------- variants
@@ -215,7 +220,8 @@ class Variant:
     """One branch of the kernel's opcode dispatch: an op with concrete operand dtypes and
     layout flags (``flags`` is a sorted tuple of (name, bool)).
 
-    gemv flags: ``bias`` (has a bias operand), ``contig`` (weight columns have stride 1),
+    gemv flags: ``bias`` (has a bias operand), ``mirror`` (y is also stored to the mirror
+    outputs that follow it, gemv_mirrors), ``contig`` (weight columns have stride 1),
     ``xcontig`` (x is one strided axis), ``aligned`` (every weight row starts on a 16-byte
     boundary for every slot and K is a multiple of 16 bytes, so the kernel may promise it to
     the compiler for wide loads), ``xaligned`` (also x, and a when present, have unit stride
@@ -425,8 +431,22 @@ def _check_task(task: Task, program: ScheduleProgram, bufs: dict[str, Buffer], r
     if not spec.min_ins <= len(task.ins) <= spec.max_ins:
         raise TableError(f"{where}: {task.op} takes {spec.min_ins}..{spec.max_ins} inputs, "
                          f"got {len(task.ins)}")
-    if len(task.outs) != len(spec.outs):
-        raise TableError(f"{where}: {task.op} takes {len(spec.outs)} outputs, got {len(task.outs)}")
+    if not spec.min_outs <= len(task.outs) <= spec.max_outs:
+        raise TableError(f"{where}: {task.op} takes {spec.arity_text()}, got {len(task.outs)} outputs")
+    mirrors = len(task.outs) - len(spec.outs)
+    if mirrors > MAX_MIRRORS:
+        raise TableError(f"{where}: {mirrors} mirror outputs; the triton GEMV stores at most "
+                         f"{MAX_MIRRORS} (one-shot all-reduce fused into the GEMV over at most "
+                         f"{MAX_MIRRORS + 1} ranks)")
+    if len(task.ins) + len(task.outs) > MAX_OPNDS:
+        raise TableError(f"{where}: {len(task.ins) + len(task.outs)} operands; a task row holds "
+                         f"at most {MAX_OPNDS}")
+    y = task.outs[0] if task.outs else None
+    for k, m in enumerate(task.outs[len(spec.outs):], 1):
+        if m.buffer != y.buffer or m.ranges != y.ranges or m.rank == y.rank:
+            raise TableError(f"{where}: mirror output {k} must be the first output's region "
+                             f"({y.buffer} on rank {y.rank}) on another rank, got {m.buffer} "
+                             f"on rank {m.rank}")
     for i, reg in enumerate(task.ins):
         b = bufs.get(reg.buffer)
         if b is None:
@@ -450,9 +470,9 @@ def _check_task(task: Task, program: ScheduleProgram, bufs: dict[str, Buffer], r
         elif reg.rank != rank and reg.rank not in peer_delta:
             raise TableError(f"{where}: writes {b.name} on rank {reg.rank}, but no peer pointer "
                              f"for rank {reg.rank} is known (build the table with peer_delta for every peer)")
-        if b.dtype not in spec.out_dtypes[i]:
+        if b.dtype not in spec.dtypes_for_out(i):
             raise TableError(f"{where}: output {i} ({b.name}) is {b.dtype}; {task.op} "
-                             f"produces {spec.out_dtypes[i]}")
+                             f"produces {spec.dtypes_for_out(i)}")
     for name, kind in PARAM_SLOTS.get(task.op, ()):
         v = task.params.get(name)
         ok = isinstance(v, int) and not isinstance(v, bool) if kind == "i" else \
@@ -511,10 +531,14 @@ def _check_descs(task: Task, descs: list[Desc]) -> None:
     op = task.op
     if op in GEMV_OPS:
         xi, ai, wi = GEMV_OPS[op]
-        x, w, y = descs[xi], descs[wi], descs[-1]
+        yi = len(task.ins)
+        x, w, y = descs[xi], descs[wi], descs[yi]
         if w.n[1] != y.numel or w.n[2] != x.numel:
             raise TableError(f"{where}: weight region viewed as [{w.n[1]}, {w.n[2]}] does not match "
                              f"[N={y.numel}, K={x.numel}]")
+        for m in descs[yi + 1:]:  # the kernel stores mirrors at y's offsets plus one delta
+            if m.n != y.n or m.s != y.s or m.coef != y.coef:
+                raise TableError(f"{where}: a mirror output's layout {m.n}/{m.s} differs from y's {y.n}/{y.s}")
     elif op == "embed":
         tab, y = descs[0], descs[-1]
         if tab.n[2] != y.numel:
@@ -577,6 +601,7 @@ def _variant(task: Task, bufs: dict[str, Buffer], descs: list[Desc], slots: int)
         w = descs[wi]
         esize = DTYPE_BYTES[dtypes[wi]]
         flags["bias"] = len(task.ins) > wi + 1  # bias / residual added in the epilogue
+        flags["mirror"] = len(task.outs) > 1  # y also stored to peers (gemv_mirrors)
         flags["contig"] = w.s[2] == 1 or w.n[2] == 1
         flags["xcontig"] = all(descs[j].n[0] == 1 and descs[j].n[1] == 1
                                for j in (xi, ai) if j is not None)
@@ -606,6 +631,12 @@ def _variant(task: Task, bufs: dict[str, Buffer], descs: list[Desc], slots: int)
     elif task.op in ("copy", "put"):
         flags["vec"] = all(_flat_aligned(d, vec_elems(dtypes), slots) for d in descs)
     return Variant(task.op, dtypes, tuple(sorted(flags.items())))
+
+
+def gemv_mirrors(v: Variant) -> int:
+    """Mirror outputs (ir/ops.py) of a GEMV variant: its operands after x, [a], W, [bias /
+    residual] and y."""
+    return len(v.dtypes) - (GEMV_OPS[v.op][2] + 2 + v.flag("bias"))
 
 
 def vec_elems(dtypes: Sequence[str]) -> int:
