@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tile-lm-head", type=int, default=0, help="the tile_lm_head lowering knob (0 = tile)")
     ap.add_argument("--attn-split", type=int, default=1, help="the attn_split lowering knob")
     ap.add_argument("--late-append", action="store_true", help="the late_append lowering knob")
-    ap.add_argument("--allreduce", default="oneshot", help="the allreduce lowering knob (oneshot, twoshot)")
+    ap.add_argument("--allreduce", default="oneshot", help="the allreduce lowering knob (oneshot, fused, twoshot)")
     ap.add_argument("--tile-reduce", type=int, default=0, help="the tile_reduce lowering knob (0 = tile)")
     ap.add_argument("--layer", type=int, default=None,
                     help="also print the stage timeline of this layer (default: the middle one)")

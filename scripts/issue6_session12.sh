@@ -8,6 +8,7 @@
 #                                            # (CONFIG: a bench/configs file, default the fused tp 2 one)
 #   bash scripts/issue6_session12.sh tp4     # (nvidia-h200-x4) tp 4 sweep oneshot vs fused, then amk bench
 #                                            # --tp 4 with the fastest correct row and the HF TP baselines
+#   bash scripts/issue6_session12.sh prof4   # (nvidia-h200-x4) per-rank profiles at tp 4, oneshot vs fused
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_env.sh
@@ -44,6 +45,15 @@ tp4)
     timeout 420 python3 -m amk bench $M --tp 4 $F --tokens 64 \
         --baseline-compile-mode default,max-autotune-no-cudagraphs --json "$OUT/bench_tp4_llama-3.1-8b.json" \
         2>&1 | grep -v "warn\|Loading" ;;
+prof4)
+    P="--workers 132 --warps 8 --tile 32 --tile-qkv 12 --tile-gate-up 28 --tile-lm-head 128 --policy stage
+       --fuse --late-append --gemv-block 16x128 --unroll 8 --prefetch 1 --attn-split 4 --w-preload 1024
+       --prefetch-cap 65536 --roll 1 --tile-reduce 256 --all-layers --steps 12"
+    for ar in oneshot fused; do
+        echo "=== $ar"
+        timeout 150 python3 bench/profile_megakernel.py $M --tp 4 --spawn $P --allreduce $ar \
+            --json "$OUT/prof_tp4_$ar.json" 2>&1 | grep -v "warn\|Loading" | tail -45
+    done ;;
 *)
-    echo "usage: $0 tiles|fused2|tp2|tp4" >&2; exit 2 ;;
+    echo "usage: $0 tiles|fused2|tp2|tp4|prof4" >&2; exit 2 ;;
 esac
