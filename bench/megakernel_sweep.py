@@ -46,7 +46,8 @@ BLOCKS_AXES = {"gemv_stages": ("gemv_stages", ints), "prefetch": ("prefetch", in
                "att_t": ("attention_t", ints), "unroll": ("gemv_unroll", ints),
                "att_dot": ("attention_dot", flags), "row_prefetch": ("row_prefetch", flags),
                "maxnreg": ("maxnreg", ints), "x_stage": ("x_stage", flags),
-               "relaxed_poll": ("relaxed_poll", flags), "x_reuse": ("x_reuse", flags),
+               "relaxed_poll": ("relaxed_poll", flags), "lean_release": ("lean_release", flags),
+               "x_reuse": ("x_reuse", flags),
                "x_chunk": ("x_chunk", ints), "w_preload": ("w_preload", ints),
                "prefetch_cap": ("prefetch_cap", ints), "prefetch_rows": ("prefetch_rows", ints),
                "roll": ("roll", ints), "kroll": ("kroll", ints)}
@@ -86,6 +87,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--tile-reduce", default="0", help="comma list of the tile_reduce lowering knob (0 = tile)")
     ap.add_argument("--allreduce", default="oneshot", help="comma list of the allreduce lowering knob")
     ap.add_argument("--relaxed-poll", default="0", help="comma list of 0/1 (Blocks.relaxed_poll)")
+    ap.add_argument("--lean-release", default="0", help="comma list of 0/1 (Blocks.lean_release)")
     ap.add_argument("--maxnreg", default="0", help="comma list of register caps (Blocks.maxnreg; 0 = automatic)")
     ap.add_argument("--sync-opt", default="1", help="comma list of 0/1: Blocks.elide_waits and "
                                                     "Blocks.coalesce_signals together")

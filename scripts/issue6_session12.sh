@@ -9,6 +9,8 @@
 #   bash scripts/issue6_session12.sh tp4     # (nvidia-h200-x4) tp 4 sweep oneshot vs fused, then amk bench
 #                                            # --tp 4 with the fastest correct row and the HF TP baselines
 #   bash scripts/issue6_session12.sh prof4   # (nvidia-h200-x4) per-rank profiles at tp 4, oneshot vs fused
+#   bash scripts/issue6_session12.sh lean4   # (nvidia-h200-x4) tp 4 sweep: Blocks.lean_release (one thread-0
+#                                            # fence, relaxed peer signals) with fused and oneshot
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_env.sh
@@ -54,6 +56,9 @@ prof4)
         timeout 150 python3 bench/profile_megakernel.py $M --tp 4 --spawn $P --allreduce $ar \
             --json "$OUT/prof_tp4_$ar.json" 2>&1 | grep -v "warn\|Loading" | tail -45
     done ;;
+lean4)
+    timeout 230 python3 bench/megakernel_sweep.py $M --tp 4 $S --tile 32 --tile-qkv 12 --tile-gate-up 28 \
+        --allreduce fused,oneshot --lean-release 1,0 --json "$OUT/lean_tp4.json" 2>&1 | grep -v "warn\|Loading" ;;
 *)
-    echo "usage: $0 tiles|fused2|tp2|tp4|prof4" >&2; exit 2 ;;
+    echo "usage: $0 tiles|fused2|tp2|tp4|prof4|lean4" >&2; exit 2 ;;
 esac

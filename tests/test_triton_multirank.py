@@ -174,13 +174,17 @@ def test_fused_allreduce_stores_peers_from_the_gemv(ranks, dtype, fuse):
     """allreduce "fused": the row-parallel GEMV tiles store their partial rows into every
     peer's receive buffer themselves (mirror outputs, R - 1 per tile) and signal the peers;
     no put task is left in the layers (only the LM head's argmax pairs). Logits and tokens are
-    bit-identical to the one-shot all-reduce with put tasks (same sums, same order)."""
+    bit-identical to the one-shot all-reduce with put tasks (same sums, same order); the fused
+    run also signals with Blocks.lean_release."""
     from tests.test_triton_megakernel import lowered
+
+    from lowering.triton.runtime import Blocks
 
     runs = {}
     for algo in ("oneshot", "fused"):
         prog, init, _ = lowered("tiny-llama", 2, dtype=dtype, tile=16, fuse=fuse, ranks=ranks, allreduce=algo)
-        ex = TritonExecutor(prog, init, check=False, device=DEV)
+        # fused: also with Blocks.lean_release (one thread-0 fence, relaxed peer signals)
+        ex = TritonExecutor(prog, init, check=False, device=DEV, blocks=Blocks(lean_release=algo == "fused"))
         puts = [t.id for t in prog.tasks if t.op == "put"]
         mirrored = [t for t in prog.tasks if t.op in T.GEMV_OPS and len(t.outs) > 1]
         if algo == "fused":
@@ -243,6 +247,37 @@ def test_allreduce_moves_compile_to_16_byte_vectors(tmp_path, triton_path):
     assert res.returncode == 0, res.stderr[-3000:]
     rep = json.loads(res.stdout.strip().splitlines()[-1])
     assert rep["vector_loads"] and rep["vector_stores"], rep
+
+
+@pytest.mark.skipif(not INTERP, reason="offline compile runs without a GPU")
+@pytest.mark.parametrize("triton_path", ["local", "device"])
+def test_lean_release_compiles_to_one_fence_and_relaxed_peer_signals(tmp_path, triton_path):
+    """Blocks.lean_release: the peer signals of a multi-rank program compile to
+    ``red.relaxed.sys`` (after a thread-0 ``fence.acq_rel.sys``) and no ``red``/``atom``
+    ``.release.sys``; without it they are release atomics at system scope."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from lowering.triton.runtime import Blocks
+
+    if triton_path == "device" and not os.environ.get("AMK_DEVICE_TRITON"):
+        pytest.skip("AMK_DEVICE_TRITON (the GPU machines' Triton, .ci/run installs 3.6) unset")
+    root = Path(__file__).resolve().parents[1]
+    path = [os.environ["AMK_DEVICE_TRITON"]] if triton_path == "device" else []
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([*path, str(root)]))
+    code = "import sys; from lowering.triton.megakernel import _main; sys.exit(_main(sys.argv[1:]))"
+    for lean in (True, False):
+        ex = TritonExecutor(allreduce(ranks=2, n=256, workers=2, dtype="bf16"), None, check=False, device=DEV,
+                            blocks=Blocks(lean_release=lean))
+        src = ex.emit_source(tmp_path / f"kernel_{int(lean)}.py")
+        res = subprocess.run([sys.executable, "-c", code, str(src), "--arch", "90"], capture_output=True,
+                             text=True, env=env, cwd=root, timeout=600)
+        assert res.returncode == 0, res.stderr[-3000:]
+        rep = json.loads(res.stdout.strip().splitlines()[-1])
+        assert rep["relaxed_red_sys"] is lean and rep["release_sys"] is not lean, (lean, rep)
 
 
 @needs_device

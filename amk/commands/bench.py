@@ -80,6 +80,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--relaxed-poll", type=int, default=0, choices=(0, 1), metavar="0|1",
                    help="1: waits poll with relaxed loads and one acquire fence when satisfied, instead of "
                         "an acquire load (an L1 invalidation) per poll (default 0)")
+    p.add_argument("--lean-release", type=int, default=0, choices=(0, 1), metavar="0|1",
+                   help="1: a task that signals a peer fences once (thread 0, after the barrier) and "
+                        "signals each peer with a relaxed red, instead of a fence in every thread and one "
+                        "release per peer (default 0)")
     p.add_argument("--maxnreg", type=int, default=0, metavar="R",
                    help="register cap per thread (24..255); 0 (default) = automatic: capped only when "
                         "--workers exceeds the SM count, so that two (or more) workers share an SM")
@@ -291,7 +295,7 @@ BLOCKS_FLAGS = {"gemv_stages": "--gemv-stages", "gemv_unroll": "--gemv-unroll", 
                 "attention_t": "--attention-block", "maxnreg": "--maxnreg", "x_chunk": "--x-chunk",
                 "w_preload": "--w-preload", "prefetch_cap": "--prefetch-cap", "prefetch_rows": "--prefetch-rows",
                 "roll": "--roll", "kroll": "--kroll", "row_prefetch": "--row-prefetch", "x_stage": "--x-stage",
-                "x_reuse": "--x-reuse", "relaxed_poll": "--relaxed-poll"}
+                "x_reuse": "--x-reuse", "relaxed_poll": "--relaxed-poll", "lean_release": "--lean-release"}
 _FLAG_OF = {**BLOCKS_FLAGS, "gemv_k": "--gemv-block K", "gemv_n": "--gemv-block N"}
 
 
@@ -304,7 +308,7 @@ def backend_options(args) -> dict:
     """TritonExecutor options from --num-warps, --gemv-block NxK, --gemv-stages,
     --prefetch, --gemv-unroll, --attention-block, --attention-dot, --row-prefetch,
     --x-stage, --x-reuse, --x-chunk, --w-preload, --prefetch-cap, --prefetch-rows, --roll,
-    --kroll, --relaxed-poll and --maxnreg. Raises AmkError naming the flag (the ranges are
+    --kroll, --relaxed-poll, --lean-release and --maxnreg. Raises AmkError naming the flag (the ranges are
     lowering.triton.runtime.Blocks' own checks)."""
     from lowering.triton.runtime import Blocks, TritonError
 
@@ -326,7 +330,8 @@ def backend_options(args) -> dict:
                         x_chunk=getattr(args, "x_chunk", 8192), w_preload=getattr(args, "w_preload", 0),
                         prefetch_cap=getattr(args, "prefetch_cap", 0),
                         prefetch_rows=getattr(args, "prefetch_rows", 0), roll=getattr(args, "roll", 0),
-                        kroll=getattr(args, "kroll", 0), relaxed_poll=bool(getattr(args, "relaxed_poll", 0)))
+                        kroll=getattr(args, "kroll", 0), relaxed_poll=bool(getattr(args, "relaxed_poll", 0)),
+                        lean_release=bool(getattr(args, "lean_release", 0)))
     except TritonError as e:
         raise AmkError(_flag_names(str(e))) from None
     return {"num_warps": args.num_warps, "blocks": blocks}

@@ -25,7 +25,8 @@ task table (table.py), in order:
    ``atomic_add(counter, amount, sem="release")``, scope ``gpu`` for the own rank's counters
    and ``sys`` for another rank's. A scalar atomic runs on one thread; the
    barrier before it makes the release cover the whole CTA's writes (PTX cumulativity).
-   Tasks with a system-scope signal first run ``fence.acq_rel.sys`` in every thread.
+   Tasks with a system-scope signal first run ``fence.acq_rel.sys`` in every thread (with
+   ``LEAN_RELEASE``: on thread 0 after the barrier, then relaxed peer reductions; finish_task).
 
 Watchdog: on the GPU every wait reads ``%globaltimer`` while it spins and gives up after
 ``timeout`` ns; under the interpreter it gives up after ``timeout`` polls (with one
@@ -261,11 +262,15 @@ def wait_counter(ctr, need, abort_ptr, abort_tag, timeout, SYS: tl.constexpr, RE
 
 
 @device
-def signal_counter(ctr, amount, scope):
+def signal_counter(ctr, amount, scope, LEAN: tl.constexpr = False):
     """``*ctr += amount`` with release semantics: GPU scope for the own rank, system scope
-    for a peer's counter (a single thread performs a scalar atomic)."""
+    for a peer's counter (a single thread performs a scalar atomic). ``LEAN``
+    (``Blocks.lean_release``): a peer's counter gets a relaxed ``red`` on thread 0, made a
+    release by the thread-0 system fence finish_task ran before it."""
     if scope == _SCOPE_GPU:
         tl.atomic_add(ctr, amount, sem="release", scope="gpu")
+    elif LEAN:
+        K.red_relaxed_sys_one(ctr, amount)
     else:
         tl.atomic_add(ctr, amount, sem="release", scope="sys")
 
@@ -714,13 +719,20 @@ def run_waits(nw, w0, wc, wn, wb, WAITS, A_I32, err, i, epoch, abort_ptr, timeou
 
 
 @device
-def finish_task(ns, s0, sc, sa, ss, fl, SIGS, A_I32, err, i, epoch, abort_ptr, st):
+def finish_task(ns, s0, sc, sa, ss, fl, SIGS, A_I32, err, i, epoch, abort_ptr, st, LEAN: tl.constexpr = False):
     """After the op: barrier, then either record the op's failure or release the signals.
     Returns 1 to go on, 0 to stop. The first signal comes from the row header (sc, sa, ss),
-    so on the common path the release atomic follows the barrier with no table load."""
+    so on the common path the release atomic follows the barrier with no table load.
+    A row with a system-scope signal (FLAG_SYS_SIGNAL) fences at system scope first: in every
+    thread before the barrier, or with ``LEAN`` (``Blocks.lean_release``) once, on thread 0
+    after it, whose peer signals are then relaxed reductions (signal_counter)."""
     if (fl & 1) != 0:
-        K.system_fence()
+        if not LEAN:
+            K.system_fence()
     tl.debug_barrier()
+    if LEAN:
+        if (fl & 1) != 0:
+            K.system_fence_one()
     ok = tl.full([], 1, dtype=tl.int32)
     if st != 0:
         tl.store(err + 1, i.to(tl.int64))
@@ -730,10 +742,10 @@ def finish_task(ns, s0, sc, sa, ss, fl, SIGS, A_I32, err, i, epoch, abort_ptr, s
         ok = ok * 0
     else:
         if ns > 0:
-            signal_counter(A_I32 + sc, sa.to(tl.int32), ss)
+            signal_counter(A_I32 + sc, sa.to(tl.int32), ss, LEAN)
         for k in range(1, ns):
             sp = SIGS + (s0 + k) * _SIG_W
-            signal_counter(A_I32 + tl.load(sp), tl.load(sp + 1).to(tl.int32), tl.load(sp + 2))
+            signal_counter(A_I32 + tl.load(sp), tl.load(sp + 1).to(tl.int32), tl.load(sp + 2), LEAN)
     return ok
 
 
@@ -832,7 +844,7 @@ def amk_megakernel(A_BF16, A_F16, A_F32, A_I32, TASKS, WAITS, SIGS, QSTART, ERR,
                    ATT_DOT: tl.constexpr = False, ROW_PREFETCH: tl.constexpr = False,
                    X_STAGE: tl.constexpr = False, POLL_RELAXED: tl.constexpr = False,
                    X_CHUNK: tl.constexpr = 0, W_PRELOAD: tl.constexpr = 0, PREFETCH_CAP: tl.constexpr = 0,
-                   ROLL: tl.constexpr = 0, KROLL: tl.constexpr = 0):
+                   ROLL: tl.constexpr = 0, KROLL: tl.constexpr = 0, LEAN_RELEASE: tl.constexpr = False):
     PROF_W: tl.constexpr = {prof_w}
     w, i, end, err, epoch, slot, abort_ptr = worker_loop_prologue(ERR, EPOCH, QSTART, slots)
     XSW = XS + w.to(tl.int64) * xs_w  # this worker's GEMV f(x) scratch (X_STAGE)
@@ -857,7 +869,7 @@ def amk_megakernel(A_BF16, A_F16, A_F32, A_I32, TASKS, WAITS, SIGS, QSTART, ERR,
         if ok != 0:
             if PROFILE:
                 tl.store(PROF + i.to(tl.int64) * PROF_W + 6, global_timer())
-            ok = finish_task(ns, s0, sc, sa, ss, fl, SIGS, A_I32, err, i, epoch, abort_ptr, st)
+            ok = finish_task(ns, s0, sc, sa, ss, fl, SIGS, A_I32, err, i, epoch, abort_ptr, st, LEAN_RELEASE)
             done += ok.to(tl.int64)
             if PROFILE:
                 tl.store(PROF + i.to(tl.int64) * PROF_W + 2, global_timer())
@@ -972,6 +984,7 @@ def compile_offline(source: str, constexprs: dict[str, int], arch: int = 90, num
                l2_prefetch="cp.async.bulk.prefetch.L2" in ptx, async_copy="cp.async" in ptx,
                row_prefetch="prefetch.global.L1" in ptx, line_prefetch="prefetch.global.L2 " in ptx,
                release_gpu="gpu.release.add" in ptx, release_sys="sys.release.add" in ptx,
+               relaxed_red_sys="red.relaxed.sys.global.add" in ptx,
                barrier="bar.sync" in ptx, vector_loads=bool(re.search(r"ld\.global(\.\w+)*\.v4", ptx)),
                vector_stores=bool(re.search(r"st\.global(\.\w+)*\.v4", ptx)),
                regs=None, local_bytes=None)

@@ -931,6 +931,42 @@ def system_fence():
                                   is_pure=False, pack=1)
 
 
+def _thread0_asm(body: str) -> str:
+    """PTX running ``body`` (instructions predicated with ``@%amk_q``) on thread 0 only, with a
+    dummy int32 output ``$0``: Triton runs a scalar inline asm in every thread, so a
+    read-modify-write must be predicated or it would be applied once per thread."""
+    return ("{\n.reg .pred %amk_q;\n.reg .u32 %amk_t;\nmov.u32 %amk_t, %tid.x;\n"
+            "setp.eq.u32 %amk_q, %amk_t, 0;\n" + body + "mov.u32 $0, 0;\n}")
+
+
+_ASM_FENCE_SYS_ONE = tl.constexpr(_thread0_asm("@%amk_q fence.acq_rel.sys;\n"))
+_ASM_RED_RELAXED_SYS_ONE = tl.constexpr(_thread0_asm("@%amk_q red.relaxed.sys.global.add.s32 [$1], $2;\n"))
+
+
+@device
+def system_fence_one():
+    """``fence.acq_rel.sys`` on thread 0 only. After a CTA barrier it orders the whole CTA's
+    earlier stores (peer stores included) before thread 0's later operations at system scope,
+    the way NVSHMEM's block-scoped put-with-signal fences once per block. A no-op under the
+    interpreter."""
+    if not INTERPRET:
+        tl.inline_asm_elementwise(_ASM_FENCE_SYS_ONE, "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@device
+def red_relaxed_sys_one(ptr, amount):
+    """``*ptr += amount`` as ``red.relaxed.sys`` on thread 0 only: after system_fence_one on the
+    same thread it is a release at system scope (PTX memory model: a fence followed by a strong
+    write is a release pattern), and several such signals do not wait for one another as
+    successive ``red.release.sys`` do (each release orders itself after the earlier remote
+    reduction). Interpreter: a plain atomic add."""
+    if INTERPRET:
+        tl.atomic_add(ptr, amount)
+    else:
+        tl.inline_asm_elementwise(_ASM_RED_RELAXED_SYS_ONE, "=r,l,r", [ptr, amount], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+
+
 # ---------------------------------------------------------------- standalone test kernels
 @triton.jit
 def _k_embed(tab, t_rs, t_cs, tokp, y, y_n1, y_n2, y_s0, y_s1, y_s2, H, BLOCK: tl.constexpr):

@@ -151,7 +151,12 @@ class Blocks:
     (measured slower on the H200, ninth session: off by default).
     ``relaxed_poll``:
     waits poll with relaxed loads and issue one acquire fence when satisfied
-    (megakernel.wait_counter ``RELAXED``) instead of an acquire load per poll."""
+    (megakernel.wait_counter ``RELAXED``) instead of an acquire load per poll.
+    ``lean_release``: a task that signals a peer fences at system scope once, on thread 0 after
+    the CTA barrier, and signals each peer with a relaxed ``red`` (megakernel.finish_task
+    ``LEAN``), instead of a fence in every thread and one ``red.release.sys`` per peer, each of
+    which waits for the one before (the fused all-reduce's tiles at tp 4: about 8 us of
+    barrier + signals per tile, docs/benchmarks.md). Off by default: measured at tp 4 only."""
 
     elementwise: int = 1024
     gemv_n: int = 16
@@ -178,6 +183,7 @@ class Blocks:
     roll: int = 0
     kroll: int = 0
     relaxed_poll: bool = False
+    lean_release: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.maxnreg, int) or not (self.maxnreg == 0 or 24 <= self.maxnreg <= 255):
@@ -468,7 +474,7 @@ class TritonExecutor:
             GEMV_STAGES=b.gemv_stages, PREFETCH=b.prefetch, GEMV_UNROLL=b.gemv_unroll,
             ATT_DOT=bool(b.attention_dot), ROW_PREFETCH=bool(b.row_prefetch), X_STAGE=bool(b.x_stage),
             POLL_RELAXED=bool(b.relaxed_poll), X_CHUNK=b.x_chunk, W_PRELOAD=b.w_preload,
-            PREFETCH_CAP=b.prefetch_cap, ROLL=b.roll, KROLL=b.kroll,
+            PREFETCH_CAP=b.prefetch_cap, ROLL=b.roll, KROLL=b.kroll, LEAN_RELEASE=bool(b.lean_release),
         )
         if not self.interpret:
             kw["num_warps"] = self.num_warps
