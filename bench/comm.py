@@ -63,7 +63,7 @@ from amk.errors import AmkError  # noqa: E402
 # imported before `triton` (see conftest.py).
 from lowering.triton import ops as K  # noqa: E402
 from lowering.triton.megakernel import cta_all, cta_max, global_timer  # noqa: E402
-from lowering.triton.ops import INTERPRET, device  # noqa: E402
+from lowering.triton.ops import INTERPRET, device, thread0_asm  # noqa: E402
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -178,14 +178,6 @@ def spin_asm(load: str, one_thread: bool, fence_after: bool) -> str:
             "mov.b32 $0, %amk_v;\n}")
 
 
-def thread0_asm(body: str) -> str:
-    """PTX that runs ``body`` (instructions predicated with ``@%amk_q``) on thread 0 only;
-    ``$0`` is a dummy int32 output. Triton runs a scalar inline asm in every thread, so a
-    read-modify-write must be predicated, or it would be applied once per thread."""
-    return ("{\n.reg .pred %amk_q;\n.reg .u32 %amk_t;\nmov.u32 %amk_t, %tid.x;\n"
-            "setp.eq.u32 %amk_q, %amk_t, 0;\n" + body + "mov.u32 $0, 0;\n}")
-
-
 _LD_ACQ_SYS = "ld.acquire.sys.global.b32 %amk_v, [$1];"
 _ASM_RMW_ONE = tl.constexpr(spin_asm("atom.acquire.sys.global.add.s32 %amk_v, [$1], 0;", True, False))
 _ASM_ACQ_SYS_ALL = tl.constexpr(spin_asm(_LD_ACQ_SYS, False, False))
@@ -195,7 +187,6 @@ _ASM_VOL_ONE = tl.constexpr(spin_asm("ld.volatile.global.b32 %amk_v, [$1];", Tru
 _ASM_ACQ_GPU_ALL = tl.constexpr(spin_asm("ld.acquire.gpu.global.b32 %amk_v, [$1];", False, False))
 _ASM_ST = tl.constexpr(thread0_asm("@%amk_q st.release.sys.global.b32 [$1], $2;\n"))
 _ASM_RED = tl.constexpr(thread0_asm("@%amk_q red.release.sys.global.add.s32 [$1], 1;\n"))
-_ASM_FENCE_ONE = tl.constexpr(thread0_asm("@%amk_q fence.acq_rel.sys;\n"))
 
 _P_RMW_TRITON = tl.constexpr(P_RMW_TRITON)
 _P_RMW_ONE = tl.constexpr(P_RMW_ONE)
@@ -274,13 +265,6 @@ def signal(p, absval, SIG: tl.constexpr):
         tl.inline_asm_elementwise(_ASM_ST, "=r,l,r", [p, absval], dtype=tl.int32, is_pure=False, pack=1)
     else:
         tl.inline_asm_elementwise(_ASM_RED, "=r,l", [p], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@device
-def fence_one():
-    """``fence.acq_rel.sys`` on thread 0 only (no-op under the interpreter)."""
-    if not INTERPRET:
-        tl.inline_asm_elementwise(_ASM_FENCE_ONE, "=r", [], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @device
@@ -418,7 +402,7 @@ def ar_push(X, RECV, CTR, DB, DI, xrow, slot, it, c, me, R, n, lo, hi, BLOCK: tl
         K.system_fence()  # every thread, before the barrier: the megakernel's put+signal
     tl.debug_barrier()  # all stores of the CTA precede the release (PTX cumulativity)
     if SIG != _S_ATOMIC:
-        fence_one()
+        K.system_fence_one()
     for p in range(R):
         if p != me:
             signal(CTR + tl.load(DI + p) + c * R + me, (it + 1).to(tl.int32), SIG)

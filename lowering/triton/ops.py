@@ -931,7 +931,7 @@ def system_fence():
                                   is_pure=False, pack=1)
 
 
-def _thread0_asm(body: str) -> str:
+def thread0_asm(body: str) -> str:
     """PTX running ``body`` (instructions predicated with ``@%amk_q``) on thread 0 only, with a
     dummy int32 output ``$0``: Triton runs a scalar inline asm in every thread, so a
     read-modify-write must be predicated or it would be applied once per thread."""
@@ -939,8 +939,8 @@ def _thread0_asm(body: str) -> str:
             "setp.eq.u32 %amk_q, %amk_t, 0;\n" + body + "mov.u32 $0, 0;\n}")
 
 
-_ASM_FENCE_SYS_ONE = tl.constexpr(_thread0_asm("@%amk_q fence.acq_rel.sys;\n"))
-_ASM_RED_RELAXED_SYS_ONE = tl.constexpr(_thread0_asm("@%amk_q red.relaxed.sys.global.add.s32 [$1], $2;\n"))
+_ASM_FENCE_SYS_ONE = tl.constexpr(thread0_asm("@%amk_q fence.acq_rel.sys;\n"))
+_ASM_RED_RELAXED_SYS_ONE = tl.constexpr(thread0_asm("@%amk_q red.relaxed.sys.global.add.s32 [$1], $2;\n"))
 
 
 @device
