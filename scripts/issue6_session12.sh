@@ -6,6 +6,7 @@
 #                                            # fused into the GEMV tiles (allreduce fused) vs oneshot
 #   bash scripts/issue6_session12.sh tp2     # (nvidia-h200-x2) amk bench --tp 2 with the HF TP baselines
 #                                            # (CONFIG: a bench/configs file, default the fused tp 2 one)
+#   EXTRA="--lean-release 1" bash scripts/issue6_session12.sh tp2|tp4   # the same with Blocks.lean_release
 #   bash scripts/issue6_session12.sh tp4     # (nvidia-h200-x4) tp 4 sweep oneshot vs fused, then amk bench
 #                                            # --tp 4 with the fastest correct row and the HF TP baselines
 #   bash scripts/issue6_session12.sh prof4   # (nvidia-h200-x4) per-rank profiles at tp 4, oneshot vs fused
@@ -36,12 +37,12 @@ fused2)
 tp2)
     timeout 590 python3 -m amk bench $M --tp 2 --config "${CONFIG:-bench/configs/llama-3.1-8b-tp2-fused.json}" \
         --num-warps 8 --gemv-block 16x128 --gemv-unroll 8 --prefetch 1 --attn-split 4 --tokens 64 \
-        --w-preload 1024 --prefetch-cap 65536 --roll 1 \
+        --w-preload 1024 --prefetch-cap 65536 --roll 1 ${EXTRA:-} \
         --baseline-compile-mode default,max-autotune-no-cudagraphs --json "$OUT/bench_tp2_llama-3.1-8b.json" \
         2>&1 | grep -v "warn\|Loading" ;;
 tp4)
     timeout 150 python3 bench/megakernel_sweep.py $M --tp 4 $S --tile 32 --tile-qkv 12 --tile-gate-up 28 \
-        --allreduce oneshot,fused --json "$OUT/fused_tp4.json" 2>&1 | grep -v "warn\|Loading"
+        --allreduce oneshot,fused ${EXTRA:-} --json "$OUT/fused_tp4.json" 2>&1 | grep -v "warn\|Loading"
     F=$(python3 bench/sweep_best.py "$OUT/fused_tp4.json" --config-out "$OUT/best_tp4.json") || exit 1
     echo "best: $F"; cat "$OUT/best_tp4.json"
     timeout 420 python3 -m amk bench $M --tp 4 $F --tokens 64 \
