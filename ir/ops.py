@@ -127,7 +127,8 @@ class OpSpec:
         def count(lo: int, hi: int, noun: str) -> str:
             return f"{lo} {noun}{'' if lo == 1 else 's'}" if lo == hi else f"{lo}-{hi} {noun}s"
 
-        return f"{count(self.min_ins, self.max_ins, 'input')} and {count(self.min_outs, self.max_outs, 'output')}"
+        return (f"{count(self.min_ins, self.max_ins, 'input')} and "
+                f"{count(self.min_outs, self.max_outs, 'output')}")
 
     @property
     def min_ins(self) -> int:
@@ -437,7 +438,8 @@ OPS: dict[str, OpSpec] = {
         _spec("rmsnorm", "compute", ("x", "w"), ("y",), (F, F), (F,),
               params={"dim": int, "eps": float}, check=_check_rmsnorm),
         _spec("gemv", "compute", ("x", "w"), ("y",), (F, F), (F,),
-              optional_ins=("bias",), optional_in_dtypes=(F,), check=_with_mirrors(_check_gemv), mirrors=MAX_MIRRORS),
+              optional_ins=("bias",), optional_in_dtypes=(F,), check=_with_mirrors(_check_gemv),
+              mirrors=MAX_MIRRORS),
         _spec("rope", "compute", ("x", "inv_freq", "pos"), ("y",), (F, F32, I32), (F,),
               params={"head_dim": int}, check=_check_rope),
         _spec("kv_append", "compute", ("k", "v", "pos"), ("kc", "vc"), (F, F, I32), (F, F),
@@ -459,7 +461,8 @@ OPS: dict[str, OpSpec] = {
         _spec("gemv_res", "compute", ("x", "w", "r"), ("y",), (F, F, F), (F,),
               check=_with_mirrors(_check_gemv_res), mirrors=MAX_MIRRORS),
         _spec("swiglu_gemv", "compute", ("g", "u", "w"), ("y",), (F, F, F), (F,),
-              optional_ins=("r",), optional_in_dtypes=(F,), check=_with_mirrors(_check_swiglu_gemv), mirrors=MAX_MIRRORS),
+              optional_ins=("r",), optional_in_dtypes=(F,), check=_with_mirrors(_check_swiglu_gemv),
+              mirrors=MAX_MIRRORS),
         _spec("rope_append", "compute", ("k", "v", "inv_freq", "pos"), ("kc", "vc"),
               (F, F, F32, I32), (F, F), params={"head_dim": int}, check=_check_rope_append),
         _spec("rope_attention", "compute", ("q", "kc", "vc", "pos", "inv_freq"), ("o",),
