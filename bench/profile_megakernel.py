@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefetch-rows", type=int, default=0, help="Blocks.prefetch_rows (0 = no limit)")
     ap.add_argument("--roll", type=int, default=0, help="Blocks.roll (row blocks; 0 = off)")
     ap.add_argument("--kroll", type=int, default=0, help="Blocks.kroll (unrolled K groups; 0 = off)")
+    ap.add_argument("--lean-release", type=int, default=0, help="0/1: Blocks.lean_release")
     ap.add_argument("--tile-qkv", type=int, default=0, help="the tile_qkv lowering knob (0 = tile)")
     ap.add_argument("--tile-gate-up", type=int, default=0, help="the tile_gate_up lowering knob (0 = tile)")
     ap.add_argument("--tile-lm-head", type=int, default=0, help="the tile_lm_head lowering knob (0 = tile)")
@@ -97,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
                                                          maxnreg=args.maxnreg, x_stage=bool(args.x_stage),
                                                          x_reuse=bool(args.x_reuse), w_preload=args.w_preload,
                                                          prefetch_cap=args.prefetch_cap, roll=args.roll,
-                                                         prefetch_rows=args.prefetch_rows, kroll=args.kroll),
+                                                         prefetch_rows=args.prefetch_rows, kroll=args.kroll,
+                                                         lean_release=bool(args.lean_release)),
         "profile": True, **({"dist": ctx} if ctx is not None else {})})
     ex = dec.ex
     tok = 1

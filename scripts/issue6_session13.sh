@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Thirteenth session, issue 6 (multi-GPU): device phases. Results go to $OUT.
+#   bash scripts/issue6_session13.sh lean2   # (nvidia-h200-x2) tp 2 sweep: Blocks.lean_release 0/1 with the
+#                                            # fused all-reduce (and one-shot with it), then per-rank profiles
+#                                            # of the fused + lean row
+#   EXTRA=... bash scripts/issue6_session13.sh prof2   # (nvidia-h200-x2) per-rank tp 2 profiles only
+# The same-run benches with the HF TP baselines: scripts/issue6_session12.sh tp2 / tp4 (EXTRA flags).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/device_env.sh
+OUT="${OUT:-out}"; mkdir -p "$OUT"
+M=config:llama-3.1-8b
+# bench/configs/llama-3.1-8b-tp2-fused.json in sweep form, with the twelfth session's fixed flags
+S="--workers 132 --policy stage --warps 8 --gemv-block 16x128 --fuse 1 --prefetch 1 --attn-split 4
+   --unroll 8 --w-preload 1024 --prefetch-cap 65536 --roll 1 --tile-lm-head 128 --late-append 1
+   --tile-reduce 256 --tokens 64 --tile 16 --tile-qkv 24 --tile-gate-up 56"
+P="--workers 132 --warps 8 --tile 16 --tile-qkv 24 --tile-gate-up 56 --tile-lm-head 128 --policy stage
+   --fuse --late-append --gemv-block 16x128 --unroll 8 --prefetch 1 --attn-split 4 --w-preload 1024
+   --prefetch-cap 65536 --roll 1 --tile-reduce 256 --all-layers --steps 12"
+prof2() {
+    timeout 150 python3 bench/profile_megakernel.py $M --tp 2 --spawn $P ${EXTRA:-} \
+        --json "$OUT/prof_tp2_$1.json" 2>&1 | grep -v "warn\|Loading" | tail -45
+}
+case "${1:-}" in
+lean2)
+    timeout 240 python3 bench/megakernel_sweep.py $M --tp 2 $S --allreduce fused --lean-release 0,1 \
+        --json "$OUT/lean_tp2.json" 2>&1 | grep -v "warn\|Loading"
+    timeout 100 python3 bench/megakernel_sweep.py $M --tp 2 $S --allreduce oneshot --lean-release 1 \
+        --json "$OUT/lean_tp2_oneshot.json" 2>&1 | grep -v "warn\|Loading"
+    EXTRA="--allreduce fused --lean-release 1" prof2 fused_lean ;;
+prof2)
+    prof2 "${TAG:-extra}" ;;
+*)
+    echo "usage: $0 lean2|prof2" >&2; exit 2 ;;
+esac
