@@ -29,6 +29,11 @@ gemv_res        y = W @ x + r: the residual add fused into the epilogue
                                                                ins (x[K], W[N,K], r[N])
 swiglu_gemv     y = W @ (silu(g) * u) (+ r): SiLU*mul fused into the prologue
                                                                ins (g[K], u[K], W[N,K], r[N]?)
+reduce_norm_gemv
+                y = W @ rmsnorm(h) (+ bias), h = sum_k P[k, :] + r rounded to r's dtype:
+                an all-reduce's final sum (``reduce`` with a residual) fused into the
+                prologue of norm_gemv, so the consuming GEMV tiles read the partials
+                instead of waiting for a reduce stage    ins (P[k,K], r[K], norm_w[K], W[N,K], bias[N]?)
 rope_append     kc[:, pos, :] = rope(k) ; vc[:, pos, :] = v    ins (k, v, inv_freq, pos)
 rope_attention  attention (as above) of rope(q) at pos          ins (q, kc, vc, pos, inv_freq)
 rope_attention_kv
@@ -45,7 +50,7 @@ fence           order this worker's earlier puts before its later ones, per dest
 nop             no data; carries waits and signals (credits, barriers)
 ==============  ==============================================================================
 
-**Mirror outputs.** The GEMV family (gemv, norm_gemv, gemv_res, swiglu_gemv) may list up to
+**Mirror outputs.** The GEMV family (gemv, norm_gemv, gemv_res, swiglu_gemv, reduce_norm_gemv) may list up to
 ``MAX_MIRRORS`` more outputs after y: each receives a copy of y, so it must have y's shape
 and dtype. A mirror is a region of a symmetric buffer on another rank (usually y's own
 region there): the peer stores of a one-shot all-reduce fused into the GEMV tile that
@@ -353,6 +358,22 @@ def _check_norm_gemv(ins, ind, outs, outd, p):
     return errs
 
 
+def _check_reduce_norm_gemv(ins, ind, outs, outd, p):
+    part, r = ins[0], ins[1]
+    k = _n(r)
+    errs = [e.replace("norm_gemv:", "reduce_norm_gemv:")
+            for e in _check_norm_gemv([r] + list(ins[2:]), ind[1:], outs, outd, p)]
+    if len(part) == 2:
+        if part[1] != k:
+            errs.append(f"reduce_norm_gemv: partials have width {part[1]}, residual {k}")
+    elif _n(part) != k:  # one partial squeezes to (K,)
+        errs.append(f"reduce_norm_gemv: partials {part} do not match the residual's {k} elements")
+    if ind[0] != ind[1]:
+        errs.append(f"reduce_norm_gemv: partials are {ind[0]}, the residual {ind[1]} (the sum is "
+                    "rounded to one dtype)")
+    return errs
+
+
 def _check_gemv_res(ins, ind, outs, outd, p):
     x, w, r = ins
     errs = [e.replace("gemv:", "gemv_res:") for e in _check_gemv([x, w], ind, outs, outd, p)]
@@ -458,6 +479,9 @@ OPS: dict[str, OpSpec] = {
         _spec("norm_gemv", "compute", ("x", "norm_w", "w"), ("y",), (F, F, F), (F,),
               optional_ins=("bias",), optional_in_dtypes=(F,), params={"eps": float},
               check=_with_mirrors(_check_norm_gemv), mirrors=MAX_MIRRORS),
+        _spec("reduce_norm_gemv", "compute", ("partials", "r", "norm_w", "w"), ("y",), (F, F, F, F), (F,),
+              optional_ins=("bias",), optional_in_dtypes=(F,), params={"eps": float},
+              check=_with_mirrors(_check_reduce_norm_gemv), mirrors=MAX_MIRRORS),
         _spec("gemv_res", "compute", ("x", "w", "r"), ("y",), (F, F, F), (F,),
               check=_with_mirrors(_check_gemv_res), mirrors=MAX_MIRRORS),
         _spec("swiglu_gemv", "compute", ("g", "u", "w"), ("y",), (F, F, F), (F,),

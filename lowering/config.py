@@ -66,6 +66,14 @@ late_append   with ``fuse`` (and no q/k norm): attention reads the current token
               task, after the attention tasks) runs on the least-loaded worker behind its
               gate/up tiles, in that worker's slack, instead of between the projections and
               the attention: one hand-off less on the step's critical path. Default off.
+fuse_reduce   with ``fuse``, at R > 1 and a one-shot all-reduce (``oneshot`` / ``fused``):
+              the GEMV tiles that consume an all-reduce through an RMSNorm (the next
+              layer's q/k/v, the gate/up tiles, the LM head) sum the received partials and
+              the residual themselves (``reduce_norm_gemv``) and wait on the partials'
+              arrival instead of on the reduce stage; the reduce tasks still write the
+              residual stream, now off the critical path (its next reader is the next
+              all-reduce). One hand-off and a reduce less per all-reduce. No effect at
+              R = 1, with ``twoshot`` or without ``fuse``. Default off.
 ============  =========================================================================
 """
 
@@ -102,6 +110,7 @@ class LoweringConfig:
     tile_lm_head: int = 0
     late_append: bool = False
     tile_reduce: int = 0
+    fuse_reduce: bool = False
 
     def validate(self, source: str = "config") -> "LoweringConfig":
         """Return self, or raise AmkError naming the bad field and the allowed values."""
@@ -120,7 +129,7 @@ class LoweringConfig:
                 raise bad(name, f"expected an integer, got {v!r}")
             if v < 0:
                 raise bad(name, f"must be >= 0 (0: the same as tile), got {v}")
-        for name in ("fuse", "wave", "late_append"):
+        for name in ("fuse", "wave", "late_append", "fuse_reduce"):
             if not isinstance(getattr(self, name), bool):
                 raise bad(name, f"expected true or false, got {getattr(self, name)!r}")
         if self.workers > 1024:

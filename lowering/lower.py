@@ -79,6 +79,9 @@ class Loc:
     length: int
     ready: tuple[Ready, ...]
     lead: tuple[Range, ...] = ()
+    #: a one-shot all-reduce's result: (the receive rows [P, length], the residual, the
+    #: Ready of both), so a consumer may sum them itself (LoweringConfig.fuse_reduce)
+    sum_of: tuple[Region, Region, tuple[Ready, ...]] | None = None
 
     def region(self, a: int | None = None, b: int | None = None) -> Region:
         a = 0 if a is None else a
@@ -183,8 +186,9 @@ class _Emitter:
 @dataclass
 class Prologue:
     """The input of a GEMV tile together with the op that fuses its producer into the tile:
-    ``gemv`` (ins: x), ``norm_gemv`` (ins: x, norm weight; params eps) or ``swiglu_gemv``
-    (ins: gate, up). ``length``: K, the elements the tile multiplies (like Loc.length)."""
+    ``gemv`` (ins: x), ``norm_gemv`` (ins: x, norm weight; params eps), ``reduce_norm_gemv``
+    (ins: partials, residual, norm weight; params eps) or ``swiglu_gemv`` (ins: gate, up).
+    ``length``: K, the elements the tile multiplies (like Loc.length)."""
 
     op: str
     ins: tuple[Region, ...]
@@ -324,16 +328,23 @@ class _Lowerer:
 
     def norm_in(self, name: str, op: GraphOp, x: dict[int, Loc]) -> dict[int, Loc | Prologue]:
         """A full-width RMSNorm of ``x``: with ``fuse``, a ``norm_gemv`` prologue for the
-        GEMV tiles that consume it (no task of its own); otherwise one rmsnorm task per rank."""
+        GEMV tiles that consume it (no task of its own); otherwise one rmsnorm task per rank.
+        With ``fuse_reduce`` and an ``x`` that is a one-shot all-reduce's result (Loc.sum_of),
+        a ``reduce_norm_gemv`` prologue that sums the received partials and the residual."""
         if not self.cfg.fuse:
             return self.rmsnorm(name, op, x)
         H = op.params["dim"]
+        eps = {"eps": float(op.params["eps"])}
         out: dict[int, Loc | Prologue] = {}
         for r in range(self.R):
             _expect(x[r].length == H, f"{name}: norm dim {H} but the input has {x[r].length}")
             w = self.weight(f"w.{name}", r, op.weights["w"].key, (H,))
-            out[r] = Prologue("norm_gemv", (x[r].region(), Region(w, r, (_r(0, H),))),
-                              x[r].ready, H, {"eps": float(op.params["eps"])})
+            nw = Region(w, r, (_r(0, H),))
+            if self.cfg.fuse_reduce and x[r].sum_of is not None:
+                part, resid, ready = x[r].sum_of
+                out[r] = Prologue("reduce_norm_gemv", (part, resid, nw), ready, H, dict(eps))
+            else:
+                out[r] = Prologue("norm_gemv", (x[r].region(), nw), x[r].ready, H, dict(eps))
         return out
 
     def stage_tile(self, rows: int, tile: int = 0) -> int:
@@ -769,7 +780,8 @@ class _Lowerer:
                 e.task(f"{site}.red.t{n}.r{r}", r, w, "reduce", ins, outs, ready=rdy,
                        signals=[cnt], group=f"ar.{site}")
                 n += 1
-            out[r] = Loc(y, r, 0, H, (self.ready(cnt, n),))
+            out[r] = Loc(y, r, 0, H, (self.ready(cnt, n),),
+                         sum_of=(Region(rx, r, (SLOT, _r(0, P), _r(0, H))), resid[r].region(), tuple(rdy)))
         return out
 
     def _row_twoshot(self, site, xin, resid, wbuf, contrib) -> dict[int, Loc]:

@@ -68,6 +68,10 @@ swiglu_gemv     m = silu(g) * u (as silu_mul), ROUNDED TO g's DTYPE, then y = W 
                 (+ r, in fp32 before the one final rounding). Without r it equals the
                 unfused silu_mul -> gemv pair bit for bit (with the silu_mul output in g's
                 dtype); with r, like gemv_res.
+reduce_norm_gemv
+                h = ((P[0] + P[1]) + ...) + r in fp32 (reduce's order), ROUNDED TO r's
+                DTYPE, then norm_gemv of h. Equal bit for bit to reduce (into a buffer of
+                r's dtype) -> norm_gemv of that buffer.
 rope_append     k_rot = rope(k) (as rope, ``head_dim`` slices), then as kv_append:
                 kc[g, pos, :] = k_rot[g] (rounded to kc's dtype), vc[g, pos, :] = v[g].
                 Equal bit for bit to rope (into a buffer of kc's dtype) -> kv_append.
@@ -197,6 +201,21 @@ def _norm_gemv(p, ins, outs):
     n = _rmsnorm_f32(x, nw, x.numel(), float(p["eps"]), "norm_gemv")
     n = _round_to(n, x.dtype)  # what the unfused rmsnorm's store into x's dtype does
     _store(outs[0], _gemv_f32(n, w, ins[3] if len(ins) > 3 else None, "norm_gemv"), "norm_gemv")
+
+
+def _reduce_norm_gemv(p, ins, outs):
+    part, r = ins[0], ins[1]
+    n = r.numel()
+    if n == 0 or part.numel() % n:
+        raise ReferenceOpError(f"reduce_norm_gemv: partials have {part.numel()} elements, not a "
+                               f"multiple of the residual's {n}")
+    rows = part.reshape(-1, n)
+    acc = rows[0].to(torch.float32, copy=True)
+    for i in range(1, rows.shape[0]):  # reduce's order
+        acc += rows[i]
+    acc += _f32(r)
+    h = acc.to(r.dtype)  # what reduce's store into r's dtype does (norm_gemv rounds to it too)
+    _norm_gemv(p, [h.reshape(r.shape), *ins[2:]], outs)
 
 
 def _gemv_res(p, ins, outs):
@@ -410,6 +429,7 @@ IMPLS: dict[str, OpFn] = {
     "argmax": _argmax,
     "argmax_combine": _argmax_combine,
     "norm_gemv": _norm_gemv,
+    "reduce_norm_gemv": _reduce_norm_gemv,
     "gemv_res": _gemv_res,
     "swiglu_gemv": _swiglu_gemv,
     "rope_append": _rope_append,

@@ -4,6 +4,11 @@
 #                                            # fused all-reduce (and one-shot with it), then per-rank profiles
 #                                            # of the fused + lean row
 #   EXTRA=... bash scripts/issue6_session13.sh prof2   # (nvidia-h200-x2) per-rank tp 2 profiles only
+#   bash scripts/issue6_session13.sh fr2     # (nvidia-h200-x2) tp 2 sweep: fuse_reduce 0/1 (fused all-reduce,
+#                                            # lean_release), then amk bench --tp 2 with the fastest correct
+#                                            # row and the HF TP baselines (one call, ~9 min; the 140 s
+#                                            # sweep budget held only its first row on the device)
+#   bash scripts/issue6_session13.sh frsweep # (nvidia-h200-x2) the fr2 sweep alone
 # The same-run benches with the HF TP baselines: scripts/issue6_session12.sh tp2 / tp4 (EXTRA flags).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,8 +33,19 @@ lean2)
     timeout 100 python3 bench/megakernel_sweep.py $M --tp 2 $S --allreduce oneshot --lean-release 1 \
         --json "$OUT/lean_tp2_oneshot.json" 2>&1 | grep -v "warn\|Loading"
     EXTRA="--allreduce fused --lean-release 1" prof2 fused_lean ;;
+frsweep)
+    timeout 330 python3 bench/megakernel_sweep.py $M --tp 2 $S --allreduce fused --lean-release 1 \
+        --fuse-reduce 0,1 --json "$OUT/fr_tp2.json" 2>&1 | grep -v "warn\|Loading" ;;
+fr2)
+    timeout 140 python3 bench/megakernel_sweep.py $M --tp 2 $S --allreduce fused --lean-release 1 \
+        --fuse-reduce 0,1 --json "$OUT/fr_tp2.json" 2>&1 | grep -v "warn\|Loading"
+    F=$(python3 bench/sweep_best.py "$OUT/fr_tp2.json" --config-out "$OUT/best_tp2.json") || exit 1
+    echo "best: $F"; cat "$OUT/best_tp2.json"
+    timeout 445 python3 -m amk bench $M --tp 2 $F --tokens 64 \
+        --baseline-compile-mode default,max-autotune-no-cudagraphs --json "$OUT/bench_tp2_llama-3.1-8b.json" \
+        2>&1 | grep -v "warn\|Loading" ;;
 prof2)
     prof2 "${TAG:-extra}" ;;
 *)
-    echo "usage: $0 lean2|prof2" >&2; exit 2 ;;
+    echo "usage: $0 lean2|fr2|frsweep|prof2" >&2; exit 2 ;;
 esac

@@ -96,10 +96,10 @@ def _fingerprint(prog):
                                         ("allreduce", "twoshot"), ("allreduce", "fused"), ("max_seq", 16),
                                         ("dtype", "bf16"), ("fuse", True), ("attn_split", 2),
                                         ("tile_qkv", 32), ("tile_gate_up", 32), ("tile_lm_head", 32),
-                                        ("late_append", True), ("tile_reduce", 16)])
+                                        ("late_append", True), ("tile_reduce", 16), ("fuse_reduce", True)])
 def test_every_knob_changes_the_program(knob, value):
     g = graph_of("tiny-qwen2", layers=1)
-    base = LoweringConfig(tile=64, workers=2, max_seq=32, fuse=knob == "late_append")
+    base = LoweringConfig(tile=64, workers=2, max_seq=32, fuse=knob in ("late_append", "fuse_reduce"))
     a = lower(g, 2, config=base)
     b = lower(g, 2, config=base.replace(**{knob: value}))
     assert _fingerprint(a) != _fingerprint(b)
@@ -218,6 +218,7 @@ CONFIGS = [dict(tile=32, workers=2), dict(tile=48, workers=3, policy="balanced",
                                                tile_qkv=24),
            dict(tile=64, workers=1, allreduce="twoshot"),
            dict(tile=32, workers=3, policy="stage", attn_split=2, late_append=True)]
+FUSED_CONFIGS = CONFIGS + [dict(tile=32, workers=2, policy="stage", allreduce="fused", fuse_reduce=True)]
 
 
 @pytest.mark.parametrize("name", TINY)
@@ -229,7 +230,7 @@ def test_every_lowering_passes_the_validator(name, R, knobs):
 
 @pytest.mark.parametrize("name", TINY)
 @pytest.mark.parametrize("R", [1, 2, 3, 4])
-@pytest.mark.parametrize("knobs", CONFIGS, ids=["rr", "balanced", "twoshot", "late_append"])
+@pytest.mark.parametrize("knobs", FUSED_CONFIGS, ids=["rr", "balanced", "twoshot", "late_append", "fuse_reduce"])
 def test_every_fused_lowering_passes_the_validator(name, R, knobs):
     _validate(lower(graph_of(name), R, config=LoweringConfig(max_seq=32, fuse=True, **knobs)))
 
@@ -421,3 +422,30 @@ def test_fused_allreduce_moves_the_puts_into_the_gemv_tiles(R):
     n0 = sum(1 for t in tiles if t.rank == 0)
     red = next(t for t in prog.tasks if t.id == "l0.attn.red.t0.r1")
     assert {w.counter: w.threshold for w in red.waits}["c.l0.attn.from0.r1"] == n0
+
+
+@pytest.mark.parametrize("R,algo", [(2, "fused"), (3, "oneshot")])
+def test_fuse_reduce_tiles_wait_on_the_partials_not_the_reduce(R, algo):
+    """fuse_reduce: after an all-reduce, the RMSNorm + GEMV tiles (the next layer's q/k/v, the
+    gate/up tiles, the LM head) are reduce_norm_gemv tasks reading the receive rows and the
+    residual, waiting on the partials' arrival (local partial counter and every peer's
+    arrival counter) and never on the reduce stage; the reduce tasks still write the residual
+    stream that the next all-reduce reads. Twoshot and R = 1 are unchanged."""
+    g = graph_of("tiny-llama", layers=2)
+    cfg = LoweringConfig(tile=16, workers=3, max_seq=32, fuse=True, allreduce=algo)
+    prog = lower(g, R, config=cfg.replace(fuse_reduce=True))
+    _validate(prog)
+    red = {t.id: t for t in prog.tasks if t.op == "reduce_norm_gemv" and t.rank == 0}
+    assert {i.split(".t")[0] for i in red} == {"l1.q", "l1.k", "l1.v", "l0.gate", "l0.up", "l1.gate", "l1.up",
+                                               "lm.k0"}
+    gate = next(t for t in red.values() if t.id.startswith("l0.gate."))
+    part, resid = gate.ins[0], gate.ins[1]
+    assert part.buffer == "rx.l0.attn" and resid.buffer.startswith("x.l0")
+    waited = {w.counter for w in gate.waits}
+    assert not any(".red." in c for c in waited), waited
+    assert {f"c.l0.attn.from{q}.r0" for q in range(1, R)} <= waited
+    # the o site's reduce output is still the down site's residual
+    down_red = next(t for t in prog.tasks if t.id == "l0.mlp.red.t0.r0")
+    assert down_red.ins[1].buffer == "l0.attn.out.r0"
+    for ranks, other in ((R, cfg.replace(allreduce="twoshot", fuse_reduce=True)), (1, cfg.replace(fuse_reduce=True))):
+        assert not any(t.op == "reduce_norm_gemv" for t in lower(g, ranks, config=other).tasks)

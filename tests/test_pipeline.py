@@ -58,6 +58,8 @@ def test_tiny_models_match_hf_logits(name, R, knobs, policy, seed):
     ("tiny-qwen3", 1, dict(workers=2), "random", 15),
     ("tiny-qwen3", 2, dict(workers=2, tile=32), "adversarial", 16),
     ("tiny-llama", 4, dict(workers=2, tile=16, allreduce="fused"), "adversarial", 18),
+    ("tiny-qwen2", 3, dict(workers=2, tile=32, fuse_reduce=True), "adversarial", 19),
+    ("tiny-qwen3", 2, dict(workers=3, tile=16, allreduce="fused", fuse_reduce=True), "random", 20),
 ])
 def test_fused_tiny_models_match_hf_logits(name, R, knobs, policy, seed):
     s = _session(name, R, fuse=True, **knobs)
@@ -82,6 +84,22 @@ def test_fused_logits_bit_equal_to_unfused(name, R, dtype):
         s = pipeline.Session.build(f"config:{name}", R, LoweringConfig(
             max_seq=8, workers=2, tile=32, dtype=dtype, fuse=fuse))
         got[fuse] = s.decoder("sim", seed=1, policy="random").teacher_forced(toks, keep)
+    for k in keep:
+        assert torch.equal(got[False][k], got[True][k]), k
+
+
+@pytest.mark.parametrize("name,R,dtype,algo", [("tiny-llama", 2, "bf16", "fused"), ("tiny-qwen2", 3, "bf16", "oneshot"),
+                                                ("tiny-qwen3", 4, "f32", "fused")])
+def test_fuse_reduce_logits_bit_equal(name, R, dtype, algo):
+    """fuse_reduce (reduce_norm_gemv) rounds the all-reduce's sum and the norm like the
+    reduce -> norm_gemv pair: logits agree bit for bit, bf16 included."""
+    toks, keep = [5, 17, 99, 3, 250, 42, 7, 8], [0, 7]
+    got = {}
+    for fr in (False, True):
+        s = pipeline.Session.build(f"config:{name}", R, LoweringConfig(
+            max_seq=8, workers=2, tile=32, dtype=dtype, fuse=True, allreduce=algo, fuse_reduce=fr))
+        assert s.verdict.ok and any(t.op == "reduce_norm_gemv" for t in s.program.tasks) == fr
+        got[fr] = s.decoder("sim", seed=3, policy="adversarial").teacher_forced(toks, keep)
     for k in keep:
         assert torch.equal(got[False][k], got[True][k]), k
 

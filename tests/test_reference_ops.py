@@ -302,6 +302,42 @@ def _unfused(steps, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("parts,bias", [(2, False), (3, True), (1, False)])
+def test_reduce_norm_gemv_equals_reduce_then_norm_gemv(dtype, parts, bias):
+    """The all-reduce's sum in the GEMV prologue: bit-identical to reduce (partials +
+    residual, stored in the residual's dtype) followed by norm_gemv of that buffer."""
+    g = _gen(22)
+    k, n = 96, 40
+    p = (torch.randn(parts, k, generator=g) * 3).to(dtype)
+    r = torch.randn(k, generator=g).to(dtype)
+    nw = torch.randn(k, generator=g).to(dtype)
+    w = torch.randn(n, k, generator=g).to(dtype)
+    b = [torch.randn(n, generator=g).to(dtype)] if bias else []
+    h = _unfused([("reduce", {}, [p if parts > 1 else p[0], r], k)], dtype)[0]
+    want = _unfused([("norm_gemv", {"eps": 1e-6}, [h, nw, w] + b, n)], dtype)[0]
+    y = _out(n, dtype=dtype)
+    apply_op("reduce_norm_gemv", {"eps": 1e-6}, [p if parts > 1 else p[0], r, nw, w] + b, [y])
+    assert torch.equal(y, want)
+    with pytest.raises(ReferenceOpError, match="reduce_norm_gemv: partials have"):
+        apply_op("reduce_norm_gemv", {"eps": 1e-6}, [p[:, :95].reshape(-1), r, nw, w], [y])
+
+
+def test_reduce_norm_gemv_spec_names_bad_operands():
+    from ir.ops import OPS
+
+    spec = OPS["reduce_norm_gemv"]
+    assert spec.arity_ok(4, 1) and spec.arity_ok(5, 3) and not spec.arity_ok(3, 1)
+    ok = spec.check([(2, 64), (64,), (64,), (32, 64)], ["bf16"] * 4, [(32,)], ["bf16"], {"eps": 1e-5})
+    assert ok == []
+    errs = spec.check([(2, 48), (64,), (64,), (32, 64)], ["bf16", "f32", "bf16", "bf16"], [(32,), (16,)],
+                      ["bf16", "bf16"], {"eps": 2.0})
+    text = " | ".join(errs)
+    for want in ("partials have width 48, residual 64", "partials are bf16, the residual f32",
+                 "param eps must be in (0, 1)", "mirror output 1 is bf16 (16,)"):
+        assert want in text, text
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bias", [False, True])
 def test_norm_gemv_equals_rmsnorm_then_gemv(dtype, bias):
     g = _gen(20)

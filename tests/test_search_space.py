@@ -66,7 +66,7 @@ def test_every_knob_value_changes_the_program(model, ranks):
         # test them at the finest tile
         fine = k.name in ("wave", "policy")
         at = {**base, "tile": min(sp.knob("tile").values)} if fine else base
-        if k.name == "late_append":  # changes the fused attention only
+        if k.name in ("late_append", "fuse_reduce"):  # change fused programs only
             at = {**at, "fuse": True}
         for v in k.values:
             cfg = LoweringConfig(**sp.lowering_config({**at, k.name: v}))

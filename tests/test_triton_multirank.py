@@ -169,6 +169,47 @@ def test_bf16_tensor_parallel_vector_moves_keep_results(monkeypatch):
 
 
 @needs_device
+@pytest.mark.parametrize("name,ranks,dtype,algo,x_stage,chunk", [
+    ("tiny-llama", 2, "bf16", "fused", True, 8192), ("tiny-qwen2", 3, "bf16", "oneshot", False, 8192),
+    ("tiny-llama", 4, "f32", "fused", True, 32)])
+def test_fuse_reduce_sums_the_partials_in_the_gemv_prologue(name, ranks, dtype, algo, x_stage, chunk):
+    """LoweringConfig.fuse_reduce: the q/k/v, gate/up and LM-head tiles after an all-reduce
+    are reduce_norm_gemv tasks that sum the received partials and the residual in their
+    prologue (staged in the worker's scratch even with Blocks.x_stage off); logits and tokens
+    are bit-identical to the reduce -> norm_gemv pair (reduce's summation order, the same two
+    roundings). qwen2: biased q/k/v tiles; ``chunk`` 32 with 4 x 8 GEMV blocks: the x pass in
+    chunks shorter than K (96)."""
+    from tests.test_triton_megakernel import lowered
+
+    from lowering.triton.runtime import Blocks
+
+    runs = {}
+    for fr in (False, True):
+        prog, init, _ = lowered(name, 2, dtype=dtype, tile=16, fuse=True, ranks=ranks, allreduce=algo,
+                                fuse_reduce=fr)
+        small = dict(gemv_n=4, gemv_k=8) if chunk < 64 else {}
+        ex = TritonExecutor(prog, init, check=False, device=DEV,
+                            blocks=Blocks(x_stage=x_stage, x_chunk=chunk, **small))
+        rn = [t for t in prog.tasks if t.op == "reduce_norm_gemv"]
+        assert bool(rn) == fr
+        if fr:
+            assert any(v.op == "reduce_norm_gemv" for v in ex.table.variants)
+            assert any(len(t.ins) == 5 for t in rn) == (name == "tiny-qwen2")  # with a bias
+        runs[fr] = _decode(ex, ranks, [5, 17, 33])
+    for (lf, tf), (lo, to) in zip(runs[True], runs[False]):
+        assert torch.equal(lf, lo) and tf == to
+
+
+def test_table_refuses_an_unaligned_reduce_norm_gemv(monkeypatch):
+    from tests.test_triton_megakernel import lowered
+
+    prog, init, _ = lowered("tiny-llama", 2, tile=16, fuse=True, ranks=2, fuse_reduce=True)
+    monkeypatch.setattr(T, "_flat_aligned", lambda *a: False)
+    with pytest.raises(T.TableError, match="reduce_norm_gemv kernel needs contiguous"):
+        TritonExecutor(prog, init, check=False, device=DEV)
+
+
+@needs_device
 @pytest.mark.parametrize("ranks,dtype,fuse", [(2, "bf16", True), (4, "bf16", True), (3, "f32", False)])
 def test_fused_allreduce_stores_peers_from_the_gemv(ranks, dtype, fuse):
     """allreduce "fused": the row-parallel GEMV tiles store their partial rows into every

@@ -80,10 +80,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--relaxed-poll", type=int, default=0, choices=(0, 1), metavar="0|1",
                    help="1: waits poll with relaxed loads and one acquire fence when satisfied, instead of "
                         "an acquire load (an L1 invalidation) per poll (default 0)")
-    p.add_argument("--lean-release", type=int, default=0, choices=(0, 1), metavar="0|1",
-                   help="1: a task that signals a peer fences once (thread 0, after the barrier) and "
-                        "signals each peer with a relaxed red, instead of a fence in every thread and one "
-                        "release per peer (default 0)")
+    p.add_argument("--lean-release", type=int, default=1, choices=(0, 1), metavar="0|1",
+                   help="1 (default): a task that signals a peer fences once (thread 0, after the barrier) "
+                        "and signals each peer with a relaxed red; 0: a fence in every thread and one "
+                        "release per peer")
     p.add_argument("--maxnreg", type=int, default=0, metavar="R",
                    help="register cap per thread (24..255); 0 (default) = automatic: capped only when "
                         "--workers exceeds the SM count, so that two (or more) workers share an SM")
@@ -331,7 +331,7 @@ def backend_options(args) -> dict:
                         prefetch_cap=getattr(args, "prefetch_cap", 0),
                         prefetch_rows=getattr(args, "prefetch_rows", 0), roll=getattr(args, "roll", 0),
                         kroll=getattr(args, "kroll", 0), relaxed_poll=bool(getattr(args, "relaxed_poll", 0)),
-                        lean_release=bool(getattr(args, "lean_release", 0)))
+                        lean_release=bool(getattr(args, "lean_release", 1)))
     except TritonError as e:
         raise AmkError(_flag_names(str(e))) from None
     return {"num_warps": args.num_warps, "blocks": blocks}

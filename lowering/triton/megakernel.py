@@ -366,11 +366,11 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
            X_CHUNK: tl.constexpr = 0, W_PRE: tl.constexpr = 0, ROLL: tl.constexpr = 0, KROLL: tl.constexpr = 0, fl=0,
            nw=0, w0=0, wc=0, wn=0, wb=0, WAITS=None, i=0, epoch=0, abort_ptr=None, timeout=0, SYS: tl.constexpr = False, RELAXED: tl.constexpr = False,
            MIRRORS: tl.constexpr = 0):
-    """gemv, norm_gemv, gemv_res, swiglu_gemv (ops.gemv_ex; ``PRO`` the prologue, ``STAGES``
+    """gemv, norm_gemv, gemv_res, swiglu_gemv, reduce_norm_gemv (ops.gemv_ex; ``PRO`` the prologue, ``STAGES``
     its weight-streaming pipeline depth, ``X_STAGE`` its f(x) staged once in the worker's
     scratch ``XS``, skipped when the row's ``FLAG_X_READY`` says an earlier task of this
     worker left the same f(x) there). Operands: x, [a (norm weight / up) when PRO != plain], W, [b (bias /
-    residual)], y.
+    residual)], y; PRO_RNORM: partials [KP, K], residual, a (norm weight), W, [bias], y.
 
     Runs the row's waits itself (``nw`` .. ``RELAXED``: run_waits's arguments, ``fl`` the row
     flags) after decoding the operands, so the decode overlaps the wait. ``W_PRE`` > 0: the
@@ -383,15 +383,21 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
     mirror's element delta (the peer stores of a fused one-shot all-reduce).
     Returns (1 if the waits held else 0, op status)."""
     xo, xn0, xn1, xn2, xs0, xs1, xs2 = _opnd(row, 0, slot)
+    ro = xo * 0
     if PRO == K.PRO_PLAIN:
         ao, an1, an2, as0, as1, as2 = xo, xn1, xn2, xs0, xs1, xs2
         WI: tl.constexpr = 1
+    elif PRO == K.PRO_RNORM:  # x = the partials [KP = xn1, K] at row stride xs1; then r, a
+        ro = _opnd_off(row, 1, slot)
+        ao, an0, an1, an2, as0, as1, as2 = _opnd(row, 2, slot)
+        WI: tl.constexpr = 3
     else:
         ao, an0, an1, an2, as0, as1, as2 = _opnd(row, 1, slot)
         WI: tl.constexpr = 2
     if X_ALIGN > 1:
         xo = K.aligned(xo, X_ALIGN)
         ao = K.aligned(ao, X_ALIGN)
+        ro = K.aligned(ro, X_ALIGN)
     if PRO == K.PRO_PLAIN:
         ap = _ptr(A_BF16, A_F16, A_F32, A_I32, DX) + ao
     else:
@@ -417,11 +423,11 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
         m2 = _opnd_off(row, YI + 2, slot) - yo
     if MIRRORS > 2:
         m3 = _opnd_off(row, YI + 3, slot) - yo
-    if PRO == K.PRO_NORM:
+    if PRO == K.PRO_NORM or PRO == K.PRO_RNORM:
         eps = _param_f(row, 0)
     else:
         eps = 0.0
-    if X_STAGE and PRO != K.PRO_PLAIN:  # table.FLAG_X_READY: f(x) already staged (staged_x_reuse)
+    if (X_STAGE and PRO != K.PRO_PLAIN) or PRO == K.PRO_RNORM:  # table.FLAG_X_READY (staged_x_reuse)
         x_ready = (fl >> 1) & 1
     else:
         x_ready = 0
@@ -444,7 +450,8 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
                   eps, wp, ws1, ws2, bp, bn1, bn2, bs0, bs1, bs2,
                   _ptr(A_BF16, A_F16, A_F32, A_I32, DY) + yo, yn1, yn2, ys0, ys1, ys2, wn1, wn2,
                   PRO, HAS_BIAS, X_CONTIG, W_CONTIG, W_ALIGN, BLOCK_N, BLOCK_K, STAGES, PROF, PROFILE, X_ALIGN,
-                  UNROLL, XS, X_STAGE, x_ready, X_CHUNK, wpre, W_PRE, ROLL, KROLL, m1, m2, m3, MIRRORS)
+                  UNROLL, XS, X_STAGE, x_ready, X_CHUNK, wpre, W_PRE, ROLL, KROLL, m1, m2, m3, MIRRORS,
+                  _ptr(A_BF16, A_F16, A_F32, A_I32, DX) + ro, xn1, xs1)
     return ok, _ok()
 
 
@@ -775,7 +782,8 @@ def _call(v: T.Variant) -> str:
         return f"t_rmsnorm({_COMMON}, {d[0]}, {d[1]}, {d[2]}, BLOCK)"
     if op in T.GEMV_OPS:
         xi, ai, wi = T.GEMV_OPS[op]
-        pro = {"norm_gemv": "K.PRO_NORM", "swiglu_gemv": "K.PRO_SWIGLU"}.get(op, "K.PRO_PLAIN")
+        pro = {"norm_gemv": "K.PRO_NORM", "swiglu_gemv": "K.PRO_SWIGLU",
+               "reduce_norm_gemv": "K.PRO_RNORM"}.get(op, "K.PRO_PLAIN")
         bias = v.flag("bias")
         da = d[ai] if ai is not None else d[xi]
         db = d[wi + 1] if bias else d[-1]

@@ -191,10 +191,25 @@ def rmsnorm(x, x_n1, x_n2, x_s0, x_s1, x_s2, w, w_n1, w_n2, w_s0, w_s1, w_s2,
 
 
 #: gemv prologue modes (``PRO``): plain x; RMSNorm of x times a (norm_gemv); silu(x) * a
-#: (swiglu_gemv, x = gate, a = up).
+#: (swiglu_gemv, x = gate, a = up); RMSNorm times a of the sum of the partial rows x plus a
+#: residual (reduce_norm_gemv).
 PRO_PLAIN = tl.constexpr(0)
 PRO_NORM = tl.constexpr(1)
 PRO_SWIGLU = tl.constexpr(2)
+PRO_RNORM = tl.constexpr(3)
+
+
+@device
+def _gemv_xsum(x, p_rs, KP, r, a, cols, cm):
+    """reduce_norm_gemv's raw inputs at ``cols`` (fp32): h = ((P[0] + P[1]) + ...) + r, the
+    partial rows x[k * p_rs + cols] summed in reduce's order and rounded to r's dtype (what
+    a reduce stores), and the norm weight a. Rows, r and a contiguous and 16-byte aligned
+    (the caller's hints; table._variant checks it)."""
+    acc = tl.load(x + cols, mask=cm, other=0).to(tl.float32)
+    for k in range(1, KP):
+        acc += tl.load(x + k * p_rs + cols, mask=cm, other=0).to(tl.float32)
+    acc += tl.load(r + cols, mask=cm, other=0).to(tl.float32)
+    return round_as(acc, r.dtype.element_ty), tl.load(a + cols, mask=cm, other=0).to(tl.float32)
 
 
 @device
@@ -224,7 +239,7 @@ def _gemv_xload(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2
 def _gemv_xfn(x, xv, av, rstd, PRO: tl.constexpr):
     """The fused prologue f on loaded values: xv itself, or f(xv, av) rounded to x's dtype
     (what the unfused rmsnorm / silu_mul would have stored). ``x`` only gives the dtype."""
-    if PRO == PRO_NORM:
+    if PRO == PRO_NORM or PRO == PRO_RNORM:
         xv = round_as(av * (xv * rstd), x.dtype.element_ty)
     elif PRO == PRO_SWIGLU:
         xv = round_as(xv / (1.0 + tl.exp(-xv)) * av, x.dtype.element_ty)
@@ -416,7 +431,7 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
             PROF=None, PROFILE: tl.constexpr = False, X_ALIGN: tl.constexpr = 0, UNROLL: tl.constexpr = 1,
             XS=None, X_STAGE: tl.constexpr = False, x_ready=0, X_CHUNK: tl.constexpr = 0,
             wpre=0, W_PRE: tl.constexpr = 0, ROLL: tl.constexpr = 0, KROLL: tl.constexpr = 0,
-            m1=0, m2=0, m3=0, MIRRORS: tl.constexpr = 0):
+            m1=0, m2=0, m3=0, MIRRORS: tl.constexpr = 0, r=None, KP=1, p_rs=0):
     """y[N] = W[N, K] @ f(x)[K] (+ b), fp32 accumulation, with a fused prologue f (``PRO``):
 
     * PRO_PLAIN: f(x) = x (gemv; ``a`` and ``eps`` unused).
@@ -424,6 +439,10 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
       (norm_gemv). Every call first sums x^2 over all K (one pass over x, fp32), then
       streams W; ``round`` is to x's dtype, as the unfused rmsnorm's stored output.
     * PRO_SWIGLU: f(x) = round(silu(x) * a), x = gate, a = up (swiglu_gemv).
+    * PRO_RNORM: PRO_NORM of h = round(sum of the ``KP`` rows x[k * p_rs : k * p_rs + K] + r),
+      rounded to r's dtype (reduce_norm_gemv: an all-reduce's sum in the consumer's
+      prologue). Always staged (X_STAGE or not: ``XS`` must be a scratch row); x, r and a
+      contiguous and X_ALIGN > 1.
 
     ``b`` (HAS_BIAS) is added in the epilogue: the bias of gemv / norm_gemv or the residual
     of gemv_res / swiglu_gemv (y = W @ f(x) + r). Streams W in [BLOCK_N, BLOCK_K] tiles and
@@ -503,7 +522,10 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
         roll_ok = (w_rs == K).to(tl.int32)
     KR: tl.constexpr = KROLL if (W_CONTIG and W_ALIGN > 1 and STAGES <= 1 and UNROLL > 2 and
                                  UNROLL * BLOCK_K * (w.dtype.element_ty.primitive_bitwidth // 8) >= 128) else 0
-    STAGED: tl.constexpr = X_STAGE and PRO != PRO_PLAIN
+    STAGED: tl.constexpr = (X_STAGE and PRO != PRO_PLAIN) or PRO == PRO_RNORM
+    if PRO == PRO_RNORM:
+        tl.static_assert(X_ALIGN > 1, "reduce_norm_gemv needs aligned contiguous rows")
+        p_rs = aligned(p_rs, X_ALIGN)
     if PRO == PRO_NORM and not STAGED:
         # STAGES >= 2: x in blocks of BLOCK_N * BLOCK_K (the registers of one W block), so a
         # K <= BLOCK_N * BLOCK_K costs one round trip instead of K / BLOCK_K dependent ones
@@ -522,21 +544,34 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
             if K <= XB:  # one chunk: x (and a) loaded once
                 cols = tl.arange(0, XB)
                 cm = cols < K
-                xv, av = _gemv_xload(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2,
-                                     cols, cm, PRO, X_CONTIG, X_ALIGN)
-                if PRO == PRO_NORM:
+                if PRO == PRO_RNORM:
+                    xv, av = _gemv_xsum(x, p_rs, KP, r, a, cols, cm)
+                else:
+                    xv, av = _gemv_xload(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2,
+                                         cols, cm, PRO, X_CONTIG, X_ALIGN)
+                if PRO == PRO_NORM or PRO == PRO_RNORM:
                     rstd = tl.rsqrt(tl.sum(xv * xv, axis=0) / K + eps)
                 tl.debug_barrier()  # no thread still reads the previous call's f(x)
                 tl.store(xs + cols, _gemv_xfn(x, xv, av, rstd, PRO), mask=cm)
             else:
                 if PRO == PRO_NORM:  # x^2 in chunks of XB elements
                     rstd = _gemv_rstd(x, x_n1, x_n2, x_s0, x_s1, x_s2, K, eps, XB, 1, X_CONTIG, X_ALIGN)
+                if PRO == PRO_RNORM:  # h^2 in chunks of XB elements (h summed twice: same values)
+                    sq = tl.zeros([XB], dtype=tl.float32)
+                    for k0 in range(0, K, XB):
+                        cols = k0 + tl.arange(0, XB)
+                        hv, _ = _gemv_xsum(x, p_rs, KP, r, a, cols, cols < K)
+                        sq += hv * hv
+                    rstd = tl.rsqrt(tl.sum(sq, axis=0) / K + eps)
                 tl.debug_barrier()  # no thread still reads the previous call's f(x)
                 for k0 in range(0, K, XB):
                     cols = k0 + tl.arange(0, XB)
                     cm = cols < K
-                    xv, av = _gemv_xload(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2,
-                                         cols, cm, PRO, X_CONTIG, X_ALIGN)
+                    if PRO == PRO_RNORM:
+                        xv, av = _gemv_xsum(x, p_rs, KP, r, a, cols, cm)
+                    else:
+                        xv, av = _gemv_xload(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1,
+                                             a_s2, cols, cm, PRO, X_CONTIG, X_ALIGN)
                     tl.store(xs + cols, _gemv_xfn(x, xv, av, rstd, PRO), mask=cm)
             tl.debug_barrier()  # every f(x) stored before any thread reads it
         if PROFILE:

@@ -153,6 +153,7 @@ ROLE_VIEWS: dict[str, tuple[str, ...]] = {
     "norm_gemv": ("flat", "flat", "matrix", "flat", "flat"),  # x, norm_w, W, [bias], y
     "gemv_res": ("flat", "matrix", "flat", "flat"),  # x, W, r, y
     "swiglu_gemv": ("flat", "flat", "matrix", "flat", "flat"),  # g, u, W, [r], y
+    "reduce_norm_gemv": ("matrix", "flat", "flat", "matrix", "flat", "flat"),  # P, r, norm_w, W, [bias], y
     "rope_append": ("flat", "flat", "flat", "flat", "cache", "cache"),
     "rope_attention": ("flat", "cache", "cache", "flat", "flat", "flat"),
     "rope_attention_kv": ("flat", "flat", "flat", "cache", "cache", "flat", "flat", "flat"),
@@ -179,6 +180,7 @@ PARAM_SLOTS: dict[str, tuple[tuple[str, str], ...]] = {
     "attention": (("head_dim", "i"), ("scale", "f")),
     "argmax": (("offset", "i"),),
     "norm_gemv": (("eps", "f"),),
+    "reduce_norm_gemv": (("eps", "f"),),
     "rope_append": (("head_dim", "i"),),
     "rope_attention": (("head_dim", "i"), ("scale", "f")),
     "rope_attention_kv": (("head_dim", "i"), ("scale", "f")),
@@ -186,11 +188,13 @@ PARAM_SLOTS: dict[str, tuple[tuple[str, str], ...]] = {
 
 #: The GEMV family: op -> (operand index of x, of the prologue's second vector or None,
 #: of W); the optional / residual operand after W is the epilogue's added vector.
+#: reduce_norm_gemv's x is its partials [P, K]; its residual (the prologue's) is operand 1.
 GEMV_OPS: dict[str, tuple[int, int | None, int]] = {
     "gemv": (0, None, 1),
     "norm_gemv": (0, 1, 2),
     "gemv_res": (0, None, 1),
     "swiglu_gemv": (0, 1, 2),
+    "reduce_norm_gemv": (0, 2, 3),
 }
 
 
@@ -535,9 +539,12 @@ def _check_descs(task: Task, descs: list[Desc]) -> None:
         xi, ai, wi = GEMV_OPS[op]
         yi = len(task.ins)
         x, w, y = descs[xi], descs[wi], descs[yi]
-        if w.n[1] != y.numel or w.n[2] != x.numel:
+        k = descs[1].numel if op == "reduce_norm_gemv" else x.numel  # K: the residual's length
+        if w.n[1] != y.numel or w.n[2] != k:
             raise TableError(f"{where}: weight region viewed as [{w.n[1]}, {w.n[2]}] does not match "
-                             f"[N={y.numel}, K={x.numel}]")
+                             f"[N={y.numel}, K={k}]")
+        if op == "reduce_norm_gemv" and x.n[2] != k:
+            raise TableError(f"{where}: partials viewed as [{x.n[1]}, {x.n[2]}] do not match K={k}")
     elif op == "embed":
         tab, y = descs[0], descs[-1]
         if tab.n[2] != y.numel:
@@ -611,6 +618,19 @@ def _variant(task: Task, bufs: dict[str, Buffer], descs: list[Desc], slots: int)
         flags["xaligned"] = (flags["xcontig"] and flags["aligned"]
                              and all((d.s[2] == 1 or d.n[2] == 1) and (d.off * e) % 16 == 0
                                      and (d.coef * e) % 16 == 0 for d, e in xs))
+        if task.op == "reduce_norm_gemv":
+            # the kernel sums P [KP, K] rows with 16-byte loads (as reduce's ``vec``): rows
+            # contiguous at a 16-byte row stride, the residual and the norm weight flat
+            vec = vec_elems(dtypes[:3])
+            p = descs[0]
+            ok = (flags["aligned"] and p.n[0] == 1 and (p.s[2] == 1 or p.n[2] == 1) and p.n[2] % vec == 0
+                  and (p.n[1] == 1 or p.s[1] % vec == 0) and _starts_aligned(p, vec, slots)
+                  and all(_flat_aligned(d, vec, slots) for d in descs[1:3]))
+            if not ok:
+                raise TableError(f"task {task.id}: the triton reduce_norm_gemv kernel needs contiguous "
+                                 "partial rows, residual and norm weight, each row starting on a 16-byte "
+                                 "boundary, and a 16-byte aligned weight (as the lowering emits)")
+            flags["xcontig"] = flags["xaligned"] = True
     elif task.op in ("attention", "rope_attention", "rope_attention_kv"):
         # the K and V caches ([G, T, D]) with unit head-dim stride and every row start on a
         # 16-byte boundary: the kernel loads them as 16-byte vectors (ops.attention KV_ALIGN)
@@ -703,7 +723,7 @@ def coalesced_signals(queue: Sequence[Task], live: Sequence[Sequence]) -> list[l
 
 #: GEMV ops with a prologue f(x) that the kernel stages into the worker's scratch
 #: (ops.gemv_ex X_STAGE); plain gemv / gemv_res read x directly.
-STAGED_PROLOGUE_OPS = frozenset({"norm_gemv", "swiglu_gemv"})
+STAGED_PROLOGUE_OPS = frozenset({"norm_gemv", "swiglu_gemv", "reduce_norm_gemv"})
 
 
 def staged_x_reuse(queue: Sequence[Task], slots: int = 1) -> list[bool]:
@@ -711,8 +731,9 @@ def staged_x_reuse(queue: Sequence[Task], slots: int = 1) -> list[bool]:
     by the weight a; swiglu_gemv: silu(gate) * up) is already in the worker's scratch,
     staged by the last staging task ``i`` before it, so the kernel can skip the x pass.
 
-    Needs the same op, the same x and a regions and the same eps as ``i``, and x and a
-    unchanged since ``i`` read them. The last holds because every task after ``i`` up to
+    Needs the same op, the same prologue inputs (every operand before W: x and a, and
+    reduce_norm_gemv's residual) and the same eps as ``i``, and those unchanged since ``i``
+    read them. The last holds because every task after ``i`` up to
     this one has no wait left after ``elide_waits`` and writes nothing overlapping x or a:
     in a race-free program (the validator's verdict) every write W of x or a is ordered
     with both reads; if W happens before this task, that order comes from a wait of a task
@@ -723,18 +744,17 @@ def staged_x_reuse(queue: Sequence[Task], slots: int = 1) -> list[bool]:
     runs back to back on one worker (the scratch is the worker's)."""
     live = elide_waits(queue)
     out: list[bool] = []
-    staged = None  # (op, x, a, eps) of the last staging task, while still valid
+    staged = None  # (op, prologue inputs, eps) of the last staging task, while still valid
     for t, lw in zip(queue, live):
         if lw:
             staged = None
         key = None
         if t.op in STAGED_PROLOGUE_OPS:
-            xi, ai, _ = GEMV_OPS[t.op]
-            key = (t.op, t.ins[xi], t.ins[ai], t.params.get("eps"))
+            key = (t.op, tuple(t.ins[:GEMV_OPS[t.op][2]]), t.params.get("eps"))
         out.append(key is not None and key == staged)
         if key is not None:
             staged = key
-        if staged is not None and any(_boxes_overlap(o, r, s) for o in t.outs for r in staged[1:3]
+        if staged is not None and any(_boxes_overlap(o, r, s) for o in t.outs for r in staged[1]
                                       for s in range(slots)):
             staged = None
     return out
