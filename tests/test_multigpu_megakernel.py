@@ -29,11 +29,16 @@ def _generate(model: str, ranks: int, extra: list[str] = ()) -> dict:
 
 
 @pytest.mark.multigpu(2)
-@pytest.mark.parametrize("fuse", [False, True])
+@pytest.mark.parametrize("fuse", [False, True, "reduce"])
 def test_two_gpus_match_hf_greedy(tmp_path, fuse):
-    # fp32, so that HF greedy (fp32) is the exact reference; bf16 is judged by amk bench's rules
+    # fp32, so that HF greedy (fp32) is the exact reference; bf16 is judged by amk bench's rules.
+    # "reduce": fused, with the all-reduce's peer stores in the GEMV tiles and its sum in the
+    # consumers' prologue (allreduce fused, fuse_reduce)
+    knobs = {"fuse": bool(fuse), "tile": 16, "workers": 8, "policy": "balanced"}
+    if fuse == "reduce":
+        knobs.update(allreduce="fused", fuse_reduce=True)
     cfg = tmp_path / "knobs.json"
-    cfg.write_text(json.dumps({"fuse": fuse, "tile": 16, "workers": 8, "policy": "balanced"}))
+    cfg.write_text(json.dumps(knobs))
     out = _generate("config:smollm2-135m", 2, ["--config", str(cfg)])
     assert out["ranks"] == 2 and out["match"], out
 
