@@ -333,3 +333,24 @@ def test_validator_refuses_a_fused_allreduce_tile_without_its_peer_signal():
     assert not verdict.ok
     assert any(f.cls == "RemoteReadBeforeDelivery" and a.id in f.message for f in verdict.errors), \
         [(f.cls, f.message) for f in verdict.errors[:3]]
+
+
+def test_validator_refuses_a_reduce_norm_gemv_that_skips_a_peer_wait():
+    """fuse_reduce: a reduce_norm_gemv tile reads the peers' rows of the receive buffer
+    itself. Drop the wait on one peer's arrival counter from every task of the tile's worker
+    (the tile and the reduce task queued before it, whose wait would otherwise order the
+    tile's read by program order): the tile may then read that peer's rows before they are
+    delivered, and the validator refuses the program, naming the tile."""
+    import dataclasses
+
+    s = _session("tiny-llama", 2, workers=3, tile=32, fuse=True, allreduce="fused", fuse_reduce=True)
+    assert s.verdict.ok
+    p, arrive = s.program, "c.l0.attn.from1.r0"
+    tile = next(t for t in p.tasks if t.op == "reduce_norm_gemv" and t.rank == 0
+                and any(w.counter == arrive for w in t.waits))
+    for i, t in enumerate(p.tasks):
+        if (t.rank, t.worker) == (0, tile.worker):
+            p.tasks[i] = dataclasses.replace(t, waits=tuple(w for w in t.waits if w.counter != arrive))
+    verdict, _ = pipeline.validate_program(p)
+    assert not verdict.ok
+    assert any(tile.id in f.message for f in verdict.errors), [(f.cls, f.message) for f in verdict.errors[:3]]
