@@ -103,6 +103,9 @@ def kitchen_sink() -> ScheduleProgram:
            outs=["h.r0[0:16]"])
     b.task("sw", r, 1, "swiglu_gemv",
            ins=["x.r0[0:64]", "h.r0[0:64]", "emb.r0[0:16, 0:64]", "h.r0[16:32]"], outs=["x.r0[0:16]"])
+    b.task("rngemv", r, 1, "reduce_norm_gemv",
+           ins=["rx[s:s+1, 0:3, 0:64]", "h.r0[0:64]", "norm.r0[0:64]", "emb.r0[0:16, 0:64]"],
+           outs=["h.r0[16:32]"], params={"eps": 1e-06})
     b.task("rapp", r, 0, "rope_append", ins=["h.r0[0:32]", "h.r0[32:64]", "inv.r0[0:8]", "pos.r0[0:1]"],
            outs=["kc.r0[0:2, 0:128, 0:16]", "vc.r0[0:2, 0:128, 0:16]"], params={"head_dim": 16})
     b.task("ratt", r, 0, "rope_attention",
