@@ -39,7 +39,8 @@ def strs(s: str) -> list[str]:
 #: Sweep flags (argparse dest) that set a LoweringConfig field of the same name.
 LOWERING_AXES = {"workers": ints, "tile": ints, "policy": strs, "fuse": flags, "wave": flags,
                  "attn_split": ints, "tile_qkv": ints, "tile_gate_up": ints, "tile_lm_head": ints,
-                 "late_append": flags, "tile_reduce": ints, "allreduce": strs, "fuse_reduce": flags}
+                 "late_append": flags, "tile_reduce": ints, "allreduce": strs, "fuse_reduce": flags,
+                 "late_reduce": flags}
 #: Sweep flags (argparse dest) that set a Blocks field: dest -> (field, parser). A row of the
 #: JSON records each under the field's name (bench/sweep_best.py maps them to amk bench flags).
 BLOCKS_AXES = {"gemv_stages": ("gemv_stages", ints), "prefetch": ("prefetch", ints),
@@ -87,6 +88,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--tile-reduce", default="0", help="comma list of the tile_reduce lowering knob (0 = tile)")
     ap.add_argument("--allreduce", default="oneshot", help="comma list of the allreduce lowering knob")
     ap.add_argument("--fuse-reduce", default="0", help="comma list of 0/1 for the fuse_reduce knob")
+    ap.add_argument("--late-reduce", default="0", help="comma list of 0/1 for the late_reduce knob")
     ap.add_argument("--relaxed-poll", default="0", help="comma list of 0/1 (Blocks.relaxed_poll)")
     ap.add_argument("--lean-release", default="1", help="comma list of 0/1 (Blocks.lean_release)")
     ap.add_argument("--maxnreg", default="0", help="comma list of register caps (Blocks.maxnreg; 0 = automatic)")

@@ -9,6 +9,12 @@
 #                                            # row and the HF TP baselines (one call, ~9 min; the 140 s
 #                                            # sweep budget held only its first row on the device)
 #   bash scripts/issue6_session13.sh frsweep # (nvidia-h200-x2) the fr2 sweep alone
+# Next (built after the device time ran out, not yet run):
+#   bash scripts/issue6_session13.sh lr2     # (nvidia-h200-x2) tp 2 sweep: late_reduce 0/1 with fuse_reduce
+#   CONFIG=... bash scripts/issue6_session13.sh tp2fr   # (nvidia-h200-x2) amk bench --tp 2 with the HF TP
+#                                            # baselines (default config: llama-3.1-8b-tp2-fr.json)
+#   bash scripts/issue6_session13.sh fr4     # (nvidia-h200-x4) tp 4 sweep oneshot/fused x late_reduce 0/1
+#                                            # with fuse_reduce, then amk bench --tp 4 with the best row
 # The same-run benches with the HF TP baselines: scripts/issue6_session12.sh tp2 / tp4 (EXTRA flags).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -44,8 +50,28 @@ fr2)
     timeout 445 python3 -m amk bench $M --tp 2 $F --tokens 64 \
         --baseline-compile-mode default,max-autotune-no-cudagraphs --json "$OUT/bench_tp2_llama-3.1-8b.json" \
         2>&1 | grep -v "warn\|Loading" ;;
+lr2)
+    timeout 330 python3 bench/megakernel_sweep.py $M --tp 2 $S --allreduce fused --fuse-reduce 1 \
+        --late-reduce 0,1 --json "$OUT/lr_tp2.json" 2>&1 | grep -v "warn\|Loading" ;;
+tp2fr)
+    timeout 590 python3 -m amk bench $M --tp 2 --config "${CONFIG:-bench/configs/llama-3.1-8b-tp2-fr.json}" \
+        --num-warps 8 --gemv-block 16x128 --gemv-unroll 8 --prefetch 1 --attn-split 4 --tokens 64 \
+        --w-preload 1024 --prefetch-cap 65536 --roll 1 ${EXTRA:-} \
+        --baseline-compile-mode default,max-autotune-no-cudagraphs --json "$OUT/bench_tp2_llama-3.1-8b.json" \
+        2>&1 | grep -v "warn\|Loading" ;;
+fr4)
+    S4="--workers 132 --policy stage --warps 8 --gemv-block 16x128 --fuse 1 --prefetch 1 --attn-split 4
+        --unroll 8 --w-preload 1024 --prefetch-cap 65536 --roll 1 --tile-lm-head 128 --late-append 1
+        --tile-reduce 256 --tokens 64 --tile 32 --tile-qkv 12 --tile-gate-up 28"
+    timeout 250 python3 bench/megakernel_sweep.py $M --tp 4 $S4 --allreduce oneshot,fused --fuse-reduce 1 \
+        --late-reduce 0,1 --json "$OUT/fr_tp4.json" 2>&1 | grep -v "warn\|Loading"
+    F=$(python3 bench/sweep_best.py "$OUT/fr_tp4.json" --config-out "$OUT/best_tp4.json") || exit 1
+    echo "best: $F"; cat "$OUT/best_tp4.json"
+    timeout 320 python3 -m amk bench $M --tp 4 $F --tokens 64 \
+        --baseline-compile-mode default,max-autotune-no-cudagraphs --json "$OUT/bench_tp4_llama-3.1-8b.json" \
+        2>&1 | grep -v "warn\|Loading" ;;
 prof2)
     prof2 "${TAG:-extra}" ;;
 *)
-    echo "usage: $0 lean2|fr2|frsweep|prof2" >&2; exit 2 ;;
+    echo "usage: $0 lean2|fr2|frsweep|lr2|tp2fr|fr4|prof2" >&2; exit 2 ;;
 esac
