@@ -204,16 +204,8 @@ def _norm_gemv(p, ins, outs):
 
 
 def _reduce_norm_gemv(p, ins, outs):
-    part, r = ins[0], ins[1]
-    n = r.numel()
-    if n == 0 or part.numel() % n:
-        raise ReferenceOpError(f"reduce_norm_gemv: partials have {part.numel()} elements, not a "
-                               f"multiple of the residual's {n}")
-    rows = part.reshape(-1, n)
-    acc = rows[0].to(torch.float32, copy=True)
-    for i in range(1, rows.shape[0]):  # reduce's order
-        acc += rows[i]
-    acc += _f32(r)
+    r = ins[1]
+    acc = _sum_rows_f32(ins[0], r, r.numel(), "reduce_norm_gemv", "the residual's ")
     h = acc.to(r.dtype)  # what reduce's store into r's dtype does (norm_gemv rounds to it too)
     _norm_gemv(p, [h.reshape(r.shape), *ins[2:]], outs)
 
@@ -367,17 +359,24 @@ def _add(p, ins, outs):
     _store(outs[0], _f32(ins[0]) + _f32(ins[1]), "add")
 
 
-def _reduce(p, ins, outs):
-    n = outs[0].numel()
-    part = ins[0]
+def _sum_rows_f32(part: torch.Tensor, resid: torch.Tensor | None, n: int, op: str,
+                  width: str) -> torch.Tensor:
+    """fp32 ``((P[0] + P[1]) + ...) (+ resid)`` over the rows of ``part`` viewed as [k, n]
+    (reduce's order; reduce_norm_gemv sums the same way). Raises ReferenceOpError when
+    ``part`` is not whole rows of ``n`` (``width``: the text before n in the message)."""
     if n == 0 or part.numel() % n:
-        raise ReferenceOpError(f"reduce: partials have {part.numel()} elements, not a multiple of N={n}")
+        raise ReferenceOpError(f"{op}: partials have {part.numel()} elements, not a multiple of {width}{n}")
     rows = part.reshape(-1, n)
     acc = rows[0].to(torch.float32, copy=True)
     for i in range(1, rows.shape[0]):  # fixed order: a backend can match it bit for bit
         acc += rows[i]  # accumulates in fp32 (acc's dtype)
-    if len(ins) > 1:
-        acc += _f32(ins[1])
+    if resid is not None:
+        acc += _f32(resid)
+    return acc
+
+
+def _reduce(p, ins, outs):
+    acc = _sum_rows_f32(ins[0], ins[1] if len(ins) > 1 else None, outs[0].numel(), "reduce", "N=")
     _store(outs[0], acc, "reduce")
 
 

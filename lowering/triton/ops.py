@@ -200,14 +200,22 @@ PRO_RNORM = tl.constexpr(3)
 
 
 @device
+def _sum_rows(p, p_rs, KP, idx, m):
+    """fp32 (P[0] + P[1]) + ... + P[KP-1] at element offsets ``idx`` of each row (row k at
+    p + k * p_rs), in index order like reference.py's reduce (reduce, reduce_norm_gemv)."""
+    acc = tl.load(p + idx, mask=m, other=0).to(tl.float32)
+    for k in range(1, KP):
+        acc += tl.load(p + k * p_rs + idx, mask=m, other=0).to(tl.float32)
+    return acc
+
+
+@device
 def _gemv_xsum(x, p_rs, KP, r, a, cols, cm):
     """reduce_norm_gemv's raw inputs at ``cols`` (fp32): h = ((P[0] + P[1]) + ...) + r, the
     partial rows x[k * p_rs + cols] summed in reduce's order and rounded to r's dtype (what
     a reduce stores), and the norm weight a. Rows, r and a contiguous and 16-byte aligned
     (the caller's hints; table._variant checks it)."""
-    acc = tl.load(x + cols, mask=cm, other=0).to(tl.float32)
-    for k in range(1, KP):
-        acc += tl.load(x + k * p_rs + cols, mask=cm, other=0).to(tl.float32)
+    acc = _sum_rows(x, p_rs, KP, cols, cm)
     acc += tl.load(r + cols, mask=cm, other=0).to(tl.float32)
     return round_as(acc, r.dtype.element_ty), tl.load(a + cols, mask=cm, other=0).to(tl.float32)
 
@@ -857,9 +865,7 @@ def reduce(p, p_rs, p_cs, KP, r, r_n1, r_n2, r_s0, r_s1, r_s2, y, y_n1, y_n2, y_
         else:
             pi = i * p_cs
             yi = flat_off(i, y_n1, y_n2, y_s0, y_s1, y_s2)
-        acc = tl.load(p + pi, mask=m, other=0).to(tl.float32)
-        for k in range(1, KP):
-            acc += tl.load(p + k * p_rs + pi, mask=m, other=0).to(tl.float32)
+        acc = _sum_rows(p, p_rs, KP, pi, m)
         if HAS_RES:
             if VEC > 0:
                 ri = i

@@ -621,12 +621,7 @@ def _variant(task: Task, bufs: dict[str, Buffer], descs: list[Desc], slots: int)
         if task.op == "reduce_norm_gemv":
             # the kernel sums P [KP, K] rows with 16-byte loads (as reduce's ``vec``): rows
             # contiguous at a 16-byte row stride, the residual and the norm weight flat
-            vec = vec_elems(dtypes[:3])
-            p = descs[0]
-            ok = (flags["aligned"] and p.n[0] == 1 and (p.s[2] == 1 or p.n[2] == 1) and p.n[2] % vec == 0
-                  and (p.n[1] == 1 or p.s[1] % vec == 0) and _starts_aligned(p, vec, slots)
-                  and all(_flat_aligned(d, vec, slots) for d in descs[1:3]))
-            if not ok:
+            if not (flags["aligned"] and _rows_vec_aligned(descs[0], descs[1:3], vec_elems(dtypes[:3]), slots)):
                 raise TableError(f"task {task.id}: the triton reduce_norm_gemv kernel needs contiguous "
                                  "partial rows, residual and norm weight, each row starting on a 16-byte "
                                  "boundary, and a 16-byte aligned weight (as the lowering emits)")
@@ -642,11 +637,7 @@ def _variant(task: Task, bufs: dict[str, Buffer], descs: list[Desc], slots: int)
     elif task.op == "reduce":
         flags["residual"] = len(task.ins) > 1
         # P [KP, n] rows contiguous at a 16-byte row stride, residual and y flat
-        vec = vec_elems(dtypes)
-        p = descs[0]
-        flags["vec"] = (p.n[0] == 1 and (p.s[2] == 1 or p.n[2] == 1) and p.n[2] % vec == 0
-                        and (p.n[1] == 1 or p.s[1] % vec == 0) and _starts_aligned(p, vec, slots)
-                        and all(_flat_aligned(d, vec, slots) for d in descs[1:]))
+        flags["vec"] = _rows_vec_aligned(descs[0], descs[1:], vec_elems(dtypes), slots)
     elif task.op in ("copy", "put"):
         flags["vec"] = all(_flat_aligned(d, vec_elems(dtypes), slots) for d in descs)
     return Variant(task.op, dtypes, tuple(sorted(flags.items())))
@@ -666,6 +657,16 @@ def vec_elems(dtypes: Sequence[str]) -> int:
 def _starts_aligned(d: Desc, vec: int, slots: int) -> bool:
     """The operand starts on a multiple of ``vec`` elements in every slot."""
     return all((d.off + d.coef * sl) % vec == 0 for sl in range(slots))
+
+
+def _rows_vec_aligned(p: Desc, flat: Sequence[Desc], vec: int, slots: int) -> bool:
+    """Partials ``p`` viewed as [KP, n] whose rows are contiguous, n elements long and a
+    multiple of ``vec``, at a row stride that is one too and starting aligned in every slot,
+    and every operand in ``flat`` _flat_aligned: what the kernels' 16-byte row sums need
+    (reduce's ``vec`` flag, reduce_norm_gemv)."""
+    return (p.n[0] == 1 and (p.s[2] == 1 or p.n[2] == 1) and p.n[2] % vec == 0
+            and (p.n[1] == 1 or p.s[1] % vec == 0) and _starts_aligned(p, vec, slots)
+            and all(_flat_aligned(d, vec, slots) for d in flat))
 
 
 def _flat_aligned(d: Desc, vec: int, slots: int) -> bool:
