@@ -32,6 +32,20 @@ prof2() {
     timeout 150 python3 bench/profile_megakernel.py $M --tp 2 --spawn $P ${EXTRA:-} \
         --json "$OUT/prof_tp2_$1.json" 2>&1 | grep -v "warn\|Loading" | tail -45
 }
+# fr_sweep SECONDS: the tp 2 sweep of fuse_reduce 0/1 (fused all-reduce, lean_release)
+fr_sweep() {
+    timeout "$1" python3 bench/megakernel_sweep.py $M --tp 2 $S --allreduce fused --lean-release 1 \
+        --fuse-reduce 0,1 --json "$OUT/fr_tp2.json" 2>&1 | grep -v "warn\|Loading"
+}
+# best_bench R SWEEP_JSON SECONDS: amk bench --tp R with the sweep's fastest correct row and
+# the HF TP baselines
+best_bench() {
+    F=$(python3 bench/sweep_best.py "$2" --config-out "$OUT/best_tp$1.json") || exit 1
+    echo "best: $F"; cat "$OUT/best_tp$1.json"
+    timeout "$3" python3 -m amk bench $M --tp "$1" $F --tokens 64 \
+        --baseline-compile-mode default,max-autotune-no-cudagraphs --json "$OUT/bench_tp$1_llama-3.1-8b.json" \
+        2>&1 | grep -v "warn\|Loading"
+}
 case "${1:-}" in
 lean2)
     timeout 240 python3 bench/megakernel_sweep.py $M --tp 2 $S --allreduce fused --lean-release 0,1 \
@@ -40,36 +54,22 @@ lean2)
         --json "$OUT/lean_tp2_oneshot.json" 2>&1 | grep -v "warn\|Loading"
     EXTRA="--allreduce fused --lean-release 1" prof2 fused_lean ;;
 frsweep)
-    timeout 330 python3 bench/megakernel_sweep.py $M --tp 2 $S --allreduce fused --lean-release 1 \
-        --fuse-reduce 0,1 --json "$OUT/fr_tp2.json" 2>&1 | grep -v "warn\|Loading" ;;
+    fr_sweep 330 ;;
 fr2)
-    timeout 140 python3 bench/megakernel_sweep.py $M --tp 2 $S --allreduce fused --lean-release 1 \
-        --fuse-reduce 0,1 --json "$OUT/fr_tp2.json" 2>&1 | grep -v "warn\|Loading"
-    F=$(python3 bench/sweep_best.py "$OUT/fr_tp2.json" --config-out "$OUT/best_tp2.json") || exit 1
-    echo "best: $F"; cat "$OUT/best_tp2.json"
-    timeout 445 python3 -m amk bench $M --tp 2 $F --tokens 64 \
-        --baseline-compile-mode default,max-autotune-no-cudagraphs --json "$OUT/bench_tp2_llama-3.1-8b.json" \
-        2>&1 | grep -v "warn\|Loading" ;;
+    fr_sweep 140
+    best_bench 2 "$OUT/fr_tp2.json" 445 ;;
 lr2)
     timeout 330 python3 bench/megakernel_sweep.py $M --tp 2 $S --allreduce fused --fuse-reduce 1 \
         --late-reduce 0,1 --json "$OUT/lr_tp2.json" 2>&1 | grep -v "warn\|Loading" ;;
-tp2fr)
-    timeout 590 python3 -m amk bench $M --tp 2 --config "${CONFIG:-bench/configs/llama-3.1-8b-tp2-fr.json}" \
-        --num-warps 8 --gemv-block 16x128 --gemv-unroll 8 --prefetch 1 --attn-split 4 --tokens 64 \
-        --w-preload 1024 --prefetch-cap 65536 --roll 1 ${EXTRA:-} \
-        --baseline-compile-mode default,max-autotune-no-cudagraphs --json "$OUT/bench_tp2_llama-3.1-8b.json" \
-        2>&1 | grep -v "warn\|Loading" ;;
+tp2fr)  # the twelfth session's tp2 phase (same flags) with the fuse_reduce config
+    CONFIG="${CONFIG:-bench/configs/llama-3.1-8b-tp2-fr.json}" OUT="$OUT" bash scripts/issue6_session12.sh tp2 ;;
 fr4)
     S4="--workers 132 --policy stage --warps 8 --gemv-block 16x128 --fuse 1 --prefetch 1 --attn-split 4
         --unroll 8 --w-preload 1024 --prefetch-cap 65536 --roll 1 --tile-lm-head 128 --late-append 1
         --tile-reduce 256 --tokens 64 --tile 32 --tile-qkv 12 --tile-gate-up 28"
     timeout 250 python3 bench/megakernel_sweep.py $M --tp 4 $S4 --allreduce oneshot,fused --fuse-reduce 1 \
         --late-reduce 0,1 --json "$OUT/fr_tp4.json" 2>&1 | grep -v "warn\|Loading"
-    F=$(python3 bench/sweep_best.py "$OUT/fr_tp4.json" --config-out "$OUT/best_tp4.json") || exit 1
-    echo "best: $F"; cat "$OUT/best_tp4.json"
-    timeout 320 python3 -m amk bench $M --tp 4 $F --tokens 64 \
-        --baseline-compile-mode default,max-autotune-no-cudagraphs --json "$OUT/bench_tp4_llama-3.1-8b.json" \
-        2>&1 | grep -v "warn\|Loading" ;;
+    best_bench 4 "$OUT/fr_tp4.json" 320 ;;
 prof2)
     prof2 "${TAG:-extra}" ;;
 *)
