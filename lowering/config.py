@@ -78,9 +78,10 @@ late_reduce   with ``fuse_reduce``: each all-reduce's reduce tasks are emitted a
               tiles that consume it (the o site's after the gate/up tiles, the down site's
               after the next layer's q/k/v tiles and attention, the last one after the LM
               head), so no consuming tile waits behind a reduce task in its worker's queue
-              (with ``fuse_reduce`` alone, the 16 reduce tasks of a 4096-wide Llama-3.1-8B
-              all-reduce at ``tile_reduce`` 256 sit ahead of a gate / q/k/v tile on 12-16
-              workers). No effect without ``fuse_reduce``. Default off.
+              (with ``fuse_reduce`` alone, 38 q/k/v and gate/up tiles of a Llama-3.1-8B layer
+              on rank 0 of bench/configs/llama-3.1-8b-tp2-fr.json at tp 2 queue behind a
+              reduce task: bench/reduce_queue_order.py). No effect without ``fuse_reduce``.
+              Default off.
 ============  =========================================================================
 """
 
