@@ -20,18 +20,18 @@ from models.graph import build_graph, spec_from_config
 from models.recipes import build_config
 
 
-def behind_reduce(prog, layer: int, rank: int = 0) -> int:
-    """reduce_norm_gemv tiles of ``layer`` on ``rank`` queued after a reduce task of the
-    all-reduce whose receive rows they read (``rx.<site>``)."""
+def behind_reduce(prog, layer: int | None = None, rank: int | None = None) -> int:
+    """reduce_norm_gemv tiles (of ``layer`` / on ``rank``; None: every one) queued after a
+    reduce task of the all-reduce whose receive rows they read (``rx.<site>``)."""
     n = 0
     for (r, _), queue in prog.queues().items():
-        if r != rank:
+        if rank is not None and r != rank:
             continue
         seen: set[str] = set()  # sites whose reduce already stands ahead in this queue
         for t in queue:
             if t.op == "reduce":
                 seen.add(t.id.split(".red.")[0])
-            elif (t.op == "reduce_norm_gemv" and t.id.startswith(f"l{layer}.")
+            elif (t.op == "reduce_norm_gemv" and (layer is None or t.id.startswith(f"l{layer}."))
                   and t.ins[0].buffer.removeprefix("rx.") in seen):
                 n += 1
     return n
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     target = Target(name="h200", sms=132, max_workers=args.workers, backend="triton")
     for late in (False, True):
         prog = lower(graph, args.tp, config=base.replace(late_reduce=late), target=target)
-        print(f"late_reduce={int(late)}: {behind_reduce(prog, args.layer)} reduce_norm_gemv tiles of layer "
+        print(f"late_reduce={int(late)}: {behind_reduce(prog, args.layer, 0)} reduce_norm_gemv tiles of layer "
               f"{args.layer} on rank 0 queue behind their reduce ({len(prog.tasks)} tasks)")
     return 0
 
