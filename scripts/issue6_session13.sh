@@ -9,7 +9,7 @@
 #                                            # row and the HF TP baselines (one call, ~9 min; the 140 s
 #                                            # sweep budget held only its first row on the device)
 #   bash scripts/issue6_session13.sh frsweep # (nvidia-h200-x2) the fr2 sweep alone
-# Next (built after the device time ran out, not yet run):
+# Built after the device time ran out; run in the fourteenth session (scripts/issue6_session14.sh):
 #   bash scripts/issue6_session13.sh lr2     # (nvidia-h200-x2) tp 2 sweep: late_reduce 0/1 with fuse_reduce
 #   CONFIG=... bash scripts/issue6_session13.sh tp2fr   # (nvidia-h200-x2) amk bench --tp 2 with the HF TP
 #                                            # baselines (default config: llama-3.1-8b-tp2-fr.json)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -472,3 +474,15 @@ def test_late_reduce_queues_each_reduce_behind_its_consumers(R):
     _validate(late)
     assert behind_reduce(early) > 0 and behind_reduce(late) == 0
     assert sorted(t.id for t in early.tasks) == sorted(t.id for t in late.tasks)
+
+
+BENCH_CONFIGS = sorted((Path(__file__).resolve().parents[1] / "bench" / "configs").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", BENCH_CONFIGS, ids=[p.stem for p in BENCH_CONFIGS])
+def test_shipped_bench_configs_lower_and_validate(path):
+    # the knob files the README and the session scripts pass to `amk bench --config`: each must
+    # load and give a validator-clean program at the rank count its name says (-tpR, else 1)
+    m = re.search(r"-tp(\d+)", path.stem)
+    cfg = LoweringConfig.from_file(str(path)).replace(workers=8, max_seq=32)
+    _validate(lower(graph_of("tiny-llama", layers=2), int(m.group(1)) if m else 1, config=cfg))

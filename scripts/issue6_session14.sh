@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Fourteenth session, issue 6 (multi-GPU): device phases. Results go to $OUT.
+#   CONFIG=bench/configs/llama-3.1-8b-tp2-lr.json bash scripts/issue6_session13.sh tp2fr
+#                                            # (nvidia-h200-x2) same-run tp 2 bench with late_reduce (ran first)
+#   bash scripts/issue6_session14.sh tp4fr   # (nvidia-h200-x4) amk bench --tp 4 with the twelfth session's
+#                                            # best tp 4 row (oneshot) plus fuse_reduce, with the HF TP
+#                                            # baselines, then the multigpu GPU tests of fuse_reduce
+#   bash scripts/issue6_session14.sh lr2     # (nvidia-h200-x2, next session) the thirteenth session's lr2 sweep
+#                                            # (late_reduce 0/1 with fuse_reduce) with room for both rows: on a
+#                                            # fresh machine the first row's kernel build alone took 149 s and
+#                                            # the 330 s budget held only that row
+#   bash scripts/issue6_session14.sh prof2fr # (nvidia-h200-x2) per-rank tp 2 profiles of the fuse_reduce row
+#                                            # (bench/configs/llama-3.1-8b-tp2-fr.json's knobs)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/device_env.sh
+OUT="${OUT:-out}"; mkdir -p "$OUT"
+M=config:llama-3.1-8b
+# bench/configs/llama-3.1-8b-tp2-fused.json in sweep form (as scripts/issue6_session13.sh)
+S="--workers 132 --policy stage --warps 8 --gemv-block 16x128 --fuse 1 --prefetch 1 --attn-split 4
+   --unroll 8 --w-preload 1024 --prefetch-cap 65536 --roll 1 --tile-lm-head 128 --late-append 1
+   --tile-reduce 256 --tokens 64 --tile 16 --tile-qkv 24 --tile-gate-up 56"
+case "${1:-}" in
+tp4fr)
+    timeout 440 python3 -m amk bench $M --tp 4 --config "${CONFIG:-bench/configs/llama-3.1-8b-tp4-fr.json}" \
+        --num-warps 8 --gemv-block 16x128 --gemv-unroll 8 --prefetch 1 --attn-split 4 --tokens 64 \
+        --w-preload 1024 --prefetch-cap 65536 --roll 1 ${EXTRA:-} \
+        --baseline-compile-mode default,max-autotune-no-cudagraphs --json "$OUT/bench_tp4_llama-3.1-8b.json" \
+        2>&1 | grep -v "warn\|Loading"
+    timeout 130 bash scripts/device_test.sh tests/test_multigpu_megakernel.py -k "reduce" -x 2>&1 | tail -15 ;;
+lr2)
+    timeout 560 python3 bench/megakernel_sweep.py $M --tp 2 $S --allreduce fused --fuse-reduce 1 \
+        --late-reduce 0,1 --json "$OUT/lr_tp2.json" 2>&1 | grep -v "warn\|Loading" ;;
+prof2fr)
+    P="--workers 132 --warps 8 --tile 16 --tile-qkv 24 --tile-gate-up 56 --tile-lm-head 128 --policy stage
+       --fuse --late-append --gemv-block 16x128 --unroll 8 --prefetch 1 --attn-split 4 --w-preload 1024
+       --prefetch-cap 65536 --roll 1 --tile-reduce 256 --all-layers --steps 12"
+    timeout 285 python3 bench/profile_megakernel.py $M --tp 2 --spawn $P --allreduce fused --lean-release 1 \
+        --fuse-reduce --json "$OUT/prof_tp2_fr.json" 2>&1 | grep -v "warn\|Loading" | tail -60 ;;
+*)
+    echo "usage: $0 tp4fr|lr2|prof2fr" >&2; exit 2 ;;
+esac
