@@ -28,8 +28,8 @@ S="--workers 132 --policy stage --warps 8 --gemv-block 16x128 --fuse 1 --prefetc
 P="--workers 132 --warps 8 --tile 16 --tile-qkv 24 --tile-gate-up 56 --tile-lm-head 128 --policy stage
    --fuse --late-append --gemv-block 16x128 --unroll 8 --prefetch 1 --attn-split 4 --w-preload 1024
    --prefetch-cap 65536 --roll 1 --tile-reduce 256 --all-layers --steps 12"
-prof2() {
-    timeout 150 python3 bench/profile_megakernel.py $M --tp 2 --spawn $P ${EXTRA:-} \
+prof2() {  # PROF_S: its time budget in seconds (default 150)
+    timeout "${PROF_S:-150}" python3 bench/profile_megakernel.py $M --tp 2 --spawn $P ${EXTRA:-} \
         --json "$OUT/prof_tp2_$1.json" 2>&1 | grep -v "warn\|Loading" | tail -45
 }
 # fr_sweep SECONDS: the tp 2 sweep of fuse_reduce 0/1 (fused all-reduce, lean_release)
@@ -58,8 +58,8 @@ frsweep)
 fr2)
     fr_sweep 140
     best_bench 2 "$OUT/fr_tp2.json" 445 ;;
-lr2)
-    timeout 330 python3 bench/megakernel_sweep.py $M --tp 2 $S --allreduce fused --fuse-reduce 1 \
+lr2)  # LR2_S: the sweep's time budget in seconds (default 330)
+    timeout "${LR2_S:-330}" python3 bench/megakernel_sweep.py $M --tp 2 $S --allreduce fused --fuse-reduce 1 \
         --late-reduce 0,1 --json "$OUT/lr_tp2.json" 2>&1 | grep -v "warn\|Loading" ;;
 tp2fr)  # the twelfth session's tp2 phase (same flags) with the fuse_reduce config
     CONFIG="${CONFIG:-bench/configs/llama-3.1-8b-tp2-fr.json}" OUT="$OUT" bash scripts/issue6_session12.sh tp2 ;;

@@ -16,10 +16,6 @@ cd "$(dirname "$0")/.."
 source scripts/device_env.sh
 OUT="${OUT:-out}"; mkdir -p "$OUT"
 M=config:llama-3.1-8b
-# bench/configs/llama-3.1-8b-tp2-fused.json in sweep form (as scripts/issue6_session13.sh)
-S="--workers 132 --policy stage --warps 8 --gemv-block 16x128 --fuse 1 --prefetch 1 --attn-split 4
-   --unroll 8 --w-preload 1024 --prefetch-cap 65536 --roll 1 --tile-lm-head 128 --late-append 1
-   --tile-reduce 256 --tokens 64 --tile 16 --tile-qkv 24 --tile-gate-up 56"
 case "${1:-}" in
 tp4fr)
     timeout 440 python3 -m amk bench $M --tp 4 --config "${CONFIG:-bench/configs/llama-3.1-8b-tp4-fr.json}" \
@@ -28,15 +24,11 @@ tp4fr)
         --baseline-compile-mode default,max-autotune-no-cudagraphs --json "$OUT/bench_tp4_llama-3.1-8b.json" \
         2>&1 | grep -v "warn\|Loading"
     timeout 130 bash scripts/device_test.sh tests/test_multigpu_megakernel.py -k "reduce" -x 2>&1 | tail -15 ;;
-lr2)
-    timeout 560 python3 bench/megakernel_sweep.py $M --tp 2 $S --allreduce fused --fuse-reduce 1 \
-        --late-reduce 0,1 --json "$OUT/lr_tp2.json" 2>&1 | grep -v "warn\|Loading" ;;
-prof2fr)
-    P="--workers 132 --warps 8 --tile 16 --tile-qkv 24 --tile-gate-up 56 --tile-lm-head 128 --policy stage
-       --fuse --late-append --gemv-block 16x128 --unroll 8 --prefetch 1 --attn-split 4 --w-preload 1024
-       --prefetch-cap 65536 --roll 1 --tile-reduce 256 --all-layers --steps 12"
-    timeout 285 python3 bench/profile_megakernel.py $M --tp 2 --spawn $P --allreduce fused --lean-release 1 \
-        --fuse-reduce --json "$OUT/prof_tp2_fr.json" 2>&1 | grep -v "warn\|Loading" | tail -60 ;;
+lr2)  # the thirteenth session's lr2 phase (same flags) with room for both rows
+    LR2_S=560 OUT="$OUT" bash scripts/issue6_session13.sh lr2 ;;
+prof2fr)  # the thirteenth session's prof2 phase with the fuse_reduce row's knobs
+    PROF_S=285 TAG=fr EXTRA="--allreduce fused --lean-release 1 --fuse-reduce" OUT="$OUT" \
+        bash scripts/issue6_session13.sh prof2 ;;
 *)
     echo "usage: $0 tp4fr|lr2|prof2fr" >&2; exit 2 ;;
 esac
