@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--roll", type=int, default=0, help="Blocks.roll (row blocks; 0 = off)")
     ap.add_argument("--kroll", type=int, default=0, help="Blocks.kroll (unrolled K groups; 0 = off)")
     ap.add_argument("--lean-release", type=int, default=1, help="0/1: Blocks.lean_release")
+    ap.add_argument("--gemv-stages", type=int, default=1, help="GEMV pipeline depth (Blocks.gemv_stages)")
+    ap.add_argument("--gemv-tma", type=int, default=0, help="0/1: Blocks.gemv_tma (needs --gemv-stages >= 2)")
     ap.add_argument("--tile-qkv", type=int, default=0, help="the tile_qkv lowering knob (0 = tile)")
     ap.add_argument("--tile-gate-up", type=int, default=0, help="the tile_gate_up lowering knob (0 = tile)")
     ap.add_argument("--tile-lm-head", type=int, default=0, help="the tile_lm_head lowering knob (0 = tile)")
@@ -102,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
                                                          x_reuse=bool(args.x_reuse), w_preload=args.w_preload,
                                                          prefetch_cap=args.prefetch_cap, roll=args.roll,
                                                          prefetch_rows=args.prefetch_rows, kroll=args.kroll,
-                                                         lean_release=bool(args.lean_release)),
+                                                         lean_release=bool(args.lean_release),
+                                                         gemv_stages=args.gemv_stages,
+                                                         gemv_tma=bool(args.gemv_tma)),
         "profile": True, **({"dist": ctx} if ctx is not None else {})})
     ex = dec.ex
     tok = 1

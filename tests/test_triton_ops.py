@@ -564,6 +564,43 @@ def test_megakernel_fused_gemvs_pipelined():
         assert nt == ns
 
 
+@pytest.mark.skipif(not INTERP, reason="interpreter mode not active")
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_megakernel_fused_gemvs_tma(dtype):
+    """Blocks(gemv_tma=True): every aligned contiguous GEMV variant of a fused tiny Llama
+    streams W through a tensor descriptor (ops.gemv_ex W_TMA), with 64-row blocks taller
+    than the 32-row tiles (TMA fills rows past N with zeros) and K blocks that leave a
+    ragged last block, and matches the sim backend, logits and tokens, for f32 and bf16."""
+    from lowering.sim import SimExecutor
+    from lowering.triton import TritonExecutor
+    from lowering.triton import megakernel as MK
+    from lowering.triton.runtime import Blocks
+    from tests.test_triton_megakernel import TOKENS, lowered, run_decode
+
+    prog, init, _ = lowered("tiny-llama", workers=3, dtype=dtype, fuse=True)
+    want = run_decode(SimExecutor(prog, init, check=False, policy="in_order"), TOKENS[:2])
+    ex = TritonExecutor(prog, init, check=False, blocks=Blocks(gemv_n=64, gemv_k=64, gemv_stages=3, gemv_tma=True))
+    assert ex._launch_options()["GEMV_TMA"] is True
+    assert "W_TMA=GEMV_TMA" in ex.source  # the GEMV variants take the descriptor path
+    tol = dict(rtol=1e-4, atol=2e-5) if dtype == "f32" else dict(rtol=2e-2, atol=2e-2)
+    for (lg, nt), (ls, ns) in zip(run_decode(ex, TOKENS[:2]), want):
+        torch.testing.assert_close(lg, ls, **tol)
+        assert nt == ns
+    assert MK is not None
+
+
+def test_blocks_gemv_tma_rules():
+    """gemv_tma is refused, with the rule named, without a pipeline (gemv_stages 1), with
+    w_preload, or with a block wider than a TMA box (256)."""
+    from lowering.triton.runtime import Blocks, TritonError
+
+    Blocks(gemv_n=64, gemv_k=128, gemv_stages=4, gemv_tma=True)
+    for kw, msg in ((dict(gemv_stages=1), "gemv_stages 2..8"), (dict(gemv_stages=4, w_preload=1024), "w_preload 0"),
+                    (dict(gemv_stages=4, gemv_k=512), "at most 256")):
+        with pytest.raises(TritonError, match=msg):
+            Blocks(**{"gemv_n": 64, "gemv_k": 128, **kw, "gemv_tma": True})
+
+
 _COMPILE_MEGAKERNEL = r"""
 import json, re, sys
 import triton
@@ -582,6 +619,7 @@ meta = json.loads([l for l in text.splitlines() if l.startswith("# amk-launch: "
 rep = M.compile_offline(text, {**meta["constexprs"], **cx}, 90, int(sys.argv[3]),
                         int(sys.argv[4]) if len(sys.argv) > 4 else None)
 rep["cp_async"] = seen["ptx"].count("cp.async.cg.shared.global")
+rep["tma_copies"] = seen["ptx"].count("cp.async.bulk.tensor")
 print(json.dumps(rep))
 """
 
@@ -604,6 +642,24 @@ def test_megakernel_gemv_stages_compile_for_sm90(tmp_path):
     for rep in reps.values():
         if rep["regs"] is not None:
             assert rep["regs"] <= 255 and rep["local_bytes"] == 0, rep
+
+
+@pytest.mark.skipif(not INTERP, reason="the offline compile runs where the tests use the interpreter")
+def test_megakernel_gemv_tma_compile_for_sm90(tmp_path):
+    """GEMV_TMA with GEMV_STAGES = 5 and 64 x 128 blocks (bf16 fused tiny Llama, 8 warps,
+    sm_90): the GEMV variants stream W with TMA copies (cp.async.bulk.tensor), 4 blocks of
+    16 KB in shared memory, no cp.async register-path copies of W, and no spills."""
+    from lowering.triton import TritonExecutor
+    from tests.test_triton_megakernel import lowered
+
+    prog, init, _ = lowered("tiny-llama", workers=3, dtype="bf16", fuse=True)
+    src = TritonExecutor(prog, init, check=False).emit_source(tmp_path / "kernel.py")
+    rep = _offline(_COMPILE_MEGAKERNEL, src, json.dumps({"GEMV_N": 64, "GEMV_K": 128, "GEMV_STAGES": 5,
+                                                         "GEMV_TMA": True}), 8)
+    assert rep["tma_copies"] >= 3, rep  # at least one per GEMV variant
+    assert rep["shared"] >= 4 * 64 * 128 * 2, rep
+    if rep["regs"] is not None:
+        assert rep["regs"] <= 255 and rep["local_bytes"] == 0, rep
 
 
 @pytest.mark.skipif(not INTERP, reason="the offline compile runs where the tests use the interpreter")

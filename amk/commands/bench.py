@@ -84,6 +84,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="1 (default): a task that signals a peer fences once (thread 0, after the barrier) "
                         "and signals each peer with a relaxed red; 0: a fence in every thread and one "
                         "release per peer")
+    p.add_argument("--gemv-tma", type=int, default=0, choices=(0, 1), metavar="0|1",
+                   help="1: GEMVs with a contiguous 16-byte aligned W stream it with TMA copies into the "
+                        "--gemv-stages - 1 shared-memory buffers (no registers held by the copies in "
+                        "flight; needs --gemv-stages 2..8, --w-preload 0, --gemv-block N and K <= 256; "
+                        "default 0)")
     p.add_argument("--maxnreg", type=int, default=0, metavar="R",
                    help="register cap per thread (24..255); 0 (default) = automatic: capped only when "
                         "--workers exceeds the SM count, so that two (or more) workers share an SM")
@@ -295,7 +300,8 @@ BLOCKS_FLAGS = {"gemv_stages": "--gemv-stages", "gemv_unroll": "--gemv-unroll", 
                 "attention_t": "--attention-block", "maxnreg": "--maxnreg", "x_chunk": "--x-chunk",
                 "w_preload": "--w-preload", "prefetch_cap": "--prefetch-cap", "prefetch_rows": "--prefetch-rows",
                 "roll": "--roll", "kroll": "--kroll", "row_prefetch": "--row-prefetch", "x_stage": "--x-stage",
-                "x_reuse": "--x-reuse", "relaxed_poll": "--relaxed-poll", "lean_release": "--lean-release"}
+                "x_reuse": "--x-reuse", "relaxed_poll": "--relaxed-poll", "lean_release": "--lean-release",
+                "gemv_tma": "--gemv-tma"}
 _FLAG_OF = {**BLOCKS_FLAGS, "gemv_k": "--gemv-block K", "gemv_n": "--gemv-block N"}
 
 
@@ -308,7 +314,7 @@ def backend_options(args) -> dict:
     """TritonExecutor options from --num-warps, --gemv-block NxK, --gemv-stages,
     --prefetch, --gemv-unroll, --attention-block, --attention-dot, --row-prefetch,
     --x-stage, --x-reuse, --x-chunk, --w-preload, --prefetch-cap, --prefetch-rows, --roll,
-    --kroll, --relaxed-poll, --lean-release and --maxnreg. Raises AmkError naming the flag (the ranges are
+    --kroll, --relaxed-poll, --lean-release, --gemv-tma and --maxnreg. Raises AmkError naming the flag (the ranges are
     lowering.triton.runtime.Blocks' own checks)."""
     from lowering.triton.runtime import Blocks, TritonError
 
@@ -331,7 +337,8 @@ def backend_options(args) -> dict:
                         prefetch_cap=getattr(args, "prefetch_cap", 0),
                         prefetch_rows=getattr(args, "prefetch_rows", 0), roll=getattr(args, "roll", 0),
                         kroll=getattr(args, "kroll", 0), relaxed_poll=bool(getattr(args, "relaxed_poll", 0)),
-                        lean_release=bool(getattr(args, "lean_release", 1)))
+                        lean_release=bool(getattr(args, "lean_release", 1)),
+                        gemv_tma=bool(getattr(args, "gemv_tma", 0)))
     except TritonError as e:
         raise AmkError(_flag_names(str(e))) from None
     return {"num_warps": args.num_warps, "blocks": blocks}

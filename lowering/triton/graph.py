@@ -48,6 +48,7 @@ class DecodeGraph:
 
     def _body(self) -> None:
         ex = self.ex
+        ex.arm_scratch()
         ex._kernel[(ex.workers,)](*ex._args(), **ex._launch_kw)
         ex._epoch.add_(1)
         idx = self.pos.long()

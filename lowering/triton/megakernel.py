@@ -365,7 +365,7 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
            X_ALIGN: tl.constexpr = 0, UNROLL: tl.constexpr = 1, XS=None, X_STAGE: tl.constexpr = False,
            X_CHUNK: tl.constexpr = 0, W_PRE: tl.constexpr = 0, ROLL: tl.constexpr = 0, KROLL: tl.constexpr = 0, fl=0,
            nw=0, w0=0, wc=0, wn=0, wb=0, WAITS=None, i=0, epoch=0, abort_ptr=None, timeout=0, SYS: tl.constexpr = False, RELAXED: tl.constexpr = False,
-           MIRRORS: tl.constexpr = 0):
+           MIRRORS: tl.constexpr = 0, W_TMA: tl.constexpr = False):
     """gemv, norm_gemv, gemv_res, swiglu_gemv, reduce_norm_gemv (ops.gemv_ex; ``PRO`` the prologue, ``STAGES``
     its weight-streaming pipeline depth, ``X_STAGE`` its f(x) staged once in the worker's
     scratch ``XS``, skipped when the row's ``FLAG_X_READY`` says an earlier task of this
@@ -381,6 +381,8 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
     ``MIRRORS`` (0..3, table.gemv_mirrors): operands after y are its mirror outputs (same
     layout, on peers); each row block of y is stored there too, at y's offsets plus the
     mirror's element delta (the peer stores of a fused one-shot all-reduce).
+    ``W_TMA``: W's blocks come through a tensor descriptor (ops.gemv_ex; the variant is
+    contiguous and 16-byte aligned, Blocks.gemv_tma).
     Returns (1 if the waits held else 0, op status)."""
     xo, xn0, xn1, xn2, xs0, xs1, xs2 = _opnd(row, 0, slot)
     ro = xo * 0
@@ -451,7 +453,7 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
                   _ptr(A_BF16, A_F16, A_F32, A_I32, DY) + yo, yn1, yn2, ys0, ys1, ys2, wn1, wn2,
                   PRO, HAS_BIAS, X_CONTIG, W_CONTIG, W_ALIGN, BLOCK_N, BLOCK_K, STAGES, PROF, PROFILE, X_ALIGN,
                   UNROLL, XS, X_STAGE, x_ready, X_CHUNK, wpre, W_PRE, ROLL, KROLL, m1, m2, m3, MIRRORS,
-                  _ptr(A_BF16, A_F16, A_F32, A_I32, DX) + ro, xn1, xs1)
+                  _ptr(A_BF16, A_F16, A_F32, A_I32, DX) + ro, xn1, xs1, W_TMA)
     return ok, _ok()
 
 
@@ -789,10 +791,11 @@ def _call(v: T.Variant) -> str:
         db = d[wi + 1] if bias else d[-1]
         align = 16 // T.DTYPE_BYTES[v.dtypes[wi]] if v.flag("aligned") else 0
         xalign = 16 // T.DTYPE_BYTES[v.dtypes[xi]] if v.flag("xaligned") else 0
+        tma = v.flag("contig") and v.flag("aligned")  # a 16-byte aligned W and row stride
         return (f"t_gemv({_COMMON}, {d[xi]}, {da}, {d[wi]}, {db}, {d[-1]}, {pro}, {bias}, "
                 f"{v.flag('xcontig')}, {v.flag('contig')}, {align}, GEMV_N, GEMV_K, GEMV_STAGES, "
                 f"PROF + i.to(tl.int64) * PROF_W, PROFILE, {xalign}, GEMV_UNROLL, XSW, X_STAGE, X_CHUNK, "
-                f"MIRRORS={T.gemv_mirrors(v)})")
+                f"MIRRORS={T.gemv_mirrors(v)}, W_TMA={'GEMV_TMA' if tma else 'False'})")
     if op == "rope":
         return f"t_rope({_COMMON}, {d[0]}, {d[1]}, {d[2]}, {d[3]}, ROPE_BLOCK)"
     if op == "kv_append":
@@ -852,7 +855,8 @@ def amk_megakernel(A_BF16, A_F16, A_F32, A_I32, TASKS, WAITS, SIGS, QSTART, ERR,
                    ATT_DOT: tl.constexpr = False, ROW_PREFETCH: tl.constexpr = False,
                    X_STAGE: tl.constexpr = False, POLL_RELAXED: tl.constexpr = False,
                    X_CHUNK: tl.constexpr = 0, W_PRELOAD: tl.constexpr = 0, PREFETCH_CAP: tl.constexpr = 0,
-                   ROLL: tl.constexpr = 0, KROLL: tl.constexpr = 0, LEAN_RELEASE: tl.constexpr = False):
+                   ROLL: tl.constexpr = 0, KROLL: tl.constexpr = 0, LEAN_RELEASE: tl.constexpr = False,
+                   GEMV_TMA: tl.constexpr = False):
     PROF_W: tl.constexpr = {prof_w}
     w, i, end, err, epoch, slot, abort_ptr = worker_loop_prologue(ERR, EPOCH, QSTART, slots)
     XSW = XS + w.to(tl.int64) * xs_w  # this worker's GEMV f(x) scratch (X_STAGE)
@@ -990,6 +994,7 @@ def compile_offline(source: str, constexprs: dict[str, int], arch: int = 90, num
                relaxed_polls_sys="ld.relaxed.sys.global.b32" in ptx,
                acquire_polls_sys="ld.acquire.sys.global.b32" in ptx,
                l2_prefetch="cp.async.bulk.prefetch.L2" in ptx, async_copy="cp.async" in ptx,
+               tma_copies=ptx.count("cp.async.bulk.tensor"),
                row_prefetch="prefetch.global.L1" in ptx, line_prefetch="prefetch.global.L2 " in ptx,
                release_gpu="gpu.release.add" in ptx, release_sys="sys.release.add" in ptx,
                relaxed_red_sys="red.relaxed.sys.global.add" in ptx,

@@ -304,7 +304,7 @@ def _gemv_rows(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2,
                PRO: tl.constexpr, HAS_BIAS: tl.constexpr, X_CONTIG: tl.constexpr, W_CONTIG: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, X_ALIGN: tl.constexpr,
                UNROLL: tl.constexpr, wpre=0, W_PRE: tl.constexpr = 0, ROLL: tl.constexpr = 0, roll_ok=0,
-               KROLL: tl.constexpr = 0, m1=0, m2=0, m3=0, MIRRORS: tl.constexpr = 0):
+               KROLL: tl.constexpr = 0, m1=0, m2=0, m3=0, MIRRORS: tl.constexpr = 0, W_TMA: tl.constexpr = False):
     """gemv_ex's row blocks: y[rows] = W[rows, :] @ f(x) (+ b) for every BLOCK_N rows, f the
     prologue ``PRO`` with the RMSNorm factor ``rstd`` already known (loop forms: gemv_ex).
     ``W_PRE`` > 0: ``wpre`` holds W[0:BLOCK_N, 0:W_PRE] (gemv_wpre); the first row block
@@ -317,7 +317,14 @@ def _gemv_rows(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2,
     KROLL later, line by line (l2_prefetch_lines), so a long row block streams from L2
     (same summation order as the plain unrolled loop: bit-identical). ``MIRRORS`` (0..3):
     each row block is also stored at ``y + m1`` (``m2``, ``m3``), the mirror outputs' element
-    deltas (peer copies of y: megakernel.t_gemv)."""
+    deltas (peer copies of y: megakernel.t_gemv). ``W_TMA`` (STAGES >= 2; W contiguous with a
+    16-byte aligned start and row stride: the caller checked): W's blocks come through a
+    tensor descriptor (TMA copies into shared memory; gemv_ex)."""
+    if W_TMA:
+        tl.static_assert(STAGES > 1 and W_CONTIG and W_PRE == 0, "W_TMA needs STAGES >= 2, W_CONTIG, no W_PRE")
+        # a one-row W may have any row stride; TMA wants a 16-byte multiple (K is one)
+        wd = tl.make_tensor_descriptor(w, shape=[N, K], strides=[tl.where(N > 1, w_rs, K), 1],
+                                       block_shape=[BLOCK_N, BLOCK_K])
     pre = tl.zeros([BLOCK_N], dtype=tl.float32)
     if W_PRE > 0:
         pc = tl.arange(0, W_PRE)
@@ -410,7 +417,10 @@ def _gemv_rows(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2,
                 xn, an = _gemv_xload(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2,
                                      cols + BLOCK_K, (cols + BLOCK_K) < K, PRO, X_CONTIG)
                 f = _gemv_xfn(x, xv, av, rstd, PRO)
-                wv = _gemv_wload(w, w_rs, w_cs, rows, rm, cols, cm, W_CONTIG)
+                if W_TMA:  # one TMA copy per block; rows >= N and columns >= K arrive as zeros
+                    wv = wd.load([n0, k0]).to(tl.float32)
+                else:
+                    wv = _gemv_wload(w, w_rs, w_cs, rows, rm, cols, cm, W_CONTIG)
                 acc += wv * f[None, :]
                 xv = xn
                 av = an
@@ -439,7 +449,7 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
             PROF=None, PROFILE: tl.constexpr = False, X_ALIGN: tl.constexpr = 0, UNROLL: tl.constexpr = 1,
             XS=None, X_STAGE: tl.constexpr = False, x_ready=0, X_CHUNK: tl.constexpr = 0,
             wpre=0, W_PRE: tl.constexpr = 0, ROLL: tl.constexpr = 0, KROLL: tl.constexpr = 0,
-            m1=0, m2=0, m3=0, MIRRORS: tl.constexpr = 0, r=None, KP=1, p_rs=0):
+            m1=0, m2=0, m3=0, MIRRORS: tl.constexpr = 0, r=None, KP=1, p_rs=0, W_TMA: tl.constexpr = False):
     """y[N] = W[N, K] @ f(x)[K] (+ b), fp32 accumulation, with a fused prologue f (``PRO``):
 
     * PRO_PLAIN: f(x) = x (gemv; ``a`` and ``eps`` unused).
@@ -520,6 +530,17 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
       (and a) block for the next iteration is loaded into registers one iteration ahead
       (too narrow per thread for cp.async), so its L2 latency is hidden too. Under the
       interpreter the loop is an ordinary loop.
+    * S >= 2 and ``W_TMA``: the same pipeline, but each W block is one tensor-memory-
+      accelerator copy through a tensor descriptor made once per call
+      (``tl.make_tensor_descriptor`` over W[N, K] with row stride ``w_rs``; rows >= N and
+      columns >= K arrive as zeros, so a block may be taller than the tile). The copies are
+      issued by one thread and land in shared memory, so the S - 1 blocks in flight hold no
+      registers: one 8-warp CTA per SM streamed a bf16 W at 3.3-3.9 TB/s on an H200 with
+      64 x 128 blocks and S = 4-6, against 2.0-2.2 TB/s for 16 x 128 register loads unrolled
+      8-16 times (``bench/gemv_tma.py``, fifteenth session). Needs W_CONTIG, W_ALIGN with a
+      16-byte aligned W and row stride, W_PRE = 0, and, on a GPU, a global-scratch allocator
+      for the descriptor (``triton.set_allocator``; megakernel runtime). Same arithmetic as
+      the S >= 2 loop.
     """
     if W_ALIGN > 1:
         w_rs = aligned(w_rs, W_ALIGN)
@@ -586,14 +607,15 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
             tl.store(PROF + 4, global_timer())
         _gemv_rows(xs, 1, K, 0, 0, 1, xs, 1, K, 0, 0, 1, rstd, w, w_rs, w_cs, b, b_n1, b_n2, b_s0, b_s1, b_s2,
                    y, y_n1, y_n2, y_s0, y_s1, y_s2, N, K, PRO_PLAIN, HAS_BIAS, True, W_CONTIG,
-                   BLOCK_N, BLOCK_K, STAGES, XA, UNROLL, wpre, W_PRE, ROLL, roll_ok, KR, m1, m2, m3, MIRRORS)
+                   BLOCK_N, BLOCK_K, STAGES, XA, UNROLL, wpre, W_PRE, ROLL, roll_ok, KR, m1, m2, m3, MIRRORS,
+                   W_TMA)
     else:
         if PROFILE:
             tl.store(PROF + 4, global_timer())
         _gemv_rows(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, rstd,
                    w, w_rs, w_cs, b, b_n1, b_n2, b_s0, b_s1, b_s2, y, y_n1, y_n2, y_s0, y_s1, y_s2, N, K,
                    PRO, HAS_BIAS, X_CONTIG, W_CONTIG, BLOCK_N, BLOCK_K, STAGES, X_ALIGN, UNROLL, wpre, W_PRE,
-                   ROLL, roll_ok, KR, m1, m2, m3, MIRRORS)
+                   ROLL, roll_ok, KR, m1, m2, m3, MIRRORS, W_TMA)
     if PROFILE:
         tl.store(PROF + 5, global_timer())
 

@@ -159,7 +159,12 @@ class Blocks:
     barrier + signals per tile, docs/benchmarks.md). On by default since the thirteenth session:
     faster at tp 2 (fused all-reduce: 4.05 -> 3.94 ms) and tp 4 (one-shot 3.02 -> 2.91 ms, fused
     3.30 -> 2.86 ms) on the H200s; the same ordering (a fence, then relaxed writes, is a release
-    in the PTX memory model)."""
+    in the PTX memory model).
+    ``gemv_tma`` (needs gemv_stages >= 2 and w_preload 0; gemv_n and gemv_k at most 256, the
+    TMA box limit): every GEMV variant whose W is contiguous and 16-byte aligned streams its
+    [gemv_n, gemv_k] blocks through a tensor descriptor, TMA copies into gemv_stages - 1
+    shared-memory buffers that hold no registers (ops.gemv_ex ``W_TMA``); the launch then
+    gets a global-scratch allocator for the descriptors (``tma_scratch``)."""
 
     elementwise: int = 1024
     gemv_n: int = 16
@@ -187,6 +192,7 @@ class Blocks:
     kroll: int = 0
     relaxed_poll: bool = False
     lean_release: bool = True
+    gemv_tma: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.maxnreg, int) or not (self.maxnreg == 0 or 24 <= self.maxnreg <= 255):
@@ -219,6 +225,37 @@ class Blocks:
                               f"{self.gemv_unroll}", exit_code=2)
         if not isinstance(self.prefetch, int) or not 0 <= self.prefetch <= 8:
             raise TritonError(f"prefetch must be an integer in 0..8, got {self.prefetch!r}", exit_code=2)
+        if self.gemv_tma:
+            if self.gemv_stages < 2:
+                raise TritonError(f"gemv_tma needs gemv_stages 2..8 (its copies are pipelined), got "
+                                  f"gemv_stages {self.gemv_stages}", exit_code=2)
+            if self.w_preload:
+                raise TritonError(f"gemv_tma needs w_preload 0 (the first block would be loaded twice), "
+                                  f"got w_preload {self.w_preload}", exit_code=2)
+            if self.gemv_n > 256 or self.gemv_k > 256:
+                raise TritonError(f"gemv_tma needs gemv_n and gemv_k of at most 256 (a TMA box's limit), "
+                                  f"got gemv_n {self.gemv_n}, gemv_k {self.gemv_k}", exit_code=2)
+
+
+#: Global-scratch buffers handed to Triton launches, by (device index, bytes): kept for the
+#: process's life so that a CUDA graph captured over a launch keeps pointing at live memory.
+_SCRATCH: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def tma_scratch(size: int, alignment: int, stream: Any) -> torch.Tensor:
+    """Triton's global-scratch allocator (``triton.set_allocator``) for kernels that build
+    tensor descriptors on the device (Blocks.gemv_tma: 128 bytes per descriptor and CTA).
+    Returns a uint8 CUDA tensor of ``size`` bytes on the current device, the same one for
+    every launch of that size (a launch's descriptors are rebuilt before use, and the
+    megakernel runs one launch at a time per device); ``alignment`` (bytes) is at most the
+    caching allocator's 512. Raises TritonError if a larger alignment is asked for."""
+    if alignment > 512:
+        raise TritonError(f"global scratch alignment {alignment} > 512 bytes is not supported", exit_code=2)
+    key = (torch.cuda.current_device(), int(size))
+    buf = _SCRATCH.get(key)
+    if buf is None:
+        buf = _SCRATCH[key] = torch.empty(int(size), dtype=torch.uint8, device=f"cuda:{key[0]}")
+    return buf
 
 
 def regs_for_ctas(ctas_per_sm: int, threads: int, regs_per_sm: int = 65536) -> int:
@@ -479,6 +516,7 @@ class TritonExecutor:
             ATT_DOT=bool(b.attention_dot), ROW_PREFETCH=bool(b.row_prefetch), X_STAGE=bool(b.x_stage),
             POLL_RELAXED=bool(b.relaxed_poll), X_CHUNK=b.x_chunk, W_PRELOAD=b.w_preload,
             PREFETCH_CAP=b.prefetch_cap, ROLL=b.roll, KROLL=b.kroll, LEAN_RELEASE=bool(b.lean_release),
+            GEMV_TMA=bool(b.gemv_tma),
         )
         if not self.interpret:
             kw["num_warps"] = self.num_warps
@@ -623,8 +661,18 @@ class TritonExecutor:
             raise TritonError(f"unknown buffer {buffer!r} (not held by rank {rank})", exit_code=2)
         return v
 
+    def arm_scratch(self) -> None:
+        """Set Triton's global-scratch allocator for this thread's launches when the kernel
+        builds tensor descriptors on the device (Blocks.gemv_tma); a no-op otherwise and
+        under the interpreter. Call before every launch site (a ContextVar: per thread)."""
+        if self.blocks.gemv_tma and not self.interpret:
+            import triton
+
+            triton.set_allocator(tma_scratch)
+
     def _launch(self, epoch: int) -> None:
         self._epoch.fill_(epoch)
+        self.arm_scratch()
         if not self.interpret and self.compiled is None:
             self._check_coresidency()  # compiles the kernel (seconds) before its first launch
             if self.dist is not None:
