@@ -35,6 +35,9 @@ import torch
 import triton
 import triton.language as tl
 
+from amk.timing import measure_hbm_bandwidth, time_per_call
+from lowering.triton.runtime import tma_scratch
+
 
 @triton.jit
 def _ldg(W, X, Y, ntiles, K, TILE_N: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, U: tl.constexpr):
@@ -91,24 +94,9 @@ def _tmaf(W, X, Y, ntiles, K, TILE_N: tl.constexpr, BN: tl.constexpr, BK: tl.con
 KERNELS = {"ldg": _ldg, "tma": _tma, "tmaf": _tmaf}
 
 
-def _scratch(size: int, align: int, stream):
-    """Triton's global-scratch allocator (device-side tensor descriptors live there)."""
-    return torch.empty(size, dtype=torch.int8, device="cuda")
-
-
 def _time(fn, reps: int) -> float:
     """Median milliseconds of ``fn`` over ``reps`` CUDA-event-timed calls after 3 warm-ups."""
-    for _ in range(3):
-        fn()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return sorted(ts)[len(ts) // 2]
+    return time_per_call(fn, reps, warmup=3, device="cuda").median_ms
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("gemv_tma: needs a CUDA GPU", file=sys.stderr)
         return 2
-    triton.set_allocator(_scratch)
+    triton.set_allocator(tma_scratch)  # device-side tensor descriptors live in global scratch
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     grid = sms * a.per_sm
     ntiles = grid * a.rounds
@@ -133,10 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     w = torch.randn(n, a.k, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(a.k, device="cuda", dtype=torch.bfloat16)
     want = (w.float() @ x.float())
-    src = torch.empty(1 << 29, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    copy_ms = _time(lambda: dst.copy_(src), a.reps)
-    copy_tbs = 2 * src.numel() / copy_ms / 1e9
+    copy_tbs = measure_hbm_bandwidth("cuda", 1 << 29, a.reps) / 1e12
     gemv_ms = _time(lambda: torch.mv(w, x), a.reps)
     wbytes = w.numel() * 2
     rows = [dict(variant="torch.mv (cuBLAS)", warps=None, ms=gemv_ms, tbs=wbytes / gemv_ms / 1e9, err=0.0)]

@@ -553,6 +553,22 @@ def test_offline_compile_relaxed_polls(tmp_path, ranks):
         assert rep["regs"] <= 255 and rep["local_bytes"] == 0, rep
 
 
+def _device_triton_compile(ex, tmp_path) -> tuple[str, dict]:
+    """Compile ``ex``'s generated megakernel offline for sm_90 with the GPU machines' Triton
+    (AMK_DEVICE_TRITON) in a subprocess; returns (that Triton's version, the
+    megakernel.compile_offline report)."""
+    src = ex.emit_source(tmp_path / "kernel.py")
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1",
+               PYTHONPATH=os.pathsep.join([os.environ["AMK_DEVICE_TRITON"], str(ROOT)]))
+    code = ("import sys, json, triton; from lowering.triton.megakernel import _main; "
+            "print(json.dumps({'triton': triton.__version__})); sys.exit(_main(sys.argv[1:]))")
+    res = subprocess.run([sys.executable, "-c", code, str(src), "--arch", "90"], capture_output=True, text=True,
+                         env=env, cwd=ROOT, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = res.stdout.strip().splitlines()
+    return json.loads(lines[0])["triton"], json.loads(lines[-1])
+
+
 @pytest.mark.skipif(not os.environ.get("AMK_DEVICE_TRITON"),
                     reason="AMK_DEVICE_TRITON (a folder holding the GPU machines' Triton, .ci/run installs 3.6) unset")
 @pytest.mark.parametrize("x_stage,w_preload,kroll", [(False, 0, 0), (True, 0, 0), (True, 1024, 0), (True, 1024, 2)])
@@ -570,16 +586,7 @@ def test_device_triton_streams_gemv_weights_in_16_byte_loads(tmp_path, x_stage, 
     ex = TritonExecutor(prog, init, check=False, num_warps=8,
                         blocks=Blocks(gemv_n=16, gemv_k=128, gemv_unroll=8, x_stage=x_stage, w_preload=w_preload,
                                       kroll=kroll))
-    src = ex.emit_source(tmp_path / "kernel.py")
-    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1",
-               PYTHONPATH=os.pathsep.join([os.environ["AMK_DEVICE_TRITON"], str(ROOT)]))
-    code = ("import sys, json, triton; from lowering.triton.megakernel import _main; "
-            "print(json.dumps({'triton': triton.__version__})); sys.exit(_main(sys.argv[1:]))")
-    res = subprocess.run([sys.executable, "-c", code, str(src), "--arch", "90"], capture_output=True, text=True,
-                         env=env, cwd=ROOT, timeout=900)
-    assert res.returncode == 0, res.stderr[-3000:]
-    lines = res.stdout.strip().splitlines()
-    version, rep = json.loads(lines[0])["triton"], json.loads(lines[-1])
+    version, rep = _device_triton_compile(ex, tmp_path)
     assert rep["vector_loads"], (version, rep)
     if kroll:  # the K-roll's per-thread line prefetches, and no bulk prefetch (Blocks.prefetch is off)
         assert rep["line_prefetch"] and not rep["l2_prefetch"], (version, rep)
@@ -598,16 +605,7 @@ def test_device_triton_streams_gemv_weights_with_tma(tmp_path):
     prog, init, _ = lowered("tiny-llama", workers=3, dtype="bf16", fuse=True)
     ex = TritonExecutor(prog, init, check=False, num_warps=8,
                         blocks=Blocks(gemv_n=64, gemv_k=128, gemv_stages=5, gemv_tma=True))
-    src = ex.emit_source(tmp_path / "kernel.py")
-    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1",
-               PYTHONPATH=os.pathsep.join([os.environ["AMK_DEVICE_TRITON"], str(ROOT)]))
-    code = ("import sys, json, triton; from lowering.triton.megakernel import _main; "
-            "print(json.dumps({'triton': triton.__version__})); sys.exit(_main(sys.argv[1:]))")
-    res = subprocess.run([sys.executable, "-c", code, str(src), "--arch", "90"], capture_output=True, text=True,
-                         env=env, cwd=ROOT, timeout=900)
-    assert res.returncode == 0, res.stderr[-3000:]
-    lines = res.stdout.strip().splitlines()
-    version, rep = json.loads(lines[0])["triton"], json.loads(lines[-1])
+    version, rep = _device_triton_compile(ex, tmp_path)
     assert rep["tma_copies"] >= 3 and rep["shared"] >= 4 * 64 * 128 * 2, (version, rep)
     if rep["regs"] is not None:
         assert rep["regs"] <= 255 and rep["local_bytes"] == 0, (version, rep)

@@ -791,7 +791,7 @@ def _call(v: T.Variant) -> str:
         db = d[wi + 1] if bias else d[-1]
         align = 16 // T.DTYPE_BYTES[v.dtypes[wi]] if v.flag("aligned") else 0
         xalign = 16 // T.DTYPE_BYTES[v.dtypes[xi]] if v.flag("xaligned") else 0
-        tma = v.flag("contig") and v.flag("aligned")  # a 16-byte aligned W and row stride
+        tma = v.flag("aligned")  # contiguous W with a 16-byte aligned start and row stride
         return (f"t_gemv({_COMMON}, {d[xi]}, {da}, {d[wi]}, {db}, {d[-1]}, {pro}, {bias}, "
                 f"{v.flag('xcontig')}, {v.flag('contig')}, {align}, GEMV_N, GEMV_K, GEMV_STAGES, "
                 f"PROF + i.to(tl.int64) * PROF_W, PROFILE, {xalign}, GEMV_UNROLL, XSW, X_STAGE, X_CHUNK, "
