@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from amk.errors import AmkError
-from amk.timing import Timing, time_per_call
+from ground.errors import AmkError
+from ground.timing import Timing, time_per_call
 
 #: torch.compile modes baseline (b) can be compiled with ("default" = no mode argument).
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")

@@ -49,8 +49,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from amk.baselines import BaselineResult, hf_eager
-from amk.errors import AmkError
-from amk.timing import Timing, time_per_call
+from ground.errors import AmkError
+from ground.timing import Timing, time_per_call
 
 #: Written last into a checkpoint directory prepared by rank 0; a directory whose marker
 #: matches the request is reused instead of written again.

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from amk.errors import AmkError
+from ground.errors import AmkError
 
 
 def _checksum(model) -> float:
@@ -53,7 +53,7 @@ def run_tp(args, ctx) -> int:
 
     from amk.baselines import BaselineResult, make_reference
     from amk.commands.bench import _config, backend_options, cuda_target, measure_megakernel
-    from amk.timing import measure_hbm_bandwidth
+    from ground.timing import measure_hbm_bandwidth
     from models.sources import resolve_model
     from search.evaluator import weight_bytes_per_rank
 
@@ -172,7 +172,7 @@ def measure_megakernel_tp(model_arg, resolved, cfg, target, prompt, ref, n_token
     and this rank's executor. Raises AmkError if the validator rejects the schedule."""
     from amk import pipeline
     from amk.baselines import BaselineResult, judge_tokens
-    from amk.timing import Timing
+    from ground.timing import Timing
     from lowering.triton.graph import DecodeGraph
 
     R, rank, dev = ctx.world, ctx.rank, ctx.device

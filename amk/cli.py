@@ -13,7 +13,7 @@ import importlib
 import sys
 
 from amk import __version__
-from amk.errors import AmkError
+from ground.errors import AmkError
 
 # Subcommand modules, in the order `amk --help` lists them.
 COMMANDS = ["doctor", "info", "compile", "generate", "validate", "validate_corpus", "run", "bench", "search"]

@@ -33,7 +33,7 @@ def greedy_generate(model, tokenizer, prompt: str, max_new_tokens: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from amk.errors import AmkError
+    from ground.errors import AmkError
     from models.sources import resolve_model
 
     p = argparse.ArgumentParser(prog="python -m amk.demo", description=__doc__.splitlines()[0])

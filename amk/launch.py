@@ -125,7 +125,7 @@ def tp_entry(ranks: int, backend: str, colocate: bool = False) -> tuple[int | No
         import torch
         n = torch.cuda.device_count()
         if n < ranks:
-            from amk.errors import AmkError
+            from ground.errors import AmkError
             raise AmkError(f"--tp {ranks} on the triton backend runs one process per GPU, but "
                            f"{n} GPU(s) are visible; add --colocate to run all ranks on one GPU")
         return spawn(sys.argv[1:], ranks), None

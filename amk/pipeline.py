@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from amk.errors import AmkError
+from ground.errors import AmkError
 from ir.program import ScheduleProgram, Target
 from lowering.config import LoweringConfig
 from models.graph import ModelGraph

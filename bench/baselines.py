@@ -31,8 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from amk.baselines import compile_modes, compiled_graph_name, hf_compiled_graph, hf_eager, judge, make_reference
-    from amk.errors import AmkError
-    from amk.timing import decode_weight_bytes, measure_hbm_bandwidth, roofline_ms
+    from ground.errors import AmkError
+    from ground.timing import decode_weight_bytes, measure_hbm_bandwidth, roofline_ms
     from models.sources import resolve_model
 
     try:

@@ -58,7 +58,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as `python bench/comm.py` from a source checkout
     sys.path.insert(0, str(ROOT))
 
-from amk.errors import AmkError  # noqa: E402
+from ground.errors import AmkError  # noqa: E402
 # lowering.triton chooses Triton's CPU interpreter on a machine without a GPU; it must be
 # imported before `triton` (see conftest.py).
 from lowering.triton import ops as K  # noqa: E402
@@ -601,11 +601,11 @@ def delta_tables(deltas: dict[int, int], ranks: int, me: int) -> tuple[list[int]
 
 
 def stats(samples: list[float]) -> dict | None:
-    """{median, p10, p90, min, n} of ``samples`` (same unit; amk.timing's quantile rule), or
+    """{median, p10, p90, min, n} of ``samples`` (same unit; ground.timing's quantile rule), or
     None when there are none."""
     if not samples:
         return None
-    from amk.timing import Timing
+    from ground.timing import Timing
     t = Timing.of(list(samples))
     return {"median": round(t.median_ms, 4), "p10": round(t.p10_ms, 4), "p90": round(t.p90_ms, 4),
             "min": round(t.min_ms, 4), "n": t.n}

@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
 
-    from amk.timing import time_per_call
+    from ground.timing import time_per_call
     from lowering.triton import megakernel as MK
     from lowering.triton import table as T
     from lowering.triton.runtime import Blocks, TritonExecutor

@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from amk.timing import measure_hbm_bandwidth, time_per_call
+from ground.timing import measure_hbm_bandwidth, time_per_call
 from lowering.triton.runtime import tma_scratch
 
 

@@ -8,10 +8,10 @@ character is ``{`` is read as JSON.
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
-from amk.errors import AmkError
+from ground.errors import AmkError
+from ground.files import atomic_write_text
 from ir import jsonio, text
 from ir.program import ScheduleProgram
 
@@ -71,19 +71,4 @@ def save_program(prog: ScheduleProgram, path: str | os.PathLike) -> Path:
     """
     path = Path(path)
     data = dumps_program(prog, "json" if detect_format(path) == "json" else "text")
-    directory = path.parent if str(path.parent) else Path(".")
-    try:
-        mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=directory)
-        try:
-            os.fchmod(fd, mode)  # mkstemp makes 0600; keep the usual permissions
-            with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-    except OSError as e:
-        raise AmkError(f"cannot write {path}: {e.strerror or e}") from None
-    return path
+    return atomic_write_text(path, data, durable=False)

@@ -27,7 +27,7 @@ import json
 import re
 from typing import Any
 
-from amk.errors import AmkError
+from ground.errors import AmkError
 from ir.text import gc_paused
 from ir.program import (
     IR_VERSION, Bound, Buffer, Counter, Range, Region, ScheduleProgram, Signal, Target, Task,

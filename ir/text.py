@@ -39,7 +39,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from amk.errors import AmkError
+from ground.errors import AmkError
 from ir.program import (
     IR_VERSION, Bound, Buffer, Counter, Range, Region, ScheduleProgram, Signal, Target, Task,
     Wait, WeightSource,

@@ -92,7 +92,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from amk.errors import AmkError
+from ground.errors import AmkError
 
 POLICIES = ("round_robin", "balanced", "stage")
 ALLREDUCE_ALGOS = ("oneshot", "fused", "twoshot")

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from amk.errors import AmkError
+from ground.errors import AmkError
 from ir.program import (
     Bound, Buffer, Counter, Range, Region, ScheduleProgram, Signal, Target, Task,
     Wait, WeightSource,

@@ -10,7 +10,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from amk.errors import AmkError
+from ground.errors import AmkError
 from ir.program import Buffer, ScheduleProgram
 from models.graph import ROPE_INV_FREQ_KEY, ModelSpec
 from models.rope import inv_freq

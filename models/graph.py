@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from amk.errors import AmkError
+from ground.errors import AmkError
 from models.rope import RopeSpec, rope_spec_from_config
 
 GRAPH_OPS = ("embed", "rmsnorm", "linear", "rope", "kv_append", "attention", "swiglu", "add",

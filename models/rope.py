@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from amk.errors import AmkError
+from ground.errors import AmkError
 from models.features import rope_parameters
 
 SUPPORTED_ROPE_TYPES = ("default", "llama3")

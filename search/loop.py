@@ -28,15 +28,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from amk.errors import AmkError
+from ground.errors import AmkError
 from search.evaluator import Evaluator, new_workdir
 from search.proposers import (
     LLMProposer, OptunaProposer, Proposal, ProposalContext, ProposalSkipped, RandomProposer,
     ReplayProposer, mutations, redact,
 )
-from search.records import (
-    Record, ResultsStore, append_line, atomic_write_json, read_json,
-)
+from ground.files import atomic_write_json
+from search.records import Record, ResultsStore, append_line, read_json
 from search.space import SearchSpace, space_for
 
 STATE_VERSION = 1

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
-from amk.errors import AmkError
+from ground.errors import AmkError
 from search.records import Record, iter_records
 from search.space import SearchSpace
 

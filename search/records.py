@@ -26,12 +26,12 @@ cost model on the sim backend, ``measured`` for CUDA-event timings on the triton
 from __future__ import annotations
 
 import json
-import math
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
+
+from ground.files import atomic_write_text, finite
 
 STATUSES = ("KEEP", "REVERT", "REJECTED", "FAIL", "TIMEOUT")
 
@@ -86,7 +86,7 @@ class Record:
             raise ValueError("a latency needs its timing_source (predicted or measured)")
 
     def to_json(self) -> dict[str, Any]:
-        return _finite(asdict(self))
+        return finite(asdict(self))
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> "Record":
@@ -129,56 +129,6 @@ def _cell(v: Any) -> str:
         return "-"
     # TSV: no tabs or newlines inside a cell.
     return " ".join(str(v).replace("\t", " ").split())
-
-
-def _finite(obj: Any) -> Any:
-    """Replace NaN/inf floats by None (strict JSON) recursively."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {str(k): _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
-
-
-# -- durable file primitives ----------------------------------------------------------
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` atomically: temp file in the same directory, fsync,
-    ``os.replace``, then fsync the directory."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_dir(path.parent)
-
-
-def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(_finite(obj), indent=2, sort_keys=True) + "\n")
-
-
-def _fsync_dir(d: Path) -> None:
-    try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def append_line(path: str | os.PathLike, line: str) -> None:
@@ -226,7 +176,7 @@ class ResultsStore:
             except (ValueError, TypeError) as err:
                 if last:
                     break
-                from amk.errors import AmkError
+                from ground.errors import AmkError
 
                 raise AmkError(f"{self.jsonl}:{i + 1}: unreadable trial record ({err})") \
                     from None

@@ -24,7 +24,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
-from amk.errors import AmkError
+from ground.errors import AmkError
 
 
 class SpaceError(AmkError):

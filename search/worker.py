@@ -32,7 +32,7 @@ import traceback
 from collections import Counter as _Counter
 from typing import Any, Callable
 
-from amk.errors import AmkError
+from ground.errors import AmkError
 
 _CACHE: dict[tuple, Any] = {}
 
@@ -251,7 +251,7 @@ def _hbm(req: dict[str, Any]) -> tuple[float, int]:
     if key not in _CACHE:
         import torch
 
-        from amk.timing import measure_hbm_bandwidth
+        from ground.timing import measure_hbm_bandwidth
 
         bw = measure_hbm_bandwidth("cuda", nbytes=int(req.get("bw_bytes", 1 << 30)))
         l2 = int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0))
@@ -418,7 +418,7 @@ def evaluate(req: dict[str, Any]) -> dict[str, Any]:
 
 
 def _write_json_atomic(path: str, obj: Any) -> None:
-    from search.records import atomic_write_json
+    from ground.files import atomic_write_json
 
     atomic_write_json(path, obj)
 

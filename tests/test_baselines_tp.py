@@ -21,8 +21,8 @@ import torch
 from amk.baselines import BaselineResult, judge, reference_tokens
 from amk.baselines_tp import (MARKER, check_default_group, check_tp_shapes, cuda_backend,
                               gather_tp, prepare_tp_checkpoint)
-from amk.errors import AmkError
-from amk.timing import Timing
+from ground.errors import AmkError
+from ground.timing import Timing
 from models.sources import resolve_model
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from amk.commands.bench import MAX_WORKERS_PER_SM, backend_options, cuda_target
-from amk.errors import AmkError
+from ground.errors import AmkError
 
 
 def _args(**kw):

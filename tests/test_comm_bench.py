@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from amk.errors import AmkError
+from ground.errors import AmkError
 from bench import comm as C
 
 ROOT = Path(__file__).resolve().parents[1]

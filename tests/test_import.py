@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from amk.errors import AmkError
+from ground.errors import AmkError
 from models.graph import ROPE_INV_FREQ_KEY, build_graph, import_model, spec_from_config
 from models.recipes import build_config, build_model
 from models.rope import RopeSpec, inv_freq, rope_spec_from_config

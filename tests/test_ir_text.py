@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from amk.errors import AmkError
+from ground.errors import AmkError
 from ir import jsonio, text
 from ir.builder import ProgramBuilder
 from ir.examples import allreduce

@@ -11,7 +11,7 @@ import pytest
 
 import lowering.triton  # noqa: F401  (sets TRITON_INTERPRET=1 without a GPU)
 from amk import launch
-from amk.errors import AmkError
+from ground.errors import AmkError
 from lowering.triton import dist
 
 REPORT = ("import os, sys; print(os.environ['RANK'], os.environ['WORLD_SIZE'], os.environ['LOCAL_RANK'], "

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from amk.errors import AmkError
+from ground.errors import AmkError
 from ir.program import Target
 from lowering.config import LoweringConfig
 from lowering.costmodel import estimate

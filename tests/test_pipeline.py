@@ -148,7 +148,7 @@ def test_correctness_report_flags_wrong_logits():
 
 
 def test_decoder_refuses_positions_beyond_the_cache():
-    from amk.errors import AmkError
+    from ground.errors import AmkError
 
     s = _session("tiny-llama", 1)
     dec = s.decoder("sim")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from amk.errors import AmkError
+from ground.errors import AmkError
 from ir.io import load_program
 from search.loop import LoopState, SearchSettings, open_search, replay_state
 from search.records import STATUSES, Record, read_json, read_tsv

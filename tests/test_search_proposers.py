@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from amk.errors import AmkError
+from ground.errors import AmkError
 from search.proposers import (
     TOOL_NAME, LLMProposer, OptunaProposer, ProposalContext, ProposalSkipped,
     RandomProposer, ReplayProposer, mutations, redact,

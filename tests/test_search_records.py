@@ -7,11 +7,10 @@ import json
 
 import pytest
 
-from amk.errors import AmkError
+from ground.errors import AmkError
 from search.plot import plot_latency
-from search.records import (
-    TSV_COLUMNS, Record, ResultsStore, atomic_write_json, read_json, read_tsv,
-)
+from ground.files import atomic_write_json
+from search.records import TSV_COLUMNS, Record, ResultsStore, read_json, read_tsv
 
 
 def rec(trial: int, status: str = "KEEP", lat: float | None = 1.0, **kw) -> Record:

@@ -12,7 +12,7 @@ import struct
 import pytest
 import torch
 
-from amk.errors import AmkError
+from ground.errors import AmkError
 from models import features, recipes, sources
 
 # --------------------------------------------------------------------------------------------

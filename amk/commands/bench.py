@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from amk.errors import AmkError
+from ground.errors import AmkError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -159,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
     from amk import pipeline
     from amk.baselines import (BaselineResult, compile_modes, compiled_graph_name, hf_compiled_graph, hf_eager,
                                judge, make_reference)
-    from amk.timing import decode_weight_bytes, measure_hbm_bandwidth, roofline_ms
+    from ground.timing import decode_weight_bytes, measure_hbm_bandwidth, roofline_ms
     con = Console(stderr=True)
     if args.tp < 1:
         raise AmkError(f"--tp must be >= 1, got {args.tp}")

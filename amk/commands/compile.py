@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from amk.errors import AmkError
+from ground.errors import AmkError
 
 
 def add_common_args(p: argparse.ArgumentParser) -> None:

@@ -19,7 +19,7 @@ import json
 import time
 
 from amk.commands.compile import add_common_args, config_from_args, config_sets, target_for
-from amk.errors import AmkError
+from ground.errors import AmkError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

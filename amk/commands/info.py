@@ -59,7 +59,7 @@ def _checkpoint_bytes(source: Any) -> int | None:
 
 def describe(arg: str, max_tp: int = TP_MAX) -> dict[str, Any]:
     """Everything ``amk info`` prints, as one JSON-serialisable dict. Raises AmkError."""
-    from amk.errors import AmkError
+    from ground.errors import AmkError
     from models import sources
 
     source = sources.parse_model_arg(arg)
@@ -191,7 +191,7 @@ def _print_human(info: dict[str, Any]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run `amk info`; returns the exit code (see the module docstring)."""
-    from amk.errors import AmkError
+    from ground.errors import AmkError
 
     if args.max_tp < 1:
         raise AmkError(f"--max-tp must be >= 1, got {args.max_tp}")

@@ -27,7 +27,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, NoReturn
 
-from amk.errors import AmkError
+from ground.errors import AmkError
 
 #: Standard deviation of the seeded float inputs (mean 0).
 INPUT_STD = 0.5

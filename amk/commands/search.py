@@ -20,7 +20,7 @@ import re
 import time
 from typing import Any
 
-from amk.errors import AmkError
+from ground.errors import AmkError
 
 
 def _positions(text: str) -> list[int]:

@@ -17,7 +17,7 @@ import json
 import time
 from typing import Any
 
-from amk.errors import AmkError
+from ground.errors import AmkError
 
 LARGE = 10_000  # tasks: show stage progress for programs at least this big
 

@@ -18,7 +18,7 @@ import argparse
 import json
 import os
 
-from amk.errors import AmkError
+from ground.errors import AmkError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from amk.errors import AmkError
+from ground.errors import AmkError
 
 ENV_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 

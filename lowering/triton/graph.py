@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from amk.timing import Timing, time_per_call
+from ground.timing import Timing, time_per_call
 
 
 class DecodeGraph:

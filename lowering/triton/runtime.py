@@ -42,7 +42,7 @@ from typing import Any, Callable
 
 import torch
 
-from amk.errors import AmkError
+from ground.errors import AmkError
 from ir.program import FLOAT_DTYPES, Buffer, ScheduleProgram
 from lowering.triton import megakernel as MK
 from lowering.triton import table as T

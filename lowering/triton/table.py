@@ -91,7 +91,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from amk.errors import AmkError
+from ground.errors import AmkError
 from ir.ops import OPS, squeeze
 from ir.program import DTYPE_BYTES, Buffer, Region, ScheduleProgram, Task
 
