@@ -51,7 +51,8 @@ BLOCKS_AXES = {"gemv_stages": ("gemv_stages", ints), "prefetch": ("prefetch", in
                "x_reuse": ("x_reuse", flags),
                "x_chunk": ("x_chunk", ints), "w_preload": ("w_preload", ints),
                "prefetch_cap": ("prefetch_cap", ints), "prefetch_rows": ("prefetch_rows", ints),
-               "roll": ("roll", ints), "kroll": ("kroll", ints), "gemv_tma": ("gemv_tma", flags)}
+               "roll": ("roll", ints), "kroll": ("kroll", ints), "gemv_tma": ("gemv_tma", flags),
+               "ring": ("ring", ints), "ring_rows": ("ring_rows", ints), "ring_cols": ("ring_cols", ints)}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -93,6 +94,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--lean-release", default="1", help="comma list of 0/1 (Blocks.lean_release)")
     ap.add_argument("--gemv-tma", default="0", help="comma list of 0/1 (Blocks.gemv_tma; needs --gemv-stages >= 2)")
     ap.add_argument("--maxnreg", default="0", help="comma list of register caps (Blocks.maxnreg; 0 = automatic)")
+    ap.add_argument("--ring", default="0", help="comma list of weight-ring pages per worker (Blocks.ring; 0 = off)")
+    ap.add_argument("--ring-rows", default="4", help="comma list of weight-ring page rows (Blocks.ring_rows)")
+    ap.add_argument("--ring-cols", default="2048", help="comma list of weight-ring page columns (Blocks.ring_cols)")
     ap.add_argument("--sync-opt", default="1", help="comma list of 0/1: Blocks.elide_waits and "
                                                     "Blocks.coalesce_signals together")
     ap.add_argument("--late-append", default="0", help="comma list of 0/1 for the late_append knob")

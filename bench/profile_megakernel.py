@@ -52,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lean-release", type=int, default=1, help="0/1: Blocks.lean_release")
     ap.add_argument("--gemv-stages", type=int, default=1, help="GEMV pipeline depth (Blocks.gemv_stages)")
     ap.add_argument("--gemv-tma", type=int, default=0, help="0/1: Blocks.gemv_tma (needs --gemv-stages >= 2)")
+    ap.add_argument("--ring", type=int, default=0, help="weight-ring pages per worker (Blocks.ring; 0 = off)")
+    ap.add_argument("--ring-rows", type=int, default=4, help="weight-ring page rows (Blocks.ring_rows)")
+    ap.add_argument("--ring-cols", type=int, default=2048, help="weight-ring page columns (Blocks.ring_cols)")
     ap.add_argument("--tile-qkv", type=int, default=0, help="the tile_qkv lowering knob (0 = tile)")
     ap.add_argument("--tile-gate-up", type=int, default=0, help="the tile_gate_up lowering knob (0 = tile)")
     ap.add_argument("--tile-lm-head", type=int, default=0, help="the tile_lm_head lowering knob (0 = tile)")
@@ -106,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
                                                          prefetch_rows=args.prefetch_rows, kroll=args.kroll,
                                                          lean_release=bool(args.lean_release),
                                                          gemv_stages=args.gemv_stages,
-                                                         gemv_tma=bool(args.gemv_tma)),
+                                                         gemv_tma=bool(args.gemv_tma), ring=args.ring,
+                                                         ring_rows=args.ring_rows, ring_cols=args.ring_cols),
         "profile": True, **({"dist": ctx} if ctx is not None else {})})
     ex = dec.ex
     tok = 1

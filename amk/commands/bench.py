@@ -89,6 +89,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "--gemv-stages - 1 shared-memory buffers (no registers held by the copies in "
                         "flight; needs --gemv-stages 2..8, --w-preload 0, --gemv-block N and K <= 256; "
                         "default 0)")
+    p.add_argument("--ring", type=int, default=0, metavar="S",
+                   help="weight ring: each worker streams its GEMVs' bf16 weights through S shared-memory "
+                        "pages copied ahead of the tasks, across their waits (0 = off, default)")
+    p.add_argument("--ring-rows", type=int, default=4, metavar="R", help="rows of a weight-ring page (default 4)")
+    p.add_argument("--ring-cols", type=int, default=2048, metavar="C",
+                   help="columns of a weight-ring page (default 2048; a page is R x C bf16)")
     p.add_argument("--maxnreg", type=int, default=0, metavar="R",
                    help="register cap per thread (24..255); 0 (default) = automatic: capped only when "
                         "--workers exceeds the SM count, so that two (or more) workers share an SM")
@@ -301,7 +307,7 @@ BLOCKS_FLAGS = {"gemv_stages": "--gemv-stages", "gemv_unroll": "--gemv-unroll", 
                 "w_preload": "--w-preload", "prefetch_cap": "--prefetch-cap", "prefetch_rows": "--prefetch-rows",
                 "roll": "--roll", "kroll": "--kroll", "row_prefetch": "--row-prefetch", "x_stage": "--x-stage",
                 "x_reuse": "--x-reuse", "relaxed_poll": "--relaxed-poll", "lean_release": "--lean-release",
-                "gemv_tma": "--gemv-tma"}
+                "gemv_tma": "--gemv-tma", "ring": "--ring", "ring_rows": "--ring-rows", "ring_cols": "--ring-cols"}
 _FLAG_OF = {**BLOCKS_FLAGS, "gemv_k": "--gemv-block K", "gemv_n": "--gemv-block N"}
 
 
@@ -338,7 +344,8 @@ def backend_options(args) -> dict:
                         prefetch_rows=getattr(args, "prefetch_rows", 0), roll=getattr(args, "roll", 0),
                         kroll=getattr(args, "kroll", 0), relaxed_poll=bool(getattr(args, "relaxed_poll", 0)),
                         lean_release=bool(getattr(args, "lean_release", 1)),
-                        gemv_tma=bool(getattr(args, "gemv_tma", 0)))
+                        gemv_tma=bool(getattr(args, "gemv_tma", 0)), ring=getattr(args, "ring", 0),
+                        ring_rows=getattr(args, "ring_rows", 4), ring_cols=getattr(args, "ring_cols", 2048))
     except TritonError as e:
         raise AmkError(_flag_names(str(e))) from None
     return {"num_warps": args.num_warps, "blocks": blocks}

@@ -62,6 +62,7 @@ import triton
 import triton.language as tl
 
 from lowering.triton import ops as K
+from lowering.triton import ring as RG
 from lowering.triton import table as T
 from lowering.triton.ops import INTERPRET, device, global_timer
 
@@ -365,7 +366,9 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
            X_ALIGN: tl.constexpr = 0, UNROLL: tl.constexpr = 1, XS=None, X_STAGE: tl.constexpr = False,
            X_CHUNK: tl.constexpr = 0, W_PRE: tl.constexpr = 0, ROLL: tl.constexpr = 0, KROLL: tl.constexpr = 0, fl=0,
            nw=0, w0=0, wc=0, wn=0, wb=0, WAITS=None, i=0, epoch=0, abort_ptr=None, timeout=0, SYS: tl.constexpr = False, RELAXED: tl.constexpr = False,
-           MIRRORS: tl.constexpr = 0, W_TMA: tl.constexpr = False):
+           MIRRORS: tl.constexpr = 0, W_TMA: tl.constexpr = False, RING: tl.constexpr = False,
+           STREAMS=None, se=0, rbase=0, pc=0, pi=0, si=0, sj=0, c_off=0, c_n=0, c_k=0, c_rs=0,
+           RING_S: tl.constexpr = 1, RING_PR: tl.constexpr = 4, RING_PC: tl.constexpr = 2048):
     """gemv, norm_gemv, gemv_res, swiglu_gemv, reduce_norm_gemv (ops.gemv_ex; ``PRO`` the prologue, ``STAGES``
     its weight-streaming pipeline depth, ``X_STAGE`` its f(x) staged once in the worker's
     scratch ``XS``, skipped when the row's ``FLAG_X_READY`` says an earlier task of this
@@ -383,7 +386,11 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
     mirror's element delta (the peer stores of a fused one-shot all-reduce).
     ``W_TMA``: W's blocks come through a tensor descriptor (ops.gemv_ex; the variant is
     contiguous and 16-byte aligned, Blocks.gemv_tma).
-    Returns (1 if the waits held else 0, op status)."""
+    ``RING`` (a ``ring`` variant, Blocks.ring): W's pages come through the worker's weight
+    ring (ring.gemv_ring) after f(x) is staged as fp32 into the scratch row; ``STREAMS`` ..
+    ``c_rs`` are the ring's state (ring.ring_issue), ``RING_S`` / ``RING_PR`` / ``RING_PC`` its
+    pages and page shape. Returns (1 if the waits held else 0, op status, then the ring
+    state, unchanged without ``RING``); a page that never arrived is a timeout of wait -1."""
     xo, xn0, xn1, xn2, xs0, xs1, xs2 = _opnd(row, 0, slot)
     ro = xo * 0
     if PRO == K.PRO_PLAIN:
@@ -429,12 +436,12 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
         eps = _param_f(row, 0)
     else:
         eps = 0.0
-    if (X_STAGE and PRO != K.PRO_PLAIN) or PRO == K.PRO_RNORM:  # table.FLAG_X_READY (staged_x_reuse)
+    if RING or (X_STAGE and PRO != K.PRO_PLAIN) or PRO == K.PRO_RNORM:  # table.FLAG_X_READY (staged_x_reuse)
         x_ready = (fl >> 1) & 1
     else:
         x_ready = 0
     wp = _ptr(A_BF16, A_F16, A_F32, A_I32, DW) + wo
-    if W_PRE > 0:  # table.FLAG_W_CONST: W is written by no task, so it may be read before the waits
+    if W_PRE > 0 and not RING:  # table.FLAG_W_CONST: W is written by no task, so it may be read before the waits
         w_const = (fl >> 2) & 1
         wpre = K.gemv_wpre(wp, ws1, ws2, wn1, wn2, w_const, W_CONTIG, W_ALIGN, BLOCK_N, W_PRE)
     else:
@@ -445,16 +452,42 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
         if PROFILE:
             tl.store(PROF + 1, global_timer())
             tl.store(PROF + 3, global_timer())
-        if W_PRE > 0:
+        if W_PRE > 0 and not RING:
             if w_const == 0:  # W may be written in this step: read it only now
                 wpre = K.gemv_wpre(wp, ws1, ws2, wn1, wn2, w_const + 1, W_CONTIG, W_ALIGN, BLOCK_N, W_PRE)
+    if RING:
+        if ok != 0:
+            XB: tl.constexpr = BLOCK_N * BLOCK_K if BLOCK_N * BLOCK_K > X_CHUNK else X_CHUNK
+            xsr = tl.multiple_of(XS, 16)  # fp32 f(x), 16-byte aligned (runtime)
+            if x_ready == 0:
+                K.gemv_stage(xsr, _ptr(A_BF16, A_F16, A_F32, A_I32, DX) + xo, xn1, xn2, xs0, xs1, xs2, ap, an1, an2,
+                             as0, as1, as2, eps, wn2, PRO, X_CONTIG, X_ALIGN, XB,
+                             _ptr(A_BF16, A_F16, A_F32, A_I32, DX) + ro, xn1, xs1)
+            if PROFILE:
+                tl.store(PROF + 4, global_timer())
+            rst, pc, pi, si, sj, c_off, c_n, c_k, c_rs = RG.gemv_ring(
+                xsr, wp, ws1, bp, bn1, bn2, bs0, bs1, bs2, _ptr(A_BF16, A_F16, A_F32, A_I32, DY) + yo,
+                yn1, yn2, ys0, ys1, ys2, wn1, wn2, HAS_BIAS, m1, m2, m3, MIRRORS, A_I32, STREAMS, se, rbase,
+                pc, pi, si, sj, c_off, c_n, c_k, c_rs, timeout, RING_S, RING_PR, RING_PC)
+            if PROFILE:
+                tl.store(PROF + 5, global_timer())
+            if rst != 0:  # a weight page never arrived: reported as a timeout of wait -1
+                tl.store(err + 1, i.to(tl.int64))
+                tl.store(err + 2, -1)
+                tl.store(err + 3, pc.to(tl.int64))
+                tl.store(err + 4, pi.to(tl.int64))
+                tl.store(err + 5, epoch)
+                tl.store(err + 0, epoch * 0 + _KIND_TIMEOUT)
+                tl.store(abort_ptr, epoch + 1)
+                ok = ok * 0
+    elif ok != 0:
         K.gemv_ex(_ptr(A_BF16, A_F16, A_F32, A_I32, DX) + xo, xn1, xn2, xs0, xs1, xs2, ap, an1, an2, as0, as1, as2,
                   eps, wp, ws1, ws2, bp, bn1, bn2, bs0, bs1, bs2,
                   _ptr(A_BF16, A_F16, A_F32, A_I32, DY) + yo, yn1, yn2, ys0, ys1, ys2, wn1, wn2,
                   PRO, HAS_BIAS, X_CONTIG, W_CONTIG, W_ALIGN, BLOCK_N, BLOCK_K, STAGES, PROF, PROFILE, X_ALIGN,
                   UNROLL, XS, X_STAGE, x_ready, X_CHUNK, wpre, W_PRE, ROLL, KROLL, m1, m2, m3, MIRRORS,
                   _ptr(A_BF16, A_F16, A_F32, A_I32, DX) + ro, xn1, xs1, W_TMA)
-    return ok, _ok()
+    return ok, _ok(), pc, pi, si, sj, c_off, c_n, c_k, c_rs
 
 
 @device
@@ -795,7 +828,7 @@ def _call(v: T.Variant) -> str:
         return (f"t_gemv({_COMMON}, {d[xi]}, {da}, {d[wi]}, {db}, {d[-1]}, {pro}, {bias}, "
                 f"{v.flag('xcontig')}, {v.flag('contig')}, {align}, GEMV_N, GEMV_K, GEMV_STAGES, "
                 f"PROF + i.to(tl.int64) * PROF_W, PROFILE, {xalign}, GEMV_UNROLL, XSW, X_STAGE, X_CHUNK, "
-                f"MIRRORS={T.gemv_mirrors(v)}, W_TMA={'GEMV_TMA' if tma else 'False'})")
+                f"MIRRORS={T.gemv_mirrors(v)}, W_TMA={'GEMV_TMA' if tma else 'False'}, RING={v.flag('ring')})")
     if op == "rope":
         return f"t_rope({_COMMON}, {d[0]}, {d[1]}, {d[2]}, {d[3]}, ROPE_BLOCK)"
     if op == "kv_append":
@@ -839,6 +872,7 @@ import triton
 import triton.language as tl
 
 from lowering.triton import ops as K
+from lowering.triton import ring as RG
 from lowering.triton.megakernel import (
     finish_task, global_timer, l2_prefetch, row_prefetch, run_waits, task_header, worker_loop_prologue, t_add, t_argmax,
     t_argmax_combine, t_attention,
@@ -848,7 +882,7 @@ from lowering.triton.megakernel import (
 
 @triton.jit
 def amk_megakernel(A_BF16, A_F16, A_F32, A_I32, TASKS, WAITS, SIGS, QSTART, ERR, EPOCH, slots, timeout,
-                   PROF, XS, xs_w, BLOCK: tl.constexpr, GEMV_N: tl.constexpr, GEMV_K: tl.constexpr,
+                   PROF, XS, xs_w, STREAMS, SSTART, rbase, BLOCK: tl.constexpr, GEMV_N: tl.constexpr, GEMV_K: tl.constexpr,
                    ROPE_BLOCK: tl.constexpr, ATT_T: tl.constexpr, ATT_D: tl.constexpr,
                    ATT_Q: tl.constexpr, PAIR_BLOCK: tl.constexpr, GEMV_STAGES: tl.constexpr = 1,
                    PREFETCH: tl.constexpr = 0, PROFILE: tl.constexpr = False, GEMV_UNROLL: tl.constexpr = 1,
@@ -856,12 +890,30 @@ def amk_megakernel(A_BF16, A_F16, A_F32, A_I32, TASKS, WAITS, SIGS, QSTART, ERR,
                    X_STAGE: tl.constexpr = False, POLL_RELAXED: tl.constexpr = False,
                    X_CHUNK: tl.constexpr = 0, W_PRELOAD: tl.constexpr = 0, PREFETCH_CAP: tl.constexpr = 0,
                    ROLL: tl.constexpr = 0, KROLL: tl.constexpr = 0, LEAN_RELEASE: tl.constexpr = False,
-                   GEMV_TMA: tl.constexpr = False):
+                   GEMV_TMA: tl.constexpr = False, RING: tl.constexpr = 0, RING_PR: tl.constexpr = 4,
+                   RING_PC: tl.constexpr = 2048):
     PROF_W: tl.constexpr = {prof_w}
     w, i, end, err, epoch, slot, abort_ptr = worker_loop_prologue(ERR, EPOCH, QSTART, slots)
     XSW = XS + w.to(tl.int64) * xs_w  # this worker's GEMV f(x) scratch (X_STAGE)
     ok = tl.full([], 1, dtype=tl.int32)
     done = epoch * 0
+    # the weight ring (ring.py): pages consumed / issued, the stream entry being issued
+    pc = tl.full([], 0, dtype=tl.int32)
+    pi = pc
+    si = pc
+    se = pc
+    sj = pc
+    c_off = epoch * 0
+    c_n = pc
+    c_k = pc
+    c_rs = c_off
+    if RING > 0:
+        si = tl.load(SSTART + w)
+        se = tl.load(SSTART + w + 1)
+        c_off, c_n, c_k, c_rs = RG.stream_entry(STREAMS, si, se)
+        RG.ring_init(rbase, RING, RING_PR * RING_PC * 2)
+        pi, si, sj, c_off, c_n, c_k, c_rs = RG.ring_issue(A_I32, STREAMS, se, rbase, pc, pi, si, sj, c_off, c_n, c_k,
+                                                          c_rs, RING, RING_PR, RING_PC)
     if PREFETCH > 0:  # the first PREFETCH tasks' weight tiles; then task i + PREFETCH at task i
         for d in tl.static_range(PREFETCH):
             if i + d < end:
@@ -874,6 +926,9 @@ def amk_megakernel(A_BF16, A_F16, A_F32, A_I32, TASKS, WAITS, SIGS, QSTART, ERR,
         if PROFILE:
             tl.store(PROF + i.to(tl.int64) * PROF_W, global_timer())
         op, nw, w0, wc, wn, wb, ns, s0, sc, sa, ss, fl = task_header(row)
+        if RING > 0:  # top the ring up before this task's waits: weights wait on nothing
+            pi, si, sj, c_off, c_n, c_k, c_rs = RG.ring_issue(A_I32, STREAMS, se, rbase, pc, pi, si, sj, c_off, c_n,
+                                                              c_k, c_rs, RING, RING_PR, RING_PC)
         if PREFETCH > 0:  # task i + PREFETCH's tile, its range in this row (table.prefetch_ahead)
             l2_prefetch(A_I32, row, True, PREFETCH_CAP)
         st = tl.full([], 0, dtype=tl.int32)
@@ -886,13 +941,19 @@ def amk_megakernel(A_BF16, A_F16, A_F32, A_I32, TASKS, WAITS, SIGS, QSTART, ERR,
             if PROFILE:
                 tl.store(PROF + i.to(tl.int64) * PROF_W + 2, global_timer())
         i += 1
+    if RING > 0:  # no copy into this CTA's shared memory may outlive it
+        RG.ring_drain(rbase, pc, pi, timeout, RING, RING_PR * RING_PC * 2)
     tl.store(err + 6, done)
 '''
 
 
 #: The GEMV call's extra arguments: it runs the row's waits itself (t_gemv).
 _GEMV_WAITS = ("W_PRE=W_PRELOAD, ROLL=ROLL, KROLL=KROLL, fl=fl, nw=nw, w0=w0, wc=wc, wn=wn, wb=wb, WAITS=WAITS, i=i, epoch=epoch, "
-               "abort_ptr=abort_ptr, timeout=timeout, SYS={sys}, RELAXED=POLL_RELAXED")
+               "abort_ptr=abort_ptr, timeout=timeout, SYS={sys}, RELAXED=POLL_RELAXED, STREAMS=STREAMS, se=se, "
+               "rbase=rbase, pc=pc, pi=pi, si=si, sj=sj, c_off=c_off, c_n=c_n, c_k=c_k, c_rs=c_rs, RING_S=RING, "
+               "RING_PR=RING_PR, RING_PC=RING_PC")
+#: What every GEMV call returns: its waits' and op's status, then the weight ring's state.
+_GEMV_OUT = "ok, st, pc, pi, si, sj, c_off, c_n, c_k, c_rs"
 
 
 def _dispatch(variants: list[T.Variant], sys_waits: bool) -> str:
@@ -910,7 +971,7 @@ def _dispatch(variants: list[T.Variant], sys_waits: bool) -> str:
         return ind(8, waits)
     extra = _GEMV_WAITS.format(sys=bool(sys_waits))
     cond = " | ".join(f"(op == {c})" for c, _ in gemv)
-    body = "\n".join(f"    {'if' if j == 0 else 'elif'} op == {c}:\n        ok, st = {_call(v)[:-1]}, {extra})"
+    body = "\n".join(f"    {'if' if j == 0 else 'elif'} op == {c}:\n        {_GEMV_OUT} = {_call(v)[:-1]}, {extra})"
                       for j, (c, v) in enumerate(gemv))
     return ind(8, f"if {cond}:\n{body}\nelse:\n{ind(4, waits)}")
 
@@ -955,7 +1016,8 @@ def load_kernel(source: str):
 #: Kernel argument types for an offline compile (pointer args are 16-byte aligned views).
 _ARG_TYPES = {"A_BF16": "*bf16", "A_F16": "*fp16", "A_F32": "*fp32", "A_I32": "*i32", "TASKS": "*i64",
               "WAITS": "*i64", "SIGS": "*i64", "QSTART": "*i32", "ERR": "*i64", "EPOCH": "*i64",
-              "slots": "i32", "timeout": "i64", "PROF": "*i64", "XS": "*fp32", "xs_w": "i32"}
+              "slots": "i32", "timeout": "i64", "PROF": "*i64", "XS": "*fp32", "xs_w": "i32",
+              "STREAMS": "*i64", "SSTART": "*i32", "rbase": "i32"}
 
 
 def compile_offline(source: str, constexprs: dict[str, int], arch: int = 90, num_warps: int = 4,
@@ -995,6 +1057,8 @@ def compile_offline(source: str, constexprs: dict[str, int], arch: int = 90, num
                acquire_polls_sys="ld.acquire.sys.global.b32" in ptx,
                l2_prefetch="cp.async.bulk.prefetch.L2" in ptx, async_copy="cp.async" in ptx,
                tma_copies=ptx.count("cp.async.bulk.tensor"),
+               ring_copies=ptx.count("cp.async.bulk.shared::cluster.global"),
+               ring_waits=ptx.count("mbarrier.try_wait.parity"), ring_page_loads=ptx.count("ld.shared.v4.b32 {"),
                row_prefetch="prefetch.global.L1" in ptx, line_prefetch="prefetch.global.L2 " in ptx,
                release_gpu="gpu.release.add" in ptx, release_sys="sys.release.add" in ptx,
                relaxed_red_sys="red.relaxed.sys.global.add" in ptx,
@@ -1026,22 +1090,32 @@ def _main(argv: list[str] | None = None) -> int:
     ap.add_argument("--constexprs", default="{}", help="JSON: block sizes overriding the emitted launch's")
     ap.add_argument("--maxnreg", type=int, default=None, help="register cap per thread")
     a = ap.parse_args(argv)
+    text = Path(a.source).read_text()
+    cx, warps, maxnreg = launch_meta(text)
+    cx.update(json.loads(a.constexprs))
+    print(json.dumps(compile_offline(text, cx, a.arch, a.num_warps or warps, a.maxnreg or maxnreg)))
+    return 0
+
+
+def launch_meta(source: str) -> tuple[dict, int, int | None]:
+    """(constexprs, num_warps, maxnreg) of an emitted kernel source: its ``# amk-launch:``
+    line (TritonExecutor.emit_source) over the default Blocks' sizes; 4 warps and no
+    register cap where the line does not say."""
+    import json
+
     from lowering.triton.runtime import Blocks
 
-    text = Path(a.source).read_text()
     b = Blocks()
     cx = dict(BLOCK=b.elementwise, GEMV_N=b.gemv_n, GEMV_K=b.gemv_k, ROPE_BLOCK=b.rope, ATT_T=b.attention_t,
               ATT_D=b.attention_d, ATT_Q=b.attention_q, PAIR_BLOCK=b.pairs)
-    warps = 4
-    for line in text.splitlines():
+    warps, maxnreg = 4, None
+    for line in source.splitlines():
         if line.startswith("# amk-launch: "):
             meta = json.loads(line[len("# amk-launch: "):])
             cx.update(meta.get("constexprs", {}))
             warps = meta.get("num_warps", warps)
-            a.maxnreg = a.maxnreg or meta.get("maxnreg")
-    cx.update(json.loads(a.constexprs))
-    print(json.dumps(compile_offline(text, cx, a.arch, a.num_warps or warps, a.maxnreg)))
-    return 0
+            maxnreg = meta.get("maxnreg")
+    return cx, warps, maxnreg
 
 
 if __name__ == "__main__":

@@ -441,6 +441,54 @@ def _gemv_rows(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2,
 
 
 @device
+def gemv_stage(xs, x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, eps, K,
+               PRO: tl.constexpr, X_CONTIG: tl.constexpr, X_ALIGN: tl.constexpr, XB: tl.constexpr,
+               r=None, KP=1, p_rs=0):
+    """The GEMV prologue f(x) for all K columns, stored into the worker's scratch row ``xs``
+    (its element type: x's dtype, or fp32; f(x) is already rounded to x's dtype, so both hold
+    the same values), between two CTA barriers: before (no thread still reads the previous
+    call's f(x)) and after (every element stored before any thread reads it). x (and a) are
+    read in chunks of ``XB`` elements; when K fits one chunk they are loaded once and
+    RMSNorm's sum of squares comes from the same registers. ``PRO`` and the operands as in
+    gemv_ex (PRO_RNORM: x holds the ``KP`` partial rows at row stride ``p_rs``, ``r`` the
+    residual)."""
+    rstd = tl.full([], 1.0, dtype=tl.float32)
+    if K <= XB:  # one chunk: x (and a) loaded once
+        cols = tl.arange(0, XB)
+        cm = cols < K
+        if PRO == PRO_RNORM:
+            xv, av = _gemv_xsum(x, p_rs, KP, r, a, cols, cm)
+        else:
+            xv, av = _gemv_xload(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2,
+                                 cols, cm, PRO, X_CONTIG, X_ALIGN)
+        if PRO == PRO_NORM or PRO == PRO_RNORM:
+            rstd = tl.rsqrt(tl.sum(xv * xv, axis=0) / K + eps)
+        tl.debug_barrier()  # no thread still reads the previous call's f(x)
+        tl.store(xs + cols, _gemv_xfn(x, xv, av, rstd, PRO), mask=cm)
+    else:
+        if PRO == PRO_NORM:  # x^2 in chunks of XB elements
+            rstd = _gemv_rstd(x, x_n1, x_n2, x_s0, x_s1, x_s2, K, eps, XB, 1, X_CONTIG, X_ALIGN)
+        if PRO == PRO_RNORM:  # h^2 in chunks of XB elements (h summed twice: same values)
+            sq = tl.zeros([XB], dtype=tl.float32)
+            for k0 in range(0, K, XB):
+                cols = k0 + tl.arange(0, XB)
+                hv, _ = _gemv_xsum(x, p_rs, KP, r, a, cols, cols < K)
+                sq += hv * hv
+            rstd = tl.rsqrt(tl.sum(sq, axis=0) / K + eps)
+        tl.debug_barrier()  # no thread still reads the previous call's f(x)
+        for k0 in range(0, K, XB):
+            cols = k0 + tl.arange(0, XB)
+            cm = cols < K
+            if PRO == PRO_RNORM:
+                xv, av = _gemv_xsum(x, p_rs, KP, r, a, cols, cm)
+            else:
+                xv, av = _gemv_xload(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1,
+                                     a_s2, cols, cm, PRO, X_CONTIG, X_ALIGN)
+            tl.store(xs + cols, _gemv_xfn(x, xv, av, rstd, PRO), mask=cm)
+    tl.debug_barrier()  # every f(x) stored before any thread reads it
+
+
+@device
 def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, eps,
             w, w_rs, w_cs, b, b_n1, b_n2, b_s0, b_s1, b_s2,
             y, y_n1, y_n2, y_s0, y_s1, y_s2, N, K,
@@ -570,39 +618,8 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
         XA: tl.constexpr = 128 // x.dtype.element_ty.primitive_bitwidth
         XB: tl.constexpr = BLOCK_N * BLOCK_K if BLOCK_N * BLOCK_K > X_CHUNK else X_CHUNK
         if x_ready == 0:
-            if K <= XB:  # one chunk: x (and a) loaded once
-                cols = tl.arange(0, XB)
-                cm = cols < K
-                if PRO == PRO_RNORM:
-                    xv, av = _gemv_xsum(x, p_rs, KP, r, a, cols, cm)
-                else:
-                    xv, av = _gemv_xload(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2,
-                                         cols, cm, PRO, X_CONTIG, X_ALIGN)
-                if PRO == PRO_NORM or PRO == PRO_RNORM:
-                    rstd = tl.rsqrt(tl.sum(xv * xv, axis=0) / K + eps)
-                tl.debug_barrier()  # no thread still reads the previous call's f(x)
-                tl.store(xs + cols, _gemv_xfn(x, xv, av, rstd, PRO), mask=cm)
-            else:
-                if PRO == PRO_NORM:  # x^2 in chunks of XB elements
-                    rstd = _gemv_rstd(x, x_n1, x_n2, x_s0, x_s1, x_s2, K, eps, XB, 1, X_CONTIG, X_ALIGN)
-                if PRO == PRO_RNORM:  # h^2 in chunks of XB elements (h summed twice: same values)
-                    sq = tl.zeros([XB], dtype=tl.float32)
-                    for k0 in range(0, K, XB):
-                        cols = k0 + tl.arange(0, XB)
-                        hv, _ = _gemv_xsum(x, p_rs, KP, r, a, cols, cols < K)
-                        sq += hv * hv
-                    rstd = tl.rsqrt(tl.sum(sq, axis=0) / K + eps)
-                tl.debug_barrier()  # no thread still reads the previous call's f(x)
-                for k0 in range(0, K, XB):
-                    cols = k0 + tl.arange(0, XB)
-                    cm = cols < K
-                    if PRO == PRO_RNORM:
-                        xv, av = _gemv_xsum(x, p_rs, KP, r, a, cols, cm)
-                    else:
-                        xv, av = _gemv_xload(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1,
-                                             a_s2, cols, cm, PRO, X_CONTIG, X_ALIGN)
-                    tl.store(xs + cols, _gemv_xfn(x, xv, av, rstd, PRO), mask=cm)
-            tl.debug_barrier()  # every f(x) stored before any thread reads it
+            gemv_stage(xs, x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, eps, K, PRO,
+                       X_CONTIG, X_ALIGN, XB, r, KP, p_rs)
         if PROFILE:
             tl.store(PROF + 4, global_timer())
         _gemv_rows(xs, 1, K, 0, 0, 1, xs, 1, K, 0, 0, 1, rstd, w, w_rs, w_cs, b, b_n1, b_n2, b_s0, b_s1, b_s2,

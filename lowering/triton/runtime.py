@@ -164,7 +164,11 @@ class Blocks:
     TMA box limit): every GEMV variant whose W is contiguous and 16-byte aligned streams its
     [gemv_n, gemv_k] blocks through a tensor descriptor, TMA copies into gemv_stages - 1
     shared-memory buffers that hold no registers (ops.gemv_ex ``W_TMA``); the launch then
-    gets a global-scratch allocator for the descriptors (``tma_scratch``)."""
+    gets a global-scratch allocator for the descriptors (``tma_scratch``).
+    ``ring`` (pages per worker, 0 = off): GEMV tasks whose bf16 weights no task writes stream
+    them through a ring of ``ring`` shared-memory pages of ``ring_rows`` x ``ring_cols``
+    elements, copied ahead of the tasks that use them, across their waits (ring.py); the launch
+    gets ``ring x (page + 8)`` bytes of dynamic shared memory beyond the kernel's own."""
 
     elementwise: int = 1024
     gemv_n: int = 16
@@ -193,6 +197,9 @@ class Blocks:
     relaxed_poll: bool = False
     lean_release: bool = True
     gemv_tma: bool = False
+    ring: int = 0
+    ring_rows: int = 4
+    ring_cols: int = 2048
 
     def __post_init__(self) -> None:
         if not isinstance(self.maxnreg, int) or not (self.maxnreg == 0 or 24 <= self.maxnreg <= 255):
@@ -235,6 +242,18 @@ class Blocks:
             if self.gemv_n > 256 or self.gemv_k > 256:
                 raise TritonError(f"gemv_tma needs gemv_n and gemv_k of at most 256 (a TMA box's limit), "
                                   f"got gemv_n {self.gemv_n}, gemv_k {self.gemv_k}", exit_code=2)
+        if not isinstance(self.ring, int) or isinstance(self.ring, bool) or not 0 <= self.ring <= 32:
+            raise TritonError(f"ring must be an integer in 0..32 (weight pages per worker), got {self.ring!r}",
+                              exit_code=2)
+        for name, lo, hi in (("ring_rows", 1, 64), ("ring_cols", 8, 8192)):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi or v & (v - 1):
+                raise TritonError(f"{name} must be a power of two in {lo}..{hi}, got {v!r}", exit_code=2)
+
+    @property
+    def ring_page(self) -> int:
+        """Bytes of one weight-ring page (ring_rows x ring_cols bf16)."""
+        return self.ring_rows * self.ring_cols * 2
 
 
 #: Global-scratch buffers handed to Triton launches, by (device index, bytes): kept for the
@@ -402,6 +421,11 @@ class TritonExecutor:
         self._waits = torch.from_numpy(self.table.waits).to(dev)
         self._sigs = torch.from_numpy(self.table.signals).to(dev)
         self._qstart = torch.from_numpy(self.table.qstart).to(dev)
+        streams, sstart = T.stream_list(self.table)
+        self.ring_pages = b.ring if any(v.flag("ring") for v in self.table.variants) else 0
+        self._streams = torch.from_numpy(streams).to(dev)
+        self._sstart = torch.from_numpy(sstart).to(dev)
+        self._rbase = 1024  # the ring's shared-memory offset: set after the compile (_check_coresidency)
         self._err = torch.zeros(self.workers * MK.ERR_W + 1, dtype=torch.int64, device=dev)
         # Profile: per task row, %globaltimer (ns) at wait start, op start and end (GPU only).
         self.profile = bool(profile) and not self.interpret
@@ -411,7 +435,8 @@ class TritonExecutor:
         # one GEMV f(x) scratch row per worker (Blocks.x_stage): the longest GEMV input,
         # rounded up to 16 elements of 4 bytes (64-byte aligned rows; any x dtype fits)
         self._xs_w = -(-max([_gemv_k(t, self.slots) for t in program.tasks] + [1]) // 16) * 16
-        staged = b.x_stage or any(t.op == "reduce_norm_gemv" for t in program.tasks)  # always staged
+        staged = (b.x_stage or self.ring_pages > 0  # ring GEMVs always stage f(x)
+                  or any(t.op == "reduce_norm_gemv" for t in program.tasks))  # always staged
         self._xs = torch.zeros(self.workers * self._xs_w if staged else 16, dtype=torch.float32, device=dev)
         self._qlen = [int(self.table.qstart[w + 1] - self.table.qstart[w]) for w in range(self.workers)]
         self._next_epoch = 0
@@ -442,7 +467,7 @@ class TritonExecutor:
                 tab = T.build_table(program, r, [mine], self.layouts[r], deltas[r], variants,
                                     elide=self.blocks.elide_waits,
                                     coalesce=self.blocks.coalesce_signals and alone,
-                                    reuse_x=reuse_x and alone)
+                                    reuse_x=reuse_x and alone, ring=self.blocks.ring > 0)
                 variants = tab.variants
                 tables.append(tab)
                 pos.update({t.id: (ri, i) for i, t in enumerate(mine)})
@@ -453,7 +478,8 @@ class TritonExecutor:
             for ri, r in enumerate(self.local_ranks):
                 tab = T.build_table(program, r, [q.get((r, w), []) for w in range(program.workers)],
                                     self.layouts[r], deltas[r], variants, elide=self.blocks.elide_waits,
-                                    coalesce=self.blocks.coalesce_signals, reuse_x=reuse_x)
+                                    coalesce=self.blocks.coalesce_signals, reuse_x=reuse_x,
+                                    ring=self.blocks.ring > 0)
                 variants = tab.variants
                 tables.append(tab)
                 queues += [[(ri, i) for i in range(int(tab.qstart[w]), int(tab.qstart[w + 1]))]
@@ -516,7 +542,7 @@ class TritonExecutor:
             ATT_DOT=bool(b.attention_dot), ROW_PREFETCH=bool(b.row_prefetch), X_STAGE=bool(b.x_stage),
             POLL_RELAXED=bool(b.relaxed_poll), X_CHUNK=b.x_chunk, W_PRELOAD=b.w_preload,
             PREFETCH_CAP=b.prefetch_cap, ROLL=b.roll, KROLL=b.kroll, LEAN_RELEASE=bool(b.lean_release),
-            GEMV_TMA=bool(b.gemv_tma),
+            GEMV_TMA=bool(b.gemv_tma), RING=self.ring_pages, RING_PR=b.ring_rows, RING_PC=b.ring_cols,
         )
         if not self.interpret:
             kw["num_warps"] = self.num_warps
@@ -534,13 +560,15 @@ class TritonExecutor:
         a = self.arena
         return (a.view(torch.bfloat16), a.view(torch.float16), a.view(torch.float32), a.view(torch.int32),
                 self._rows, self._waits, self._sigs, self._qstart, self._err, self._epoch, self.slots,
-                self.timeout, self._prof, self._xs, self._xs_w)
+                self.timeout, self._prof, self._xs, self._xs_w, self._streams, self._sstart, self._rbase)
 
     def _check_coresidency(self) -> None:
         """Refuse a launch whose W workers cannot all be resident at once (they would spin on
         each other forever): W <= SMs x CTAs of this kernel per SM, and at least one fits."""
         compiled = self._kernel.warmup(*self._args(), grid=(self.workers,), **self._launch_kw)
         self.compiled = compiled
+        if self.ring_pages:
+            self._reserve_ring(compiled)
         compiled._init_handles()
         props = torch.cuda.get_device_properties(self.device)
         sms = props.multi_processor_count
@@ -568,6 +596,32 @@ class TritonExecutor:
         if per_sm < 1:
             raise TritonError(f"the megakernel cannot be resident on an SM ({n_regs} registers/thread, "
                               f"{shared} B shared memory, {threads} threads); lower num_warps or block sizes")
+
+    def _reserve_ring(self, compiled: Any) -> None:
+        """Give the weight ring its shared memory: the launch's dynamic shared memory grows by
+        ring.ring_smem bytes past the kernel's own (rounded up to 128 bytes), whose offset
+        the kernel gets as ``rbase``. Triton launches with ``metadata.shared`` bytes, so the
+        compiled kernel's metadata is extended before its first load (the same object serves
+        every later launch and CUDA-graph capture of this source). Raises TritonError (exit
+        code 2) when the ring does not fit the device's shared memory per block."""
+        from triton.compiler.compiler import make_backend
+
+        from lowering.triton import ring as RG
+
+        own = getattr(compiled, "_amk_own_shared", None)
+        if own is None:
+            own = compiled._amk_own_shared = int(compiled.metadata.shared)
+        self._rbase = max(128, -(-own // 128) * 128)
+        need = self._rbase + RG.ring_smem(self.ring_pages, self.blocks.ring_page)
+        limit = int(getattr(torch.cuda.get_device_properties(self.device), "shared_memory_per_block_optin", 0) or 0)
+        if limit and need > limit:
+            raise TritonError(f"the weight ring needs {need} B of shared memory per worker ({self.ring_pages} pages "
+                              f"of {self.blocks.ring_page} B after the kernel's own {own} B), the device allows "
+                              f"{limit} B: use fewer pages (--ring) or smaller ones (--ring-rows, --ring-cols)",
+                              exit_code=2)
+        if int(compiled.metadata.shared) != need:
+            compiled.metadata = compiled.metadata._replace(shared=need)
+            compiled.packed_metadata = make_backend(compiled.metadata.target).pack_metadata(compiled.metadata)
 
     # ------------------------------------------------------------- public API
     def read(self, buffer: str, rank: int = 0) -> torch.Tensor:
@@ -699,8 +753,9 @@ class TritonExecutor:
                 tid = f"{tid} (rank {self.table.task_ranks[row]})"
             qi = row - int(self.table.qstart[w])
             if kind in (MK.KIND_TIMEOUT, MK.KIND_ABORTED):
-                stuck.append(dict(worker=w, task=tid, op=op, queue_index=qi,
-                                  counter=self.table.wait_counters[a], seen=b, needed=c,
+                # wait index -1: a weight-ring page (b consumed, c issued) that never arrived
+                counter = self.table.wait_counters[a] if a >= 0 else f"weight page {b} (of {c} issued)"
+                stuck.append(dict(worker=w, task=tid, op=op, queue_index=qi, counter=counter, seen=b, needed=c,
                                   kind="timeout" if kind == MK.KIND_TIMEOUT else "aborted"))
             elif kind in (MK.KIND_POS, MK.KIND_TOKEN) and task_err is None:
                 where = f"epoch {epoch}: task {tid} ({op}, worker {w})"

@@ -230,7 +230,8 @@ class Variant:
     boundary for every slot and K is a multiple of 16 bytes, so the kernel may promise it to
     the compiler for wide loads), ``xaligned`` (also x, and a when present, have unit stride
     and a 16-byte-aligned start for every slot: x is read with wide loads and no stride
-    arithmetic). reduce: ``residual``.
+    arithmetic), ``ring`` (W streams through the worker's weight ring: ring_eligible).
+    reduce: ``residual``.
     """
 
     op: str
@@ -599,7 +600,7 @@ def _prefetch_range(w: Desc, row: list[int], k: int, esize: int, layout: ArenaLa
     return lo // 4, hi - lo
 
 
-def _variant(task: Task, bufs: dict[str, Buffer], descs: list[Desc], slots: int) -> Variant:
+def _variant(task: Task, bufs: dict[str, Buffer], descs: list[Desc], slots: int, ring: bool = False) -> Variant:
     dtypes = tuple(bufs[r.buffer].dtype for r in (*task.ins, *task.outs))
     flags: dict[str, bool] = {}
     if task.op in GEMV_OPS:
@@ -626,6 +627,8 @@ def _variant(task: Task, bufs: dict[str, Buffer], descs: list[Desc], slots: int)
                                  "partial rows, residual and norm weight, each row starting on a 16-byte "
                                  "boundary, and a 16-byte aligned weight (as the lowering emits)")
             flags["xcontig"] = flags["xaligned"] = True
+        if ring:
+            flags["ring"] = True
     elif task.op in ("attention", "rope_attention", "rope_attention_kv"):
         # the K and V caches ([G, T, D]) with unit head-dim stride and every row start on a
         # 16-byte boundary: the kernel loads them as 16-byte vectors (ops.attention KV_ALIGN)
@@ -678,6 +681,55 @@ def _flat_aligned(d: Desc, vec: int, slots: int) -> bool:
     return flat and d.numel % vec == 0 and _starts_aligned(d, vec, slots)
 
 
+def ring_eligible(task: Task, bufs: dict[str, Buffer], w: Desc, w_start: int, w_const: bool) -> bool:
+    """Whether a GEMV task's weights may stream through the weight ring (ring.py): W is bf16,
+    written by no task of the program (``w_const``: its pages are copied before the task's
+    waits hold), the same region in every slot, a matrix with unit column stride, K a multiple
+    of 8 elements, and its start (``w_start``, bytes from the arena base) and row stride
+    multiples of 16 bytes (the bulk copies' alignment)."""
+    if task.op not in GEMV_OPS or not w_const:
+        return False
+    if bufs[task.ins[GEMV_OPS[task.op][2]].buffer].dtype != "bf16":
+        return False
+    (n0, n1, n2), (_, s1, s2) = w.n, w.s
+    return (w.coef == 0 and n0 == 1 and (s2 == 1 or n2 == 1) and n2 % 8 == 0 and w_start % 16 == 0
+            and (n1 == 1 or (s1 * 2) % 16 == 0))
+
+
+def _ring_task(t: Task, bufs: dict[str, Buffer], layout: ArenaLayout, rank: int, slots: int,
+               written: set[str]) -> bool:
+    """ring_eligible for task ``t`` of ``rank`` (its W region described here)."""
+    if t.op not in GEMV_OPS:
+        return False
+    reg = t.ins[GEMV_OPS[t.op][2]]
+    b = bufs[reg.buffer]
+    if reg.rank != rank or b.name not in layout.offsets:
+        return False
+    w = describe_region(reg, b, "matrix", slots, f"task {t.id} weight")
+    return ring_eligible(t, bufs, w, layout.offsets[b.name] + w.off * DTYPE_BYTES[b.dtype], b.name not in written)
+
+
+def stream_list(tab: "TaskTable") -> tuple[np.ndarray, np.ndarray]:
+    """The weight ring's stream list of a table: per worker, in queue order, one entry per
+    ``ring`` GEMV row (its W tile's byte offset in the arena, rows N, columns K, row stride in
+    bytes; ring.STREAM_W int64 fields), and ``sstart[W + 1]`` (int32): worker w's entries are
+    ``sstart[w] .. sstart[w + 1] - 1``. The kernel copies each entry's pages in ring.page_order
+    in this order, and its GEMVs consume them in the same order."""
+    ring_ops = {i for i, v in enumerate(tab.variants) if v.flag("ring")}
+    entries: list[list[int]] = []
+    sstart = [0]
+    for wk in range(tab.workers):
+        for i in range(int(tab.qstart[wk]), int(tab.qstart[wk + 1])):
+            row = tab.rows[i]
+            if int(row[F_OP]) in ring_ops:
+                wi = GEMV_OPS[tab.task_ops[i]][2]
+                off, _, _, n1, n2, _, s1, _ = (int(x) for x in row[F_OPND + wi * OPND_W:F_OPND + (wi + 1) * OPND_W])
+                entries.append([off * 2, n1, n2, s1 * 2 if n1 > 1 else n2 * 2])
+        sstart.append(len(entries))
+    streams = np.asarray(entries or [[0, 0, 0, 0]], dtype=np.int64).reshape(-1, 4)
+    return streams, np.asarray(sstart, dtype=np.int32)
+
+
 def elide_waits(queue: Sequence[Task]) -> list[list]:
     """The waits each task of one worker's queue still needs, in queue order: a wait on
     (counter, epoch offset) is dropped when an earlier task of the same queue already waited
@@ -727,7 +779,7 @@ def coalesced_signals(queue: Sequence[Task], live: Sequence[Sequence]) -> list[l
 STAGED_PROLOGUE_OPS = frozenset({"norm_gemv", "swiglu_gemv", "reduce_norm_gemv"})
 
 
-def staged_x_reuse(queue: Sequence[Task], slots: int = 1) -> list[bool]:
+def staged_x_reuse(queue: Sequence[Task], slots: int = 1, ring: frozenset = frozenset()) -> list[bool]:
     """Per task of one worker's queue: True when its prologue f(x) (norm_gemv: RMSNorm of x
     by the weight a; swiglu_gemv: silu(gate) * up) is already in the worker's scratch,
     staged by the last staging task ``i`` before it, so the kernel can skip the x pass.
@@ -742,16 +794,20 @@ def staged_x_reuse(queue: Sequence[Task], slots: int = 1) -> list[bool]:
     excluded (their waits were all held by tasks up to ``i``, so the same waits order W
     before ``i`` too), and a write by a task in between is excluded by the overlap test.
     So W happened before ``i`` as well, or after this task. Valid only where the queue
-    runs back to back on one worker (the scratch is the worker's)."""
+    runs back to back on one worker (the scratch is the worker's).
+
+    ``ring``: ids of the tasks on the weight ring (ring_eligible), which stage every GEMV's
+    f(x), plain x included, as fp32 (ring.gemv_ring); a ring task reuses only a ring task's
+    scratch and the other staging tasks only another's (they store f(x) in x's dtype)."""
     live = elide_waits(queue)
     out: list[bool] = []
-    staged = None  # (op, prologue inputs, eps) of the last staging task, while still valid
+    staged = None  # (op, prologue inputs, eps, on the ring) of the last staging task, while still valid
     for t, lw in zip(queue, live):
         if lw:
             staged = None
         key = None
-        if t.op in STAGED_PROLOGUE_OPS:
-            key = (t.op, tuple(t.ins[:GEMV_OPS[t.op][2]]), t.params.get("eps"))
+        if t.op in STAGED_PROLOGUE_OPS or t.id in ring:
+            key = (t.op, tuple(t.ins[:GEMV_OPS[t.op][2]]), t.params.get("eps"), t.id in ring)
         out.append(key is not None and key == staged)
         if key is not None:
             staged = key
@@ -764,7 +820,7 @@ def staged_x_reuse(queue: Sequence[Task], slots: int = 1) -> list[bool]:
 def build_table(program: ScheduleProgram, rank: int, order: Sequence[Sequence[Task]],
                 layout: ArenaLayout | None = None, peer_delta: Mapping[int, int] | None = None,
                 variants: list[Variant] | None = None, elide: bool = True,
-                coalesce: bool = True, reuse_x: bool = False) -> TaskTable:
+                coalesce: bool = True, reuse_x: bool = False, ring: bool = False) -> TaskTable:
     """Build the task table of ``rank`` with ``order[w]`` as worker w's queue.
 
     ``order`` is usually ``[queue for (r, w) in program.queues() if r == rank]`` (one queue
@@ -778,6 +834,8 @@ def build_table(program: ScheduleProgram, rank: int, order: Sequence[Sequence[Ta
     (merge_tables of several ranks' linear queues). ``reuse_x``: set ``FLAG_X_READY`` on the
     GEMV tasks whose staged prologue the previous staging task of the queue left in the
     worker's scratch (staged_x_reuse); same condition on the queues as ``coalesce``.
+    ``ring``: GEMV tasks whose W may stream through the weight ring (ring_eligible) get the
+    ``ring`` variant flag (their pages are listed by stream_list).
 
     Raises TableError naming the task and operand for anything the kernel could not execute
     safely (see the module docstring).
@@ -812,7 +870,8 @@ def build_table(program: ScheduleProgram, rank: int, order: Sequence[Sequence[Ta
                     raise TableError(f"task {t.id}: negative signal amount {sg.amount}")
         signals = (coalesced_signals(queue, live_waits) if coalesce
                    else [[(sg.counter, sg.amount) for sg in t.signals] for t in queue])
-        x_ready = staged_x_reuse(queue, slots) if reuse_x else [False] * len(queue)
+        on_ring = frozenset(t.id for t in queue if ring and _ring_task(t, bufs, layout, rank, slots, written))
+        x_ready = staged_x_reuse(queue, slots, on_ring) if reuse_x else [False] * len(queue)
         for ti, t in enumerate(queue):
             if t.rank != rank:
                 raise TableError(f"task {t.id} belongs to rank {t.rank}, not rank {rank}")
@@ -851,7 +910,7 @@ def build_table(program: ScheduleProgram, rank: int, order: Sequence[Sequence[Ta
                 ci = OPS[t.op].operand_index("kc", len(t.ins))
                 dims["head_dim"] = max(dims["head_dim"], hd)
                 dims["group"] = max(dims["group"], descs[0].numel // hd // descs[ci].n[0])
-            v = _variant(t, bufs, descs, slots)
+            v = _variant(t, bufs, descs, slots, t.id in on_ring)
             if v not in vindex:
                 vindex[v] = len(variants)
                 variants.append(v)
