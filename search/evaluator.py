@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from ground.errors import AmkError
+from ground.files import atomic_write_json
 from ir.program import DTYPE_BYTES, ScheduleProgram
 
 # -- the roofline floor ---------------------------------------------------------------
@@ -233,7 +235,8 @@ class WorkerClient:
     """One ``python -m search.worker --serve`` subprocess.
 
     Protocol: the parent writes one JSON line ``{"request": PATH, "result": PATH}`` to the
-    worker's stdin; the worker evaluates the request file, writes the result file
+    worker's stdin, both paths absolute (the worker runs in the repository root, not in the
+    parent's working directory, so that ``-m search.worker`` imports this package); the worker evaluates the request file, writes the result file
     atomically, and answers one line ``{"done": PATH}`` on its protocol pipe (its original
     stdout; everything the evaluation prints goes to stderr, which is appended to
     ``log_path``). The worker runs in its own session so a timeout kills its whole process
@@ -242,15 +245,19 @@ class WorkerClient:
 
     def __init__(self, log_path: str | os.PathLike, env: dict[str, str] | None = None,
                  python: str | None = None):
-        self.log_path = Path(log_path)
+        self.log_path = Path(log_path).resolve()
         self.env = env
         self.python = python or sys.executable
         self.proc: subprocess.Popen | None = None
         self._buf = b""
 
     def _start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")
+        try:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            log = open(self.log_path, "ab")
+        except OSError as err:
+            raise AmkError(f"cannot write the worker log {self.log_path}: "
+                           f"{err.strerror or err}") from None
         env = dict(os.environ if self.env is None else self.env)
         root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH")
@@ -313,13 +320,13 @@ class WorkerClient:
         """
         if not self.alive:
             self._start()
-        wd = Path(workdir)
-        wd.mkdir(parents=True, exist_ok=True)
+        wd = Path(workdir).resolve()  # the worker's working directory is not ours
         req_path, res_path = wd / "request.json", wd / "result.json"
-        if res_path.exists():
-            res_path.unlink()
-        with open(req_path, "w", encoding="utf-8") as f:
-            json.dump(request, f)
+        try:
+            res_path.unlink(missing_ok=True)
+        except OSError as err:
+            raise AmkError(f"cannot remove {res_path}: {err.strerror or err}") from None
+        atomic_write_json(req_path, request, durable=False)
         line = json.dumps({"request": str(req_path), "result": str(res_path)}) + "\n"
         try:
             self.proc.stdin.write(line.encode())
@@ -406,8 +413,12 @@ class Evaluator:
 
 
 def new_workdir(base: str | os.PathLike, trial: int) -> Path:
-    """The scratch directory of one trial's request/result files."""
-    d = Path(base) / f"trial-{trial:04d}"
-    d.mkdir(parents=True, exist_ok=True)
+    """The scratch directory of one trial's request/result files (absolute; created).
+    Raises AmkError when it cannot be created."""
+    d = Path(base).resolve() / f"trial-{trial:04d}"
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise AmkError(f"cannot create {d}: {err.strerror or err}") from None
     return d
 

@@ -23,8 +23,10 @@ killed at any point continues from its last finished trial; trial numbers contin
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -44,6 +46,26 @@ STATE_VERSION = 1
 PREDICTED_EPS = 1e-9
 MAX_SKIPS = 3          # consecutive skipped proposals before falling back to a mutation
 MAX_RESTART_TRIES = 5  # random restart points tried before giving up on the restart
+# Consecutive failed LLM requests (each already retried by the SDK) after which the search
+# stops, unless --llm-fallback asks to continue with mutations (--llm-max-failures).
+LLM_MAX_FAILURES = 3
+
+
+class ProposerUnavailable(AmkError):
+    """The proposer's backend failed too often in a row (e.g. the LLM API is unreachable);
+    the search stops after writing its state and summary."""
+
+
+def absolute_model_arg(model: str) -> str:
+    """``model`` with a local path made absolute (recipes, aliases and missing paths are
+    returned unchanged: ``models.sources.parse_model_arg`` reports those). The evaluation
+    worker runs in another working directory, so a relative path would name nothing there."""
+    from models.sources import ALIASES, RECIPE_PREFIX
+
+    if not model or model.startswith(RECIPE_PREFIX) or model in ALIASES:
+        return model
+    p = Path(os.path.expanduser(model))
+    return str(p.resolve()) if p.exists() else model
 
 
 @dataclass
@@ -62,7 +84,10 @@ class SearchSettings:
     worker; timing: A/B parameters (rounds, steps, warmup, min_gain); tolerance: gate
     tolerances (rel_err, min_argmax_agree; defaults by dtype); max_workers: the target's
     co-residency limit (default: 132 SMs of an H100); sim_policy: the sim's interleaving
-    policy for the gate; hooks: test-only dotted names passed to the worker.
+    policy for the gate; hooks: test-only dotted names passed to the worker;
+    llm_fallback: after a failed LLM request, continue with a mutation however many
+    requests failed in a row; llm_max_failures: without llm_fallback, the search stops
+    after this many consecutive failed LLM requests.
     """
 
     model: str
@@ -89,6 +114,8 @@ class SearchSettings:
     max_workers: int = 132
     sim_policy: str = "random"
     hooks: dict[str, str] = field(default_factory=dict)
+    llm_fallback: bool = False
+    llm_max_failures: int = LLM_MAX_FAILURES
 
     def check(self) -> None:
         """Raise AmkError naming the bad setting."""
@@ -121,6 +148,17 @@ class SearchSettings:
             raise AmkError(f"--target-pct must be in (0, 100], got {self.target_pct}")
         if self.timeout_s <= 0:
             raise AmkError(f"--timeout must be > 0, got {self.timeout_s}")
+        if self.llm_max_failures < 1:
+            raise AmkError(f"--llm-max-failures must be >= 1, got {self.llm_max_failures}")
+
+    def absolute(self) -> "SearchSettings":
+        """A copy whose paths (out, a local model, replay) are absolute, resolved against
+        the current working directory once; every later use (the worker subprocess, a
+        resume from elsewhere) then names the same files."""
+        return replace(self, out=str(Path(os.path.expanduser(self.out)).resolve()),
+                       model=absolute_model_arg(self.model),
+                       replay=str(Path(os.path.expanduser(self.replay)).resolve())
+                       if self.replay else None)
 
     def gate_tolerance(self) -> dict[str, Any]:
         """Correctness tolerances: f32 agrees with HF eager to ~1e-6 relative and must
@@ -227,6 +265,8 @@ def decide(res: dict[str, Any], proposal: Proposal, trial: int, state: LoopState
                  if k in res}
     if proposal.meta.get("restart"):
         rec.extra["restart"] = True
+    if proposal.meta.get("fallback"):
+        rec.extra["fallback"] = redact(str(proposal.meta["fallback"]))[:400]
     if proposal.predicted_ms is not None:
         rec.extra["ranked_predicted_ms"] = proposal.predicted_ms
     status = res.get("status")
@@ -307,12 +347,16 @@ class SearchResult:
 
 
 class Search:
-    """A search bound to its directory: build with ``Search.start`` or ``Search.resume``."""
+    """A search bound to its directory (build it with ``open_search``).
+
+    The settings' paths are made absolute here, once (``SearchSettings.absolute``); the
+    directory is created and checked for writing before any trial (AmkError otherwise).
+    """
 
     def __init__(self, settings: SearchSettings, *, console: Any = None,
                  proposer: Any = None, evaluator: Any = None, llm_client: Any = None,
                  started_s: float = 0.0):
-        self.s = settings
+        self.s = settings.absolute()
         self.s.check()
         if settings.backend == "triton" and not settings.hooks.get("timer"):
             import torch
@@ -320,25 +364,26 @@ class Search:
             if not torch.cuda.is_available():
                 raise AmkError("--backend triton times the megakernel with CUDA events and "
                                "needs a CUDA GPU; none is visible here (use --backend sim)")
-        self.out = Path(settings.out)
+        self.out = Path(self.s.out)
         self.store = ResultsStore(self.out)
         self.console = console
         self.elapsed_before = started_s
         self._spec = None
         self._graph = None
         self.space = self._build_space()
+        created = not self.out.exists()
+        _prepare_dir(self.out)
         self.records = self.store.load()
         self.state = replay_state(self.records, self.s)
-        created = not self.out.exists()
-        self.out.mkdir(parents=True, exist_ok=True)
+        self.request_failures = 0  # consecutive failed proposer requests (LLM API errors)
         try:
             self.proposer = proposer or self._make_proposer(llm_client)
         except BaseException:
             if created and not any(self.out.iterdir()):
                 self.out.rmdir()  # leave no empty directory behind a refused start
             raise
-        self.evaluator = evaluator or Evaluator(self.out / "worker.log", settings.timeout_s,
-                                                settings.isolation)
+        self.evaluator = evaluator or Evaluator(self.out / "worker.log", self.s.timeout_s,
+                                                self.s.isolation)
         self._pred_cache: dict[str, float | None] = {}
         self._sum_cache: dict[str, dict[str, Any]] = {}
 
@@ -421,10 +466,12 @@ class Search:
         })
 
     def _save_schedule(self, rec: Record, where: str) -> None:
+        """Write ``OUT/where/``: config.json (the lowering config alone, the file
+        ``amk compile/generate/bench --config`` read), trial.json (where it came from: trial,
+        candidate id, latency, ...), schedule.json and schedule.amk."""
         from ir.io import save_program
 
         d = self.out / where
-        d.mkdir(parents=True, exist_ok=True)
         prog = self._lower(rec.config)
         from search.space import program_fingerprint
 
@@ -435,11 +482,15 @@ class Search:
                       "evaluated (lowering is not deterministic?)[/]")
         save_program(prog, d / "schedule.json")
         save_program(prog, d / "schedule.amk")
-        atomic_write_json(d / "config.json", {
-            "trial": rec.trial, "candidate_id": rec.candidate_id,
-            "lowering_config": self.space.lowering_config(rec.config),
-            "latency_ms": rec.latency_ms, "timing_source": rec.timing_source,
-            "status": rec.status, "same_schedule_as_evaluated": same})
+        config = self.space.lowering_config(rec.config)
+        atomic_write_json(d / "config.json", config)
+        atomic_write_json(d / "trial.json", {
+            "trial": rec.trial, "candidate_id": rec.candidate_id, "config_file": "config.json",
+            "lowering_config": config, "model": self.s.model, "tp": self.s.tp,
+            "backend": self.s.backend, "latency_ms": rec.latency_ms,
+            "timing_source": rec.timing_source, "pct_roofline": rec.pct_roofline,
+            "status": rec.status, "same_schedule_as_evaluated": same,
+            "compile": use_command(self.s, d / "config.json")})
 
     def _log_proposer(self, event: dict[str, Any]) -> None:
         append_line(self.out / "proposer.log", redact(json.dumps(event, sort_keys=True)))
@@ -465,33 +516,65 @@ class Search:
                 p.meta["restart"] = True
                 p.note = "restart after plateau"
                 return p
+        why = ""
         for attempt in range(MAX_SKIPS):
             try:
                 p = self.proposer.propose(ctx)
             except ProposalSkipped as skip:
                 self._log_proposer({"trial": trial, "attempt": attempt,
                                     "proposer": self.s.proposer, "event": "skipped",
-                                    "reason": skip.reason, "raw": skip.raw[:2000]})
-                self._say(f"[yellow]trial {trial}: proposal skipped: {skip.reason}[/]")
+                                    "kind": skip.kind, "reason": skip.reason,
+                                    "raw": skip.raw[:2000]})
+                why = skip.reason
+                if skip.kind == "request":
+                    self.request_failures += 1
+                    self._request_failed(trial, skip)
+                    break  # the client already retried this request: fall back now
+                self.request_failures = 0  # an answer came back
+                self._say(f"[yellow]trial {trial}: proposal skipped: {_esc(skip.reason)}[/]")
                 continue
+            self.request_failures = 0
             if p is None:
                 return None
             problems = self.space.check(p.config)
             if problems:  # a proposer handed us something outside the space
+                why = "proposal outside the search space: " + "; ".join(problems)
                 self._log_proposer({"trial": trial, "event": "invalid", "proposer": p.proposer,
                                     "reason": "; ".join(problems)})
                 continue
             if self.space.candidate_id(p.config) in ctx.seen:
+                why = "proposal repeats an evaluated candidate"
                 self._log_proposer({"trial": trial, "event": "repeat", "proposer": p.proposer})
                 continue
             return p
-        # Fallback after repeated skips: a mutation of the incumbent (or a random point).
-        self._log_proposer({"trial": trial, "event": "fallback", "proposer": self.s.proposer})
+        return self._fallback(trial, ctx, why or "no usable proposal")
+
+    def _request_failed(self, trial: int, skip: ProposalSkipped) -> None:
+        """A proposer request failed: stop the search (ProposerUnavailable) after
+        ``llm_max_failures`` such failures in a row, unless ``llm_fallback``."""
+        n, limit = self.request_failures, self.s.llm_max_failures
+        if n >= limit and not self.s.llm_fallback:
+            raise ProposerUnavailable(redact(
+                f"--proposer {self.s.proposer}: {n} requests in a row failed (last: "
+                f"{skip.reason.removeprefix('LLM request failed: ')}); check the network, "
+                "ANTHROPIC_BASE_URL and the key, or continue with mutations of the incumbent: "
+                f"amk search --resume {shlex.quote(str(self.out))} --llm-fallback"))
+
+    def _fallback(self, trial: int, ctx: ProposalContext, why: str) -> Proposal | None:
+        """A mutation of the incumbent (or a random point) in place of the proposer's
+        candidate; said on the console, logged, and marked in the record
+        (``extra["fallback"]``, counted in the summary)."""
         muts = mutations(ctx, 1)
-        if muts:
-            muts[0].note += f" (fallback after {MAX_SKIPS} skipped proposals)"
-            return muts[0]
-        return RandomProposer().propose(ctx)
+        p = muts[0] if muts else RandomProposer().propose(ctx)
+        self._log_proposer({"trial": trial, "event": "fallback", "proposer": self.s.proposer,
+                            "reason": why, "to": p.proposer if p else None})
+        if p is None:
+            return None
+        p.note += f" (fallback: {why})"[:200]
+        p.meta["fallback"] = why
+        self._say(f"[yellow]trial {trial}: fallback to a {p.proposer}: the {self.s.proposer} "
+                  f"proposer gave no usable candidate ({_esc(why)})[/]")
+        return p
 
     def request(self, proposal: Proposal, trial: int) -> dict[str, Any]:
         inc = self.state.incumbent
@@ -526,8 +609,8 @@ class Search:
 
     # -- output ----------------------------------------------------------------------
     def _say(self, text: str) -> None:
-        if self.console is not None:
-            self.console.print(text)
+        if self.console is not None:  # one line each, unwrapped: logs stay greppable
+            self.console.print(redact(text), soft_wrap=True)
 
     def budget_left(self, elapsed_s: float) -> str | None:
         """None while the budget allows another trial, else the reason to stop."""
@@ -541,6 +624,7 @@ class Search:
         """Run until a stopping rule fires; returns the SearchResult."""
         t_start = time.monotonic() - self.elapsed_before
         stop = None
+        failure: ProposerUnavailable | None = None
         try:
             self.checkpoint(self.elapsed_before)
             while True:
@@ -549,7 +633,11 @@ class Search:
                 if stop:
                     break
                 trial = len(self.records)
-                proposal = self.propose(trial)
+                try:
+                    proposal = self.propose(trial)
+                except ProposerUnavailable as err:
+                    failure, stop = err, str(err)
+                    break
                 if proposal is None:
                     stop = "the proposer has nothing left to propose"
                     break
@@ -558,7 +646,7 @@ class Search:
                 if on_trial:
                     on_trial(rec, self)
             self.state.stop_reason = self.state.stop_reason or stop
-            self.checkpoint(time.monotonic() - t_start, finished=True)
+            self.checkpoint(time.monotonic() - t_start, finished=failure is None)
         finally:
             self.evaluator.close()
             try:
@@ -576,7 +664,30 @@ class Search:
                                 f"({self.s.backend})")
         atomic_write_json(self.out / "summary.json", summarize(self.records, state, self.s,
                                                                stop or ""))
+        if failure is not None:  # state and summary are written; the CLI prints one line
+            raise failure
         return SearchResult(self.records, state, stop or "", self.out, plot, self.s)
+
+
+def _esc(text: str) -> str:
+    """``text`` safe inside rich markup (error messages hold brackets: ``[Errno 111]``)."""
+    from rich.markup import escape
+
+    return escape(text)
+
+
+def _prepare_dir(d: Path) -> None:
+    """Create the search directory and check that files can be created in it; AmkError
+    (one line, exit 2) otherwise, before any trial runs."""
+    import tempfile
+
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=d):
+            pass
+    except OSError as err:
+        raise AmkError(f"cannot write the search directory {d}: {err.strerror or err}") \
+            from None
 
 
 def summarize(records: list[Record], state: LoopState, s: SearchSettings,
@@ -600,7 +711,16 @@ def summarize(records: list[Record], state: LoopState, s: SearchSettings,
             "start": brief(base), "best": brief(best),
             "speedup_vs_start": (base.latency_ms / best.latency_ms)
             if best and base and best.latency_ms else None,
-            "restarts": state.restarts}
+            "restarts": state.restarts,
+            "fallbacks": sum(1 for r in records if r.extra.get("fallback")),
+            "best_config_file": str(Path(s.out) / "best" / "config.json") if best else None,
+            "use_best": use_command(s, Path(s.out) / "best" / "config.json") if best else None}
+
+
+def use_command(s: SearchSettings, config_file: Path) -> str:
+    """The ``amk compile`` command line that rebuilds a saved schedule from its config."""
+    return (f"amk compile {shlex.quote(s.model)} --tp {s.tp} --backend {s.backend} "
+            f"--config {shlex.quote(str(config_file))}")
 
 
 def open_search(settings: SearchSettings | None = None, *, resume: str | None = None,
@@ -609,10 +729,11 @@ def open_search(settings: SearchSettings | None = None, *, resume: str | None = 
 
     A new search refuses a directory that already holds trials (use resume). A resume
     reads the settings from state.json; ``overrides`` may change only the budget
-    (trials, minutes) and timeout_s. Raises AmkError with the reason.
+    (trials, minutes), timeout_s, llm_fallback and llm_max_failures. Paths are resolved
+    against the current directory once. Raises AmkError with the reason.
     """
     if resume is not None:
-        d = Path(resume)
+        d = Path(os.path.expanduser(resume)).resolve()
         sp = d / "state.json"
         if not sp.exists():
             raise AmkError(f"--resume {d}: no state.json there (not a search directory)")
@@ -622,13 +743,16 @@ def open_search(settings: SearchSettings | None = None, *, resume: str | None = 
             raise AmkError(f"--resume {d}: unreadable state.json ({err})") from None
         s = SearchSettings.from_json(data["settings"])
         s.out = str(d)
-        allowed = {"trials", "minutes", "timeout_s"}
+        allowed = {"trials", "minutes", "timeout_s", "llm_fallback", "llm_max_failures"}
         for k, v in (overrides or {}).items():
             if v is None:
                 continue
+            if k == "model":
+                v = absolute_model_arg(v)
             if k not in allowed and getattr(s, k) != v:
                 raise AmkError(f"--resume: {k} was {getattr(s, k)!r} when the search started; "
-                               f"it cannot change to {v!r} (only --trials, --minutes, --timeout)")
+                               f"it cannot change to {v!r} (only --trials, --minutes, --timeout, "
+                               "--llm-fallback, --llm-max-failures)")
             setattr(s, k, v)
         search = Search(s, started_s=float(data.get("elapsed_s", 0.0)), **kw)
         if search.space.to_json() != data.get("space"):
@@ -637,7 +761,7 @@ def open_search(settings: SearchSettings | None = None, *, resume: str | None = 
         return search
     if settings is None:
         raise AmkError("a new search needs its settings")
-    d = Path(settings.out)
+    d = Path(os.path.expanduser(settings.out)).resolve()
     if (d / "results.jsonl").exists() and (d / "results.jsonl").stat().st_size > 0:
         raise AmkError(f"--out {d} already holds a search; continue it with --resume {d} "
                        "or choose another directory")

@@ -8,9 +8,11 @@ marked along the bottom so a reader sees them too.
 
 from __future__ import annotations
 
+import io
 import os
 from typing import Sequence
 
+from ground.files import atomic_write_bytes
 from search.records import Record
 
 _COLORS = {"KEEP": "tab:green", "REVERT": "tab:gray", "REJECTED": "tab:orange",
@@ -20,7 +22,8 @@ _COLORS = {"KEEP": "tab:green", "REVERT": "tab:gray", "REJECTED": "tab:orange",
 def plot_latency(records: Sequence[Record], path: str | os.PathLike, title: str = "") -> str:
     """Write the plot to ``path`` (PNG) and return the path.
 
-    records: the search's trials in order. Raises ValueError when ``records`` is empty.
+    records: the search's trials in order. Raises ValueError when ``records`` is empty,
+    AmkError when the file cannot be written (it is written atomically).
     """
     if not records:
         raise ValueError("no trials to plot")
@@ -65,8 +68,8 @@ def plot_latency(records: Sequence[Record], path: str | os.PathLike, title: str 
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
-    tmp = f"{path}.tmp.png"
-    fig.savefig(tmp, format="png")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
     plt.close(fig)
-    os.replace(tmp, path)
+    atomic_write_bytes(path, buf.getvalue())
     return str(path)

@@ -16,7 +16,9 @@ checks it against the search space before anything else happens.
   carries one tool whose ``input_schema`` IS the candidate schema; the prompt carries the
   incumbent's schedule summary, the IR docs, the last results rows with their verdicts
   and the reasons recent candidates failed. A malformed answer (no tool call, wrong
-  knobs or values, a repeat) raises ``ProposalSkipped``: the loop logs it and moves on.
+  knobs or values, a repeat) or a failed request raises ``ProposalSkipped``: the loop
+  logs it, says so on the console and falls back to a mutation; after
+  ``--llm-max-failures`` failed requests in a row it stops unless ``--llm-fallback``.
   The API key is never written anywhere: every logged text goes through ``redact``.
 - ``ReplayProposer``: the configs of an earlier search's results.jsonl, in trial order.
 - ``RandomProposer``: a uniformly random unseen candidate (plateau restarts).
@@ -46,13 +48,17 @@ TOOL_NAME = "propose_config"
 class ProposalSkipped(Exception):
     """A proposer produced nothing usable this time (e.g. a malformed LLM answer).
 
-    ``reason``: one line, already redacted; ``raw``: the (redacted, truncated) answer.
+    ``reason``: one line, already redacted; ``raw``: the (redacted, truncated) answer;
+    ``kind``: ``answer`` (an answer came back but is unusable) or ``request`` (the request
+    itself failed: network, HTTP or API error, after the client's own retries). The loop
+    stops the search after too many ``request`` skips in a row (``--llm-max-failures``).
     """
 
-    def __init__(self, reason: str, raw: str = ""):
+    def __init__(self, reason: str, raw: str = "", kind: str = "answer"):
         super().__init__(reason)
         self.reason = reason
         self.raw = raw
+        self.kind = kind
 
 
 @dataclass
@@ -449,8 +455,12 @@ class LLMProposer:
                 tool_choice={"type": "auto"},
                 messages=[{"role": "user", "content": self.prompt(ctx)}])
         except Exception as err:  # SDK/network errors: skip this proposal, never crash
-            raise ProposalSkipped(redact(f"LLM request failed: {type(err).__name__}: {err}")
-                                  [:500]) from None
+            cause = err.__cause__ or err.__context__
+            detail = f" ({type(cause).__name__}: {cause})" if cause is not None and \
+                str(cause) and str(cause) not in str(err) else ""
+            raise ProposalSkipped(redact(" ".join(
+                f"LLM request failed: {type(err).__name__}: {err}{detail}".split()))[:500],
+                kind="request") from None
         config, text = self.parse(resp)
         cid = self.space.candidate_id(config)
         if cid in ctx.seen:

@@ -132,11 +132,20 @@ def _cell(v: Any) -> str:
 
 
 def append_line(path: str | os.PathLike, line: str) -> None:
-    """Append one line (newline added) and fsync, so a finished trial survives a kill."""
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(line.rstrip("\n") + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    """Append one line (newline added) and fsync, so a finished trial survives a kill.
+
+    The append-only logs (results.jsonl, results.tsv, proposer.log) grow by whole lines: a
+    kill can tear only the last line, which ``ResultsStore.load`` cuts off. Raises AmkError
+    naming the file when it cannot be written."""
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(line.rstrip("\n") + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as err:
+        from ground.errors import AmkError
+
+        raise AmkError(f"cannot write {path}: {err.strerror or err}") from None
 
 
 def read_json(path: str | os.PathLike) -> Any:

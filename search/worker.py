@@ -1,7 +1,8 @@
 """The evaluation subprocess of `amk search`: one candidate config -> a result dict.
 
 Run as ``python -m search.worker --serve`` (the protocol of ``search.evaluator.WorkerClient``:
-request/result file paths over a pipe; the model is loaded once per process) or
+absolute request/result file paths over a pipe, since the worker's working directory is the
+repository root and not the search's; the model is loaded once per process) or
 ``python -m search.worker REQUEST.json RESULT.json`` (one candidate). ``evaluate(request)``
 is also callable in-process (tests).
 

@@ -96,10 +96,12 @@ def test_search_in_process_records_everything(tmp_path):
     assert summary["timing_source"] == "predicted" and summary["trials"] == 6
     assert (out / "latency.png").read_bytes()[:4] == b"\x89PNG"
     if result.state.incumbent is not None:
-        inc = read_json(out / "incumbent" / "config.json")
-        assert inc["trial"] == result.state.incumbent.trial
+        cfg = read_json(out / "incumbent" / "config.json")
+        inc = read_json(out / "incumbent" / "trial.json")
+        assert inc["trial"] == result.state.incumbent.trial and inc["lowering_config"] == cfg
+        assert cfg == search.space.lowering_config(result.state.incumbent.config)
         prog = load_program(out / "incumbent" / "schedule.json")
-        assert prog.ranks == 2 and prog.workers == inc["lowering_config"]["workers"]
+        assert prog.ranks == 2 and prog.workers == cfg["workers"]
         assert inc["same_schedule_as_evaluated"] is True
         assert load_program(out / "incumbent" / "schedule.amk").tasks
 

@@ -249,9 +249,14 @@ def test_llm_search_never_writes_the_key(monkeypatch, tmp_path):
                 [tool_use(good[0])], [tool_use(good[1])]])
     search = open_search(s, evaluator=InProcessEvaluator(), llm_client=tr.client())
     result = search.run()
-    assert [r.proposer for r in result.records] == ["baseline", "llm", "llm"]
+    # trial 1: a malformed answer, then a failed request -> a mutation in its place
+    assert [r.proposer for r in result.records] == ["baseline", "mutation", "llm"]
+    assert "LLM request failed" in result.records[1].extra["fallback"]
+    assert "[redacted]" in result.records[1].extra["fallback"]
+    assert json.loads((tmp_path / "s" / "summary.json").read_text())["fallbacks"] == 1
     log = (tmp_path / "s" / "proposer.log").read_text()
-    assert log.count('"skipped"') == 2 and "[redacted]" in log
+    assert log.count('"skipped"') == 2 and log.count('"fallback"') == 1
+    assert "[redacted]" in log
     for f in Path(tmp_path / "s").rglob("*"):
         if f.is_file():
             assert SECRET.encode() not in f.read_bytes(), f

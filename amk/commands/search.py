@@ -9,8 +9,14 @@ MEASURED) -> KEEP / REVERT / REJECTED / FAIL / TIMEOUT -> one row in DIR/results
 DIR/results.jsonl -> checkpoint. A killed search continues with ``--resume DIR``.
 See docs/search.md.
 
+The best candidate is saved as DIR/best/config.json (the lowering config alone, what
+``amk compile/generate/bench --config`` read) beside DIR/best/trial.json (its trial, id and
+latency) and DIR/best/schedule.json; the summary prints the ``amk compile`` line that uses it.
+
 Exit codes: 0 when at least one candidate passed the correctness gate, 1 when none did
-(the search ran and found nothing correct), 2 for bad input.
+(the search ran and found nothing correct), 2 for bad input (including an unwritable
+``--out``) and for an LLM proposer whose requests failed ``--llm-max-failures`` times in a
+row without ``--llm-fallback``.
 """
 
 from __future__ import annotations
@@ -55,15 +61,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--minutes", type=float, default=None, metavar="M",
                    help="search time budget in minutes (summed over resumed runs)")
     p.add_argument("--out", default=None, metavar="DIR",
-                   help="search directory (default amk-search/MODEL-tpR-TIMESTAMP)")
+                   help="search directory, relative to the current directory (default "
+                        "amk-search/MODEL-tpR-TIMESTAMP)")
     p.add_argument("--resume", default=None, metavar="DIR",
                    help="continue the search in DIR (its settings are reused; --trials, "
-                        "--minutes and --timeout may be raised)")
+                        "--minutes and --timeout may be raised, --llm-fallback and "
+                        "--llm-max-failures changed)")
     p.add_argument("--replay", default=None, metavar="RESULTS",
                    help="results.jsonl (or search directory) for --proposer replay")
     p.add_argument("--llm-model", default=None, metavar="ID",
                    help="model id for --proposer llm (default: $AMK_LLM_MODEL or "
                         "claude-sonnet-5-5)")
+    p.add_argument("--llm-fallback", action="store_true", default=None,
+                   help="--proposer llm: when LLM requests keep failing, continue with "
+                        "mutations of the incumbent instead of stopping")
+    p.add_argument("--llm-max-failures", type=int, default=None, metavar="N",
+                   help="--proposer llm: stop after N failed LLM requests in a row, unless "
+                        "--llm-fallback (default 3)")
     p.add_argument("--seed", type=int, default=None, help="seed of proposers, prompts and "
                                                           "interleavings (0)")
     p.add_argument("--dtype", choices=("f32", "bf16"), default=None, help="schedule dtype (f32)")
@@ -87,7 +101,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--audit-kernels", default=None, metavar="PREFIX[,PREFIX]",
                    help="triton: profile one timed step and FAIL candidates that launch any "
                         "kernel whose name does not start with one of these prefixes")
-    p.add_argument("--quiet", action="store_true", help="no live view; print the summary only")
+    p.add_argument("--quiet", action="store_true",
+                   help="no live view or per-trial lines; print warnings and the summary only")
     p.set_defaults(func=run)
 
 
@@ -104,7 +119,8 @@ def _settings_from_args(args: argparse.Namespace) -> Any:
               "seed": "seed", "dtype": "dtype", "max_seq": "max_seq", "positions": "positions",
               "seq_len": "seq_len", "timeout": "timeout_s", "plateau": "plateau",
               "target_pct": "target_pct", "replay": "replay", "llm_model": "llm_model",
-              "isolation": "isolation", "max_workers": "max_workers"}
+              "isolation": "isolation", "max_workers": "max_workers",
+              "llm_fallback": "llm_fallback", "llm_max_failures": "llm_max_failures"}
     for a, f in simple.items():
         v = getattr(args, a)
         if v is not None:
@@ -204,8 +220,13 @@ def print_summary(result: Any, console: Any) -> None:
             t.add_row(key, "none passed the correctness gate")
     if s["speedup_vs_start"]:
         t.add_row("speedup vs start", f"{s['speedup_vs_start']:.3f}x ({src})")
+    if s["fallbacks"]:
+        t.add_row("fallbacks", f"{s['fallbacks']} trials used a mutation because the "
+                               f"{escape(s['proposer'])} proposer gave no usable candidate")
     t.add_row("stopped", escape(s["stop_reason"] or "-"))
     t.add_row("results", escape(f"{result.out}/results.tsv, results.jsonl"))
+    if s["use_best"]:
+        t.add_row("use the best", escape(s["use_best"]))
     if result.plot:
         t.add_row("plot", escape(str(result.plot)))
     console.print(t)
@@ -221,12 +242,13 @@ def run(args: argparse.Namespace) -> int:
             overrides = {}
         overrides.update({"trials": args.trials, "minutes": args.minutes,
                           "timeout_s": args.timeout, "tp": args.tp, "backend": args.backend,
-                          "proposer": args.proposer})
+                          "proposer": args.proposer, "llm_fallback": args.llm_fallback,
+                          "llm_max_failures": args.llm_max_failures})
         search = open_search(resume=args.resume, overrides=overrides)
     else:
         search = open_search(_settings_from_args(args))
     view = LiveView(search, quiet=args.quiet)
-    search.console = view.console if not args.quiet else None
+    search.console = view.console  # warnings (proposer fallbacks, ...) even with --quiet
     view.console.print(f"amk search {search.s.model} --tp {search.s.tp} --backend "
                        f"{search.s.backend}: {search.space.size()} candidates over knobs "
                        f"{', '.join(search.space.names)}; "
