@@ -315,3 +315,38 @@ print(codes, sorted(m for m in ("anthropic", "optuna", "matplotlib", "z3") if m 
                            cwd=ROOT, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip().splitlines()[-1] == "[0, 0, 0, 0] []"
+
+
+def test_bench_script_result_write_fails_in_one_line(tmp_path):
+    """The bench scripts write their result JSON through ground.files too: an unwritable path
+    is one line and exit 2 (bench/validator_speed.py, CPU only, a 300-task schedule)."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    r = subprocess.run([sys.executable, "bench/validator_speed.py", "--sizes", "300", "--reuse",
+                        "credit", "--repeat", "1", "--ranks", "2", "--workers", "2", "--fresh", "",
+                        "--out", str(blocker / "speed.json")],
+                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"bench/validator_speed.py: error: cannot write {blocker / 'speed.json'}: "), lines
+
+
+def test_sweep_best_config_out_write_fails_in_one_line(tmp_path, capsys):
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import sweep_best
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    from tests.test_sweep_best import _row
+
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(json.dumps({"rows": [_row(1.2)]}))
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert sweep_best.main([str(sweep), "--config-out", str(blocker / "best.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"sweep_best: cannot write {blocker / 'best.json'}: ")
