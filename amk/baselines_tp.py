@@ -174,7 +174,9 @@ def prepare_tp_checkpoint(model_arg: str, ctx, save_dir: str | os.PathLike, *, m
             fresh = marker.is_file() and json.loads(marker.read_text()) == stamp
             if not fresh:
                 _write_checkpoint(model_arg, out, model, dtype, seed)
-                marker.write_text(json.dumps(stamp, indent=1))
+                from ground.files import atomic_write_text  # whole stamp or none
+
+                atomic_write_text(marker, json.dumps(stamp, indent=1))
         except AmkError as e:
             status = ("error", str(e))
         except Exception as e:  # disk full, permissions: report on every rank, do not hang

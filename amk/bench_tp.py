@@ -20,7 +20,9 @@ Every rank process runs ``run_tp`` (SPMD; ``amk.launch`` spawned them or torchru
    (``amk.baselines_tp``, when available), and
    the single-GPU megakernel on rank 0.
 
-Rank 0 prints the table and writes ``--json``; the JSON holds every rank's timing.
+Rank 0 prints the table (to stderr under ``--json``), writes ``--out FILE`` (after the
+megakernel, again after each baseline stage) and with ``--json`` prints the final result
+object to stdout; the JSON holds every rank's timing.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def run_tp(args, ctx) -> int:
     from rich.console import Console
 
     from amk.baselines import BaselineResult, make_reference
-    from amk.commands.bench import _config, backend_options, cuda_target, measure_megakernel
+    from amk.commands.bench import _config, backend_options, cuda_target, measure_megakernel, write_result
     from ground.timing import measure_hbm_bandwidth
     from models.sources import resolve_model
     from search.evaluator import weight_bytes_per_rank
@@ -121,11 +123,9 @@ def run_tp(args, ctx) -> int:
             "complete": done,
         }
 
-    def write(obj: dict) -> None:
-        if args.json and rank == 0:
-            import json
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(json.dumps(obj, indent=1, default=str))
+    def write(obj: dict, final: bool = False) -> None:
+        if rank == 0:
+            write_result(args, obj, final=final)
 
     # the megakernel's row first, so a run cut short by a baseline still leaves its result
     write(result([], done=args.no_baselines))
@@ -156,7 +156,7 @@ def run_tp(args, ctx) -> int:
         return 0 if ours.correct else 1
 
     _print_table(args, props, R, floor, bws, ours, baselines)
-    write(result(baselines, done=True))
+    write(result(baselines, done=True), final=True)
     return 0 if ours.correct else 1
 
 
@@ -256,4 +256,4 @@ def _print_table(args, props, R, floor, bws, ours, baselines) -> None:
                     f"{t.p10_ms:.3f}-{t.p90_ms:.3f}" if t else "-",
                     f"{d['roofline_pct']:.1f}" if d["roofline_pct"] else "-",
                     f"{d['tokens_per_s']:.0f}" if d["tokens_per_s"] else "-", str(r.correct), r.note)
-    Console(width=200).print(tab)
+    Console(width=200, stderr=bool(getattr(args, "json", False))).print(tab)

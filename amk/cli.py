@@ -4,12 +4,17 @@ Each module in ``COMMANDS`` lives in ``amk/commands/`` and defines
 ``register(subparsers)``, which adds its parser and sets ``func`` to a callable
 ``run(args) -> int`` (the exit code). User mistakes raise ``AmkError``; they are printed
 on one line and turned into the error's exit code, never a traceback.
+
+Output convention (amk/commands/output.py): ``--json`` is a flag; with it stdout carries
+only the command's one JSON object (also on failure: ``{"ok": false, "error": ...}``) and
+everything else goes to stderr. Result files are written through ``ground.files``.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from amk import __version__
@@ -32,13 +37,38 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` (default: ``sys.argv[1:]``), run the subcommand, return its exit code:
+    0 success, 1 ran and the result is a failure, 2 bad input (argparse errors exit 2 too)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        hint = ""
+        if getattr(args, "json", None) is True:  # e.g. the old `amk bench ... --json FILE`
+            hint = ("; --json takes no value: it prints the JSON object to stdout "
+                    "(amk bench writes a result file with --out FILE)")
+        parser.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from amk.commands import output
+
+    if not output.json_mode(args):
+        return _run(args)[0]
+    with output.json_stdout():
+        code, error = _run(args)
+        # One object on stdout whatever happened; ranks other than 0 of a multi-GPU run
+        # stay silent (rank 0 speaks for them).
+        if not output.emitted() and code != 0 and os.environ.get("RANK", "0") == "0":
+            output.emit_json({"ok": False, "error": error or f"exit code {code}",
+                              "exit_code": code})
+        return code
+
+
+def _run(args: argparse.Namespace) -> tuple[int, str | None]:
+    """``args.func(args)`` with AmkError and Ctrl-C turned into one line on stderr; returns
+    (exit code, the error message or None)."""
     try:
-        return int(args.func(args) or 0)
+        return int(args.func(args) or 0), None
     except AmkError as err:
         from rich.console import Console
         from rich.markup import escape
@@ -46,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         Console(stderr=True, highlight=False, soft_wrap=True).print(
             f"[bold red]error:[/] {escape(str(err))}"
         )
-        return err.exit_code
+        return err.exit_code, str(err)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return 130, "interrupted"

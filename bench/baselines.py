@@ -82,10 +82,17 @@ def main(argv: list[str] | None = None) -> int:
         del model, rm
         torch.cuda.empty_cache()
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+        from ground.files import atomic_write_text  # whole file or none
+
+        atomic_write_text(args.json, json.dumps(out, indent=1))
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from ground.errors import AmkError
+
+    try:
+        raise SystemExit(main())
+    except AmkError as err:  # e.g. the result file cannot be written: one line, exit 2
+        print(f"bench/baselines.py: error: {err}", file=sys.stderr)
+        raise SystemExit(err.exit_code)

@@ -1395,7 +1395,9 @@ def run_rank(st: Settings, argv: list[str]) -> int:
         rep = build_report(meta, sig_rows, ar_rows)
         render(rep)
         if st.json:
-            Path(st.json).write_text(json.dumps(rep, indent=1) + "\n")
+            from ground.files import atomic_write_text  # whole file or none; AmkError names it
+
+            atomic_write_text(st.json, json.dumps(rep, indent=1) + "\n")
             print(f"wrote {st.json}")
     ctx.close()
     return 0 if ok else 1

@@ -172,11 +172,19 @@ def main(argv=None) -> int:
         print(f"  {blk:<10} {rung:<9} {r['tbps']:.2f} TB/s ({r['gbps_per_sm']:.1f} GB/s per SM) correct={ok}",
               flush=True)
     if a.json:
-        with open(a.json, "w") as fh:
-            json.dump(dict(device=torch.cuda.get_device_name(dev), k=a.k, rows=a.rows, tile=a.tile,
-                           warps=a.warps, command=" ".join(sys.argv), results=rows), fh, indent=1)
+        from ground.files import atomic_write_text  # whole file or none
+
+        atomic_write_text(a.json, json.dumps(dict(device=torch.cuda.get_device_name(dev), k=a.k, rows=a.rows,
+                                                  tile=a.tile, warps=a.warps, command=" ".join(sys.argv),
+                                                  results=rows), indent=1))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from ground.errors import AmkError
+
+    try:
+        sys.exit(main())
+    except AmkError as err:  # e.g. the result file cannot be written: one line, exit 2
+        print(f"bench/gemv_ladder.py: error: {err}", file=sys.stderr)
+        raise SystemExit(err.exit_code)

@@ -125,9 +125,16 @@ def main(argv=None) -> int:
               + f"; stream {res['stream_gbps_per_sm']:.1f} GB/s/SM; step {span:.1f} us = "
               f"{res['kernel_tbps']:.2f} TB/s; correct={ok}")
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=1)
+        from ground.files import atomic_write_text  # whole file or none
+
+        atomic_write_text(a.json, json.dumps(res, indent=1))
     return 0
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from ground.errors import AmkError
+
+    try:
+        sys.exit(main())
+    except AmkError as err:  # e.g. the result file cannot be written: one line, exit 2
+        print(f"bench/gemv_probe.py: error: {err}", file=sys.stderr)
+        raise SystemExit(err.exit_code)

@@ -170,11 +170,19 @@ def main(argv=None) -> int:
         print(f"  gemv_ex {bn:>2}x{bk:<4} warps={warps} pro={pro} sync={sync} {r['tbps']:.2f} TB/s "
               f"({100 * r['tbps'] / hbm:.0f}% of copy) correct={ok}")
     if a.json:
-        with open(a.json, "w") as fh:
-            json.dump(dict(device=torch.cuda.get_device_name(dev), k=a.k, rows=a.rows, tile=a.tile,
-                           command=" ".join(sys.argv), results=rows), fh, indent=1)
+        from ground.files import atomic_write_text  # whole file or none
+
+        atomic_write_text(a.json, json.dumps(dict(device=torch.cuda.get_device_name(dev), k=a.k, rows=a.rows,
+                                                  tile=a.tile, command=" ".join(sys.argv), results=rows),
+                                             indent=1))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from ground.errors import AmkError
+
+    try:
+        sys.exit(main())
+    except AmkError as err:  # e.g. the result file cannot be written: one line, exit 2
+        print(f"bench/gemv_stream.py: error: {err}", file=sys.stderr)
+        raise SystemExit(err.exit_code)

@@ -153,11 +153,19 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['tbs'] * 1e3 / sms:>9.1f}{r['tbs'] / copy_tbs:>9.1%}{r['err']:>10.2e}"
               f"{str(r.get('regs', '-')):>6}{str(r.get('shared', '-')):>8}")
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(0), sms=sms, grid=grid, n=n, k=a.k, tile=a.tile,
-                           copy_tbs=copy_tbs, command=" ".join(sys.argv), rows=rows), f, indent=1)
+        from ground.files import atomic_write_text  # whole file or none
+
+        atomic_write_text(a.json, json.dumps(dict(device=torch.cuda.get_device_name(0), sms=sms, grid=grid, n=n,
+                                                  k=a.k, tile=a.tile, copy_tbs=copy_tbs,
+                                                  command=" ".join(sys.argv), rows=rows), indent=1))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from ground.errors import AmkError
+
+    try:
+        sys.exit(main())
+    except AmkError as err:  # e.g. the result file cannot be written: one line, exit 2
+        print(f"bench/gemv_tma.py: error: {err}", file=sys.stderr)
+        raise SystemExit(err.exit_code)

@@ -178,11 +178,12 @@ def main(argv: list[str] | None = None) -> int:
 
     def dump() -> None:  # after every row: a sweep cut off by a time limit keeps what it measured
         if args.json and (not ctx or ctx.rank == 0):
-            with open(args.json, "w") as f:
-                json.dump({"device": props.name if not ctx else f"{ctx.world} x {props.name}",
-                           "model": args.model, "tp": args.tp, "hbm_bytes_per_s": bw,
-                           "roofline_ms": floor, "command": " ".join(sys.argv), "rows": rows}, f,
-                          indent=1)
+            from ground.files import atomic_write_text  # whole file or none
+
+            atomic_write_text(args.json, json.dumps(
+                {"device": props.name if not ctx else f"{ctx.world} x {props.name}",
+                 "model": args.model, "tp": args.tp, "hbm_bytes_per_s": bw,
+                 "roofline_ms": floor, "command": " ".join(sys.argv), "rows": rows}, indent=1))
 
     print(f"{args.model} on {props.name}{f' x {args.tp}' if ctx else ''}: HBM {bw / 1e12:.2f} TB/s, "
           f"roofline {floor:.4f} ms{' (one GPU; rows give the per-rank one)' if ctx else ''}")
@@ -237,4 +238,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from ground.errors import AmkError
+
+    try:
+        raise SystemExit(main())
+    except AmkError as err:  # e.g. the result file cannot be written: one line, exit 2
+        print(f"bench/megakernel_sweep.py: error: {err}", file=sys.stderr)
+        raise SystemExit(err.exit_code)

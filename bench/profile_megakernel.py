@@ -12,6 +12,7 @@ use it to rank costs, not as the latency.
 from __future__ import annotations
 
 import argparse
+import sys
 import json
 from collections import defaultdict
 
@@ -171,8 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         if ctx is not None:
             stem, dot, suf = path.rpartition(".")
             path = f"{stem}.r{ctx.rank}.{suf}" if dot else f"{path}.r{ctx.rank}"
-        with open(path, "w") as f:
-            json.dump(out, f, indent=1)
+        from ground.files import atomic_write_text  # whole file or none
+
+        atomic_write_text(path, json.dumps(out, indent=1))
     if ctx is not None and ctx.rank != 0:
         import sys
         spans = out.get("layer_span_us")
@@ -245,4 +247,10 @@ def layers_mean(tab, prof, n_layers: int) -> tuple[list[dict], list[float]]:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from ground.errors import AmkError
+
+    try:
+        raise SystemExit(main())
+    except AmkError as err:  # e.g. the result file cannot be written: one line, exit 2
+        print(f"bench/profile_megakernel.py: error: {err}", file=sys.stderr)
+        raise SystemExit(err.exit_code)

@@ -58,8 +58,15 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         print(f"sweep_best: {e}", file=sys.stderr)
         return 1
-    Path(args.config_out).write_text(json.dumps({k: row["config"][k] for k in CONFIG_KEYS
-                                                 if k in row["config"]}) + "\n")
+    from ground.errors import AmkError
+    from ground.files import atomic_write_text  # whole file or none
+
+    try:
+        atomic_write_text(args.config_out, json.dumps({k: row["config"][k] for k in CONFIG_KEYS
+                                                       if k in row["config"]}) + "\n")
+    except AmkError as e:
+        print(f"sweep_best: {e}", file=sys.stderr)
+        return 2
     print(f"sweep_best: {row['latency_ms_median']:.4f} ms", file=sys.stderr)
     print(" ".join(bench_flags(row, args.config_out)))
     return 0

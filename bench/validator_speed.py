@@ -85,11 +85,18 @@ def main(argv: list[str] | None = None) -> int:
                        "python": platform.python_version(), "platform": platform.platform()},
            "rows": rows,
            "note": "wall_s is the best of --repeat runs; cpu_s is process CPU time of that run"}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    from ground.files import atomic_write_text  # whole file or none; AmkError names the path
+
+    atomic_write_text(args.out, json.dumps(out, indent=1) + "\n")
     print(f"\nwrote {args.out}; load average {load}")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from ground.errors import AmkError
+
+    try:
+        raise SystemExit(main())
+    except AmkError as err:  # e.g. the result file cannot be written: one line, exit 2
+        print(f"bench/validator_speed.py: error: {err}", file=sys.stderr)
+        raise SystemExit(err.exit_code)

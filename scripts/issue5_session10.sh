@@ -57,7 +57,7 @@ late)  # late_append (attention takes pos's k/v from the projections; the append
     echo "best: $F"; cat "$OUT/best_llama-3.2-1b.json"
     timeout 110 python3 bench/profile_megakernel.py $L $PF --policy stage --late-append --json "$OUT/profile_late.json" \
         2>&1 | grep -v Warning | tail -16
-    timeout 280 $B $L $F --tokens 128 --json "$OUT/bench_llama-3.2-1b.json" ;;
+    timeout 280 $B $L $F --tokens 128 --out "$OUT/bench_llama-3.2-1b.json" ;;
 tune)  # (one H200) the rank's KV appends as one task in the least-loaded worker's gate/up slack:
        # Llama-3.2-1B late_append x tile_gate_up x tile_lm_head (stage policy), SmolLM2 late_append x
        # policy; the fastest correct rows become bench configs ($OUT/best_*.json)
@@ -69,9 +69,9 @@ tune)  # (one H200) the rank's KV appends as one task in the least-loaded worker
 h100l|h100s|h200l|h200s)  # `amk bench` (128 tokens) of Llama-3.2-1B (l) or SmolLM2 (s) with the tuned
        # configs and baselines (a) and both (b) modes in the same run; the h100 phases on nvidia-h100-x1
     if [ "${1: -1}" = l ]; then
-        timeout 420 $B $L $BEST_L --json "$OUT/bench_llama-3.2-1b.json"
+        timeout 420 $B $L $BEST_L --out "$OUT/bench_llama-3.2-1b.json"
     else
-        timeout 420 $B $SM $BEST_SM --json "$OUT/bench_smollm2-135m.json"
+        timeout 420 $B $SM $BEST_SM --out "$OUT/bench_smollm2-135m.json"
     fi ;;
 tp2)  # (nvidia-h200-x2) Llama-3.1-8B shape at tp 2: the ninth session's tiles with this session's
       # LM head order, stage policy and late_append; HF TP baselines (eager, compiled + graph in both
@@ -79,7 +79,7 @@ tp2)  # (nvidia-h200-x2) Llama-3.1-8B shape at tp 2: the ninth session's tiles w
     timeout 580 python3 -m amk bench config:llama-3.1-8b --tp 2 --config bench/configs/llama-3.1-8b-late.json \
         --num-warps 8 --gemv-block 16x128 --gemv-unroll 8 --prefetch 1 --attn-split 4 --tokens 64 \
         --w-preload 1024 --prefetch-cap 65536 --roll 1 ${TP_EXTRA:-} \
-        --baseline-compile-mode default,max-autotune-no-cudagraphs --json "$OUT/bench_tp2_llama-3.1-8b.json" ;;
+        --baseline-compile-mode default,max-autotune-no-cudagraphs --out "$OUT/bench_tp2_llama-3.1-8b.json" ;;
 *)
     echo "usage: $0 diag|lmhead|late|tune|h100l|h100s|h200l|h200s|tp2" >&2; exit 2 ;;
 esac

@@ -51,9 +51,9 @@ final)  # the fourth session's final amk bench rows (scripts/issue5_final.sh), w
         # MODES=default,max-autotune-no-cudagraphs adds the stronger (b) (~2-4 more minutes per model)
     B="timeout 560 python3 -m amk bench --baseline-compile-mode ${MODES:-default}"
     $B config:llama-3.2-1b --workers 132 --tile 16 --config bench/configs/llama-3.2-1b.json --num-warps 8 \
-        --gemv-block 16x128 --gemv-unroll 8 --prefetch 1 --attn-split 4 --tokens 128 --json "$OUT/bench_llama-3.2-1b.json"
+        --gemv-block 16x128 --gemv-unroll 8 --prefetch 1 --attn-split 4 --tokens 128 --out "$OUT/bench_llama-3.2-1b.json"
     $B config:smollm2-135m --workers 132 --tile 16 --config bench/configs/smollm2-135m.json --num-warps 8 \
-        --gemv-block 16x64 --gemv-unroll 8 --prefetch 1 --attn-split 3 --tokens 128 --json "$OUT/bench_smollm2-135m.json" ;;
+        --gemv-block 16x64 --gemv-unroll 8 --prefetch 1 --attn-split 3 --tokens 128 --out "$OUT/bench_smollm2-135m.json" ;;
 *)
     echo "usage: $0 bisect|regcap|cap1|final" >&2; exit 2 ;;
 esac

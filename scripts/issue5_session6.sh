@@ -64,12 +64,12 @@ final)
     B="timeout 590 python3 -m amk bench --baseline-compile-mode ${MODES:-default,max-autotune-no-cudagraphs}"
     $B config:llama-3.2-1b --workers 132 --tile 16 --config bench/configs/llama-3.2-1b.json --num-warps 8 \
         ${FLAGS_LLAMA:---gemv-block 16x128 --gemv-unroll 8 --prefetch 1 --attn-split 4} --tokens 128 \
-        --json "$OUT/bench_llama-3.2-1b.json" ;;
+        --out "$OUT/bench_llama-3.2-1b.json" ;;
 final-smol)
     B="timeout 590 python3 -m amk bench --baseline-compile-mode ${MODES:-default,max-autotune-no-cudagraphs}"
     $B config:smollm2-135m --workers 132 --tile 16 --config bench/configs/smollm2-135m.json --num-warps 8 \
         ${FLAGS_SMOL:---gemv-block 16x64 --gemv-unroll 8 --prefetch 1 --attn-split 3} --tokens 128 \
-        --json "$OUT/bench_smollm2-135m.json" ;;
+        --out "$OUT/bench_smollm2-135m.json" ;;
 *)
     echo "usage: $0 xstage|poll|ncu|ncu-model|final|final-smol" >&2; exit 2 ;;
 esac

@@ -60,10 +60,10 @@ final)
     B="python3 -m amk bench --baseline-compile-mode default,max-autotune-no-cudagraphs"
     timeout 230 $B $SM --workers 132 --config bench/configs/smollm2-135m.json --num-warps 8 \
         --gemv-block 16x64 --gemv-unroll 8 --prefetch 1 --attn-split 3 --tokens 128 \
-        --json "$OUT/bench_smollm2-135m.json"
+        --out "$OUT/bench_smollm2-135m.json"
     timeout 240 $B $L --workers 132 --config bench/configs/llama-3.2-1b.json --num-warps 8 \
         --gemv-block 16x128 --gemv-unroll 8 --prefetch 1 --attn-split 4 --tokens 128 \
-        --json "$OUT/bench_llama-3.2-1b.json" ;;
+        --out "$OUT/bench_llama-3.2-1b.json" ;;
 *)
     echo "usage: $0 survey|reuse|chunk|final" >&2; exit 2 ;;
 esac

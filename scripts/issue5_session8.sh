@@ -56,18 +56,18 @@ tiles)
         --json "$OUT/tiles_roll_llama.json" ;;
 final)
     B="python3 -m amk bench --baseline-compile-mode default,max-autotune-no-cudagraphs"
-    timeout 230 $B $SM $BEST_SM --json "$OUT/bench_smollm2-135m.json"
-    timeout 240 $B $L $BEST_L --json "$OUT/bench_llama-3.2-1b.json" ;;
+    timeout 230 $B $SM $BEST_SM --out "$OUT/bench_smollm2-135m.json"
+    timeout 240 $B $L $BEST_L --out "$OUT/bench_llama-3.2-1b.json" ;;
 attn)  # the final rows' flags after the attention change (K/V blocks loaded one block ahead,
        # 16-byte K/V loads), amk only
     B="python3 -m amk bench --no-baselines"
-    timeout 150 $B $SM $BEST_SM --json "$OUT/attn_smollm2-135m.json"
-    timeout 150 $B $L $BEST_L --json "$OUT/attn_llama-3.2-1b.json" ;;
+    timeout 150 $B $SM $BEST_SM --out "$OUT/attn_smollm2-135m.json"
+    timeout 150 $B $L $BEST_L --out "$OUT/attn_llama-3.2-1b.json" ;;
 tp2)  # issue 6 on nvidia-h200-x2: the eighth session's flags at tp 2, amk only (no device time
       # was left for the baselines)
     timeout 400 python3 -m amk bench config:llama-3.1-8b --tp 2 --config bench/configs/llama-3.1-8b-tiles.json \
         --num-warps 8 --gemv-block 16x128 --gemv-unroll 8 --prefetch 1 --attn-split 4 --tokens 64 \
-        --w-preload 1024 --prefetch-cap 65536 --roll 1 --no-baselines --json "$OUT/bench_tp2_llama-3.1-8b_amk_only.json" ;;
+        --w-preload 1024 --prefetch-cap 65536 --roll 1 --no-baselines --out "$OUT/bench_tp2_llama-3.1-8b_amk_only.json" ;;
 *)
     echo "usage: $0 preload|roll|tiles|final|attn|tp2" >&2; exit 2 ;;
 esac

@@ -42,13 +42,13 @@ llama)
     F=$(python3 bench/sweep_best.py "$OUT"/qkv_kroll_llama.json "$OUT"/kroll2_llama.json "$OUT"/rows_llama.json \
         --config-out "$OUT/best_llama-3.2-1b.json") || exit 1
     echo "best: $F"; cat "$OUT/best_llama-3.2-1b.json"
-    timeout 270 $B $L $F --tokens 128 --json "$OUT/bench_llama-3.2-1b.json" ;;
+    timeout 270 $B $L $F --tokens 128 --out "$OUT/bench_llama-3.2-1b.json" ;;
 kroll)  # the K-roll rewritten as per-thread 128-byte line prefetches (the bulk prefetch's per-row
         # addresses were serialized in warp 0); then `amk bench` with the fastest correct row
     timeout 150 $S $L $LS --prefetch-cap 65536 --tile-qkv 24 --kroll 0,1,2,4 $C --json "$OUT/kroll_lines_llama.json"
     F=$(python3 bench/sweep_best.py "$OUT"/kroll_lines_llama.json --config-out "$OUT/best_llama-3.2-1b.json") || exit 1
     echo "best: $F"
-    timeout 270 $B $L $F --tokens 128 --json "$OUT/bench_kroll_llama-3.2-1b.json" ;;
+    timeout 270 $B $L $F --tokens 128 --out "$OUT/bench_kroll_llama-3.2-1b.json" ;;
 stage)  # (one H200) the stage placement policy (each stage's tiles balanced among themselves: the
         # balanced policy's whole-step totals put two q/k/v tiles on 12 workers from layer 8 on);
         # then `amk bench` with the fastest correct row and both (b) modes
@@ -58,21 +58,21 @@ stage)  # (one H200) the stage placement policy (each stage's tiles balanced amo
     F=$(python3 bench/sweep_best.py "$OUT"/stage_llama.json "$OUT"/stage2_llama.json \
         --config-out "$OUT/best_stage_llama-3.2-1b.json") || exit 1
     echo "best: $F"; cat "$OUT/best_stage_llama-3.2-1b.json"
-    timeout 270 $B $L $F --tokens 128 --json "$OUT/bench_stage_llama-3.2-1b.json" ;;
+    timeout 270 $B $L $F --tokens 128 --out "$OUT/bench_stage_llama-3.2-1b.json" ;;
 h100)  # (nvidia-h100-x1, the reference GPU) both shapes with both (b) modes, then a per-stage
        # profile of the Llama-3.2-1B step with the same flags
-    timeout 250 $B $L $BEST_L --json "$OUT/bench_llama-3.2-1b.json"
-    timeout 200 $B $SM $BEST_SM --json "$OUT/bench_smollm2-135m.json"
+    timeout 250 $B $L $BEST_L --out "$OUT/bench_llama-3.2-1b.json"
+    timeout 200 $B $SM $BEST_SM --out "$OUT/bench_smollm2-135m.json"
     timeout 100 python3 bench/profile_megakernel.py $L --tile 16 --tile-qkv 24 --tile-gate-up 32 --tile-lm-head 128 \
         --gemv-block 16x128 --unroll 8 --prefetch 1 --attn-split 4 --fuse --w-preload 1024 --prefetch-cap 65536 \
         --roll 1 --json "$OUT/profile_llama.json" 2>&1 | grep -v Warning ;;
 smol)
-    timeout 240 $B $SM $BEST_SM --json "$OUT/bench_smollm2-135m.json" ;;
+    timeout 240 $B $SM $BEST_SM --out "$OUT/bench_smollm2-135m.json" ;;
 tp2)
     timeout 580 python3 -m amk bench config:llama-3.1-8b --tp 2 --config bench/configs/llama-3.1-8b-qkv24.json \
         --num-warps 8 --gemv-block 16x128 --gemv-unroll 8 --prefetch 1 --attn-split 4 --tokens 64 \
         --w-preload 1024 --prefetch-cap 65536 --roll 1 ${TP_EXTRA:-} \
-        --baseline-compile-mode default,max-autotune-no-cudagraphs --json "$OUT/bench_tp2_llama-3.1-8b.json" ;;
+        --baseline-compile-mode default,max-autotune-no-cudagraphs --out "$OUT/bench_tp2_llama-3.1-8b.json" ;;
 *)
     echo "usage: $0 llama|kroll|stage|h100|smol|tp2" >&2; exit 2 ;;
 esac

@@ -30,5 +30,5 @@ PY
 )
     set -- $best
     run 200 python3 -m amk bench $M --workers 132 --tile ${TILE[$M]} --config bench/configs/$n.json \
-        --num-warps 8 --gemv-block $1 --gemv-stages $2 --tokens 128 --json "$OUT/bench_$n.json"
+        --num-warps 8 --gemv-block $1 --gemv-stages $2 --tokens 128 --out "$OUT/bench_$n.json"
 done

@@ -43,7 +43,7 @@ tp2|tp4)  # the tenth session's flags with tile_reduce 256 (tp 4: 16-row q/k/v t
     timeout 590 python3 -m amk bench $M --tp $R --config bench/configs/llama-3.1-8b-tp$R.json \
         --num-warps 8 --gemv-block 16x128 --gemv-unroll 8 --prefetch 1 --attn-split 4 --tokens 64 \
         --w-preload 1024 --prefetch-cap 65536 --roll 1 \
-        --baseline-compile-mode default,max-autotune-no-cudagraphs --json "$OUT/bench_tp${R}_llama-3.1-8b.json" \
+        --baseline-compile-mode default,max-autotune-no-cudagraphs --out "$OUT/bench_tp${R}_llama-3.1-8b.json" \
         2>&1 | grep -v "warn\|Loading" ;;
 *)
     echo "usage: $0 prof|sweep1|sweep2|tp2|tp4" >&2; exit 2 ;;

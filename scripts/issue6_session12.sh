@@ -38,7 +38,7 @@ tp2)
     timeout 590 python3 -m amk bench $M --tp 2 --config "${CONFIG:-bench/configs/llama-3.1-8b-tp2-fused.json}" \
         --num-warps 8 --gemv-block 16x128 --gemv-unroll 8 --prefetch 1 --attn-split 4 --tokens 64 \
         --w-preload 1024 --prefetch-cap 65536 --roll 1 ${EXTRA:-} \
-        --baseline-compile-mode default,max-autotune-no-cudagraphs --json "$OUT/bench_tp2_llama-3.1-8b.json" \
+        --baseline-compile-mode default,max-autotune-no-cudagraphs --out "$OUT/bench_tp2_llama-3.1-8b.json" \
         2>&1 | grep -v "warn\|Loading" ;;
 tp4)
     timeout 150 python3 bench/megakernel_sweep.py $M --tp 4 $S --tile 32 --tile-qkv 12 --tile-gate-up 28 \
@@ -46,7 +46,7 @@ tp4)
     F=$(python3 bench/sweep_best.py "$OUT/fused_tp4.json" --config-out "$OUT/best_tp4.json") || exit 1
     echo "best: $F"; cat "$OUT/best_tp4.json"
     timeout 420 python3 -m amk bench $M --tp 4 $F --tokens 64 \
-        --baseline-compile-mode default,max-autotune-no-cudagraphs --json "$OUT/bench_tp4_llama-3.1-8b.json" \
+        --baseline-compile-mode default,max-autotune-no-cudagraphs --out "$OUT/bench_tp4_llama-3.1-8b.json" \
         2>&1 | grep -v "warn\|Loading" ;;
 prof4)
     P="--workers 132 --warps 8 --tile 32 --tile-qkv 12 --tile-gate-up 28 --tile-lm-head 128 --policy stage

@@ -43,7 +43,7 @@ best_bench() {
     F=$(python3 bench/sweep_best.py "$2" --config-out "$OUT/best_tp$1.json") || exit 1
     echo "best: $F"; cat "$OUT/best_tp$1.json"
     timeout "$3" python3 -m amk bench $M --tp "$1" $F --tokens 64 \
-        --baseline-compile-mode default,max-autotune-no-cudagraphs --json "$OUT/bench_tp$1_llama-3.1-8b.json" \
+        --baseline-compile-mode default,max-autotune-no-cudagraphs --out "$OUT/bench_tp$1_llama-3.1-8b.json" \
         2>&1 | grep -v "warn\|Loading"
 }
 case "${1:-}" in

@@ -21,7 +21,7 @@ tp4fr)
     timeout 440 python3 -m amk bench $M --tp 4 --config "${CONFIG:-bench/configs/llama-3.1-8b-tp4-fr.json}" \
         --num-warps 8 --gemv-block 16x128 --gemv-unroll 8 --prefetch 1 --attn-split 4 --tokens 64 \
         --w-preload 1024 --prefetch-cap 65536 --roll 1 ${EXTRA:-} \
-        --baseline-compile-mode default,max-autotune-no-cudagraphs --json "$OUT/bench_tp4_llama-3.1-8b.json" \
+        --baseline-compile-mode default,max-autotune-no-cudagraphs --out "$OUT/bench_tp4_llama-3.1-8b.json" \
         2>&1 | grep -v "warn\|Loading"
     timeout 130 bash scripts/device_test.sh tests/test_multigpu_megakernel.py -k "reduce" -x 2>&1 | tail -15 ;;
 lr2)  # the thirteenth session's lr2 phase (same flags) with room for both rows

@@ -33,12 +33,12 @@ tma1)
 tp2tma)
     timeout 590 python3 -m amk bench $M --tp 2 --config "${CONFIG:-bench/configs/llama-3.1-8b-tp2-tma.json}" \
         --num-warps 8 --prefetch 1 --attn-split 4 --tokens 64 --prefetch-cap 65536 $TMA_FLAGS \
-        --baseline-compile-mode default,max-autotune-no-cudagraphs --json "$OUT/bench_tp2_tma_llama-3.1-8b.json" \
+        --baseline-compile-mode default,max-autotune-no-cudagraphs --out "$OUT/bench_tp2_tma_llama-3.1-8b.json" \
         2>&1 | grep -v "warn\|Loading" ;;
 tp4tma)
     timeout 440 python3 -m amk bench $M --tp 4 --config "${CONFIG:-bench/configs/llama-3.1-8b-tp4-fr.json}" \
         --num-warps 8 --prefetch 1 --attn-split 4 --tokens 64 --prefetch-cap 65536 $TMA_FLAGS \
-        --baseline-compile-mode default,max-autotune-no-cudagraphs --json "$OUT/bench_tp4_tma_llama-3.1-8b.json" \
+        --baseline-compile-mode default,max-autotune-no-cudagraphs --out "$OUT/bench_tp4_tma_llama-3.1-8b.json" \
         2>&1 | grep -v "warn\|Loading" ;;
 *)
     echo "usage: $0 micro|tma1|tp2tma|tp4tma" >&2; exit 2 ;;

@@ -20,7 +20,7 @@ run() { local t=$1; shift; echo "=== $*"; timeout "$t" "$@"; echo "=== rc=$?"; }
 bench() {  # bench MODEL R GPUS CONFIG [extra args]
     local m=$1 r=$2 g=$3 c=$4; shift 4
     run 330 env CUDA_VISIBLE_DEVICES=$g python3 -m amk bench $m --tp $r --config $c --gemv-block 16x1024 \
-        --tokens 64 --json "$OUT/bench_tp${r}_${m#config:}.json" "$@" 2>&1 | grep -v "warn\|Loading\|Writing"
+        --tokens 64 --out "$OUT/bench_tp${r}_${m#config:}.json" "$@" 2>&1 | grep -v "warn\|Loading\|Writing"
 }
 gen() {  # gen R GPUS: real SmolLM2, greedy, --verify against HF
     run 170 env CUDA_VISIBLE_DEVICES=$2 python3 -m amk generate $GG --prompt "The capital of France is" \

@@ -158,3 +158,22 @@ def test_results_table_shows_names_and_notes_verbatim():
     text = out.getvalue()
     assert "hf_compiled_graph[max-autotune-no-cudagraphs]" in text and "[near-tie]" in text
     assert "1.3883" in text and "41.9" in text and "720" in text
+
+
+def test_json_is_a_flag_and_out_names_the_file(tmp_path, capsys):
+    """`--json` prints the result object to stdout (one line); `--out FILE` writes it whole."""
+    import json
+
+    from amk.cli import build_parser
+    from amk.commands.bench import write_result
+
+    args = build_parser().parse_args(["bench", "config:tiny-llama", "--json", "--out",
+                                      str(tmp_path / "r" / "bench.json")])
+    assert args.json is True and args.out == str(tmp_path / "r" / "bench.json")
+    result = {"model": "config:tiny-llama", "latency_ms_median": 0.5, "roofline_pct": float("nan")}
+    write_result(args, result, final=False)  # --tp R rewrites the file after each stage
+    assert capsys.readouterr().out == ""
+    write_result(args, result)
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and json.loads(out)["roofline_pct"] is None  # strict JSON
+    assert json.loads((tmp_path / "r" / "bench.json").read_text()) == {**result, "roofline_pct": None}

@@ -1348,11 +1348,11 @@ def stability(records: list[dict[str, Any]], seed: int, seeds, sample: int, runs
 def write_outputs(out_dir: str, report: dict[str, Any], records: list[dict[str, Any]],
                   fr_samples: int = 3) -> None:
     """Write ``report.json``; every false accept to ``false_accepts/``; up to ``fr_samples``
-    false rejects per reason to ``false_rejects/`` (each: program, oracle and validator)."""
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "report.json"), "w") as f:
-        json.dump(report, f, indent=1)
-        f.write("\n")
+    false rejects per reason to ``false_rejects/`` (each: program, oracle and validator).
+    Each file is written whole or not at all; a failed write raises AmkError naming it."""
+    from ground.files import atomic_write_text  # whole files or none; AmkError names the path
+
+    atomic_write_text(os.path.join(out_dir, "report.json"), json.dumps(report, indent=1) + "\n")
     for sub in ("false_accepts", "false_rejects"):
         d = os.path.join(out_dir, sub)
         if os.path.isdir(d):
@@ -1371,13 +1371,10 @@ def write_outputs(out_dir: str, report: dict[str, Any], records: list[dict[str, 
             if per_reason[k] > fr_samples:
                 continue
             sub = "false_rejects"
-        d = os.path.join(out_dir, sub)
-        os.makedirs(d, exist_ok=True)
         body = {k: v for k, v in r.items() if k != "detail"}
         body.update(r["detail"])
-        with open(os.path.join(d, f"{r['i']:05d}-{r['class']}.json"), "w") as f:
-            json.dump(body, f, indent=1)
-            f.write("\n")
+        atomic_write_text(os.path.join(out_dir, sub, f"{r['i']:05d}-{r['class']}.json"),
+                          json.dumps(body, indent=1) + "\n", durable=False)
 
 
 # --------------------------------------------------------------------------------------
@@ -1453,10 +1450,11 @@ def render_markdown(report: dict[str, Any]) -> str:
 
 def update_markdown(path: str, report: dict[str, Any]) -> None:
     """Replace the generated section of ``path`` (between ``MD_BEGIN``/``MD_END``) with
-    ``render_markdown(report)``; append it if the file has no such section."""
+    ``render_markdown(report)``; append it if the file has no such section. The file is
+    replaced whole (AmkError naming it when it cannot be written)."""
     section = render_markdown(report)
     text = ""
-    if os.path.exists(path):
+    if os.path.isfile(path):
         with open(path) as f:
             text = f.read()
     if MD_BEGIN in text and MD_END in text:
@@ -1468,8 +1466,6 @@ def update_markdown(path: str, report: dict[str, Any]) -> None:
         text = text[:a] + section + rest
     else:
         text = (text.rstrip("\n") + "\n\n" if text else "") + section
-    d = os.path.dirname(path)
-    if d:
-        os.makedirs(d, exist_ok=True)
-    with open(path, "w") as f:
-        f.write(text)
+    from ground.files import atomic_write_text  # whole file or none; AmkError names the path
+
+    atomic_write_text(path, text)

@@ -5,6 +5,10 @@ Every latency is printed with its correctness verdict: greedy tokens against HF
 ``generate`` (a divergence is accepted only at a bf16 near-tie, see
 amk.baselines.judge_tokens) and, for the megakernel, logits against HF eager at several
 positions.
+
+Output: the table goes to stdout (to stderr with ``--json``, which prints the result object
+to stdout as one JSON line); ``--out FILE`` writes the same object to FILE (indented),
+whole or not at all. FILE's directory is checked before anything is measured.
 """
 
 from __future__ import annotations
@@ -109,7 +113,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tp-checkpoint-dir", metavar="DIR", default=None,
                    help="--tp R: where rank 0 writes a random-weight model as safetensors for the HF "
                         "tensor-parallel baselines (default: a folder in the temp dir)")
-    p.add_argument("--json", metavar="FILE", help="write the result object to FILE")
+    p.add_argument("--json", action="store_true",
+                   help="print the result object to stdout as one JSON line (the table goes to stderr)")
+    p.add_argument("--out", metavar="FILE", default=None,
+                   help="write the result object to FILE (JSON, indented); with --tp R it is "
+                        "rewritten after each stage, so a run cut short keeps its rows")
     p.set_defaults(func=run)
 
 
@@ -163,12 +171,15 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from amk import pipeline
+    from amk.commands.output import check_writable_dir
     from amk.baselines import (BaselineResult, compile_modes, compiled_graph_name, hf_compiled_graph, hf_eager,
                                judge, make_reference)
     from ground.timing import decode_weight_bytes, measure_hbm_bandwidth, roofline_ms
     con = Console(stderr=True)
     if args.tp < 1:
         raise AmkError(f"--tp must be >= 1, got {args.tp}")
+    if args.out:  # a run takes minutes: refuse an unwritable --out before it starts
+        check_writable_dir(Path(args.out).parent, "--out")
     if not torch.cuda.is_available():
         raise AmkError("amk bench needs a CUDA GPU; none is visible here (see `amk doctor`)")
     if args.tp > 1:
@@ -240,11 +251,21 @@ def run(args: argparse.Namespace) -> int:
     title = (f"{args.model} on {props.name}: weights {nbytes / 1e6:.1f} MB, HBM {bw / 1e12:.2f} TB/s, "
              f"roofline {floor:.3f} ms/token")
     tab = results_table(title, [ours] + baselines, [row(r) for r in [ours] + baselines])
-    Console(width=200).print(tab)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+    Console(width=200, stderr=bool(args.json)).print(tab)
+    write_result(args, result)
     return 0 if ours.correct else 1
+
+
+def write_result(args: argparse.Namespace, result: dict, final: bool = True) -> None:
+    """``--out FILE``: write ``result`` to FILE (indented JSON, NaN as null), whole or not at
+    all (AmkError naming FILE, exit 2). ``--json`` (``final`` only): print it to stdout."""
+    from amk.commands.output import emit_json
+    from ground.files import atomic_write_text, finite
+
+    if args.out:
+        atomic_write_text(args.out, json.dumps(finite(result), indent=1, default=str) + "\n")
+    if final and args.json:
+        emit_json(result)
 
 
 #: Worker CTAs per SM a schedule may ask for on a CUDA target (the validator's static

@@ -88,7 +88,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_common_args(p)
     p.add_argument("--out", metavar="DIR", default=None,
                    help="output directory (default build/<model>-tp<R>)")
-    p.add_argument("--json", action="store_true", help="print report.json to stdout at the end")
+    p.add_argument("--json", action="store_true",
+                   help="print the report (as in report.json) to stdout as one JSON object; the "
+                        "summary table goes to stderr")
     p.set_defaults(func=run)
 
 
@@ -97,10 +99,10 @@ def _safe(name: str) -> str:
 
 
 def _write(path: Path, text: str) -> None:
-    try:
-        path.write_text(text)
-    except OSError as e:
-        raise AmkError(f"{path}: cannot write: {e.strerror or e}") from None
+    """Write a result file whole or not at all (AmkError naming the path, exit 2)."""
+    from ground.files import atomic_write_text
+
+    atomic_write_text(path, text, durable=False)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -109,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from amk import pipeline
+    from amk.commands.output import emit_json, human_console
+    from ground.files import finite
     from ir.jsonio import dumps
     from ir.text import format_program
     from lowering.costmodel import estimate
@@ -184,9 +188,9 @@ def run(args: argparse.Namespace) -> int:
     report["ok"] = failure is None
     if failure:
         report["failure"] = failure
-    _write(out_dir / "report.json", json.dumps(report, indent=1, default=str) + "\n")
+    _write(out_dir / "report.json", json.dumps(finite(report), indent=1, default=str) + "\n")
 
-    out = Console(highlight=False)
+    out = human_console(args)  # stderr under --json: stdout carries the JSON alone
     t = Table(title=f"amk compile {g.name} --tp {prog.ranks}", show_header=False)
     t.add_row("schedule", f"{len(prog.tasks)} tasks, {len(prog.buffers)} buffers, "
               f"{len(prog.counters)} counters, {prog.ranks} ranks x {prog.workers} workers")
@@ -203,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
     t.add_row("files", f"{out_dir}/schedule.amk, schedule.json, report.json")
     out.print(t)
     if args.json:
-        print(json.dumps(report, indent=1, default=str))
+        emit_json(report)
     if failure:
         console.print(f"[bold red]error:[/] {failure}")
         return 1

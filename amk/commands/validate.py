@@ -50,6 +50,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markup import escape
 
+    from amk.commands.output import emit_json
+
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     out = Console(highlight=False, soft_wrap=True)
     t0 = time.perf_counter()
@@ -67,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
                 status.stop()
     except AmkError as e:
         if args.json:
-            print(json.dumps({"ok": False, "file": args.file, "input_error": str(e)}))
+            emit_json({"ok": False, "file": args.file, "input_error": str(e), "error": str(e),
+                       "exit_code": 2})
         raise AmkError(str(e), exit_code=2) from None
     load_s = time.perf_counter() - t0
 
@@ -89,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         obj = verdict.to_json()
         obj["file"] = args.file
-        print(json.dumps(obj, default=_jsonable))
+        emit_json(obj, default=_jsonable)
         return 0 if verdict.ok else 1
     total = verdict.stats.get("total_s", 0.0)
     if verdict.ok:

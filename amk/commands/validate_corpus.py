@@ -7,7 +7,9 @@ false_reject_reasons, oracle_problem_classes, seeds, setup, seconds), every fals
 a JSON file under ``DIR/false_accepts/`` and a few false rejects per reason under
 ``DIR/false_rejects/``; prints a table. ``--markdown FILE`` also rewrites the generated
 section of FILE (docs/validator-corpus.md); ``--render REPORT`` only re-renders an existing
-report into ``--markdown`` without running anything.
+report into ``--markdown`` without running anything. ``--json`` prints the report to stdout
+as one JSON object (the table then goes to stderr; progress always does). Every file is
+written whole or not at all, and the output directory is checked before the run starts.
 
 Exit codes: 0 no false accept, 1 at least one false accept, 2 bad arguments or no validator.
 """
@@ -48,6 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "(e.g. docs/validator-corpus.md)")
     p.add_argument("--render", metavar="REPORT",
                    help="render an existing report.json into --markdown and exit")
+    p.add_argument("--json", action="store_true",
+                   help="print the report to stdout as one JSON object (the table goes to stderr)")
     p.set_defaults(func=run)
 
 
@@ -75,9 +79,11 @@ def _table(report: dict):
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from amk.commands.output import check_writable_dir, emit_json, human_console
     from validator import corpus
 
-    console = Console(highlight=False)
+    console = human_console(args)
+    progress_console = Console(stderr=True, highlight=False)
     if args.render:
         if not args.markdown:
             raise AmkError("--render needs --markdown FILE (where to write the tables)")
@@ -90,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
             raise AmkError(f"{args.render}: not a report written by amk validate-corpus")
         corpus.update_markdown(args.markdown, report)
         console.print(f"wrote {args.markdown}")
+        if args.json:
+            emit_json({"ok": True, "markdown": args.markdown, "report": args.render})
         return 0
     for name in ("count", "jobs", "runs"):
         if getattr(args, name) < 1:
@@ -99,11 +107,15 @@ def run(args: argparse.Namespace) -> int:
     validate, status = corpus._load_validator()
     if validate is None:
         raise AmkError(f"the static validator is not available ({status})")
+    # fail now rather than after the corpus has run
+    check_writable_dir(args.out, "--out")
+    if args.markdown:
+        check_writable_dir(os.path.dirname(args.markdown), "--markdown")
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, transient=True) as prog:
+                  TimeElapsedColumn(), console=progress_console, transient=True) as prog:
         bar = prog.add_task("labelling and validating", total=args.count)
         report, records = corpus.run_corpus(
             count=args.count, seed=args.seed, jobs=args.jobs, runs=args.runs,
@@ -112,6 +124,9 @@ def run(args: argparse.Namespace) -> int:
     corpus.write_outputs(args.out, report, records)
     if args.markdown:
         corpus.update_markdown(args.markdown, report)
+    if args.json:
+        emit_json({**report, "ok": not report["false_accepts"],
+                   "report_file": os.path.join(args.out, "report.json")})
     console.print(_table(report))
     console.print(f"report: {os.path.join(args.out, 'report.json')}")
     if report.get("validator_internal_errors"):

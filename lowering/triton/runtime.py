@@ -697,14 +697,17 @@ class TritonExecutor:
     def emit_source(self, path: str | Path) -> Path:
         """Write the generated kernel source (the module Triton compiles) to ``path``, with a
         last comment line ``# amk-launch: {json}`` holding the launch's constexprs, num_warps
-        and grid (read by ``megakernel.compile_offline``'s command line)."""
+        and grid (read by ``megakernel.compile_offline``'s command line). Raises AmkError
+        (exit 2) when the file cannot be written."""
         path = Path(path)
         launch = {k: v for k, v in self._launch_kw.items() if k.isupper()}
         meta = dict(constexprs=launch, num_warps=self.num_warps, grid=self.workers)
         if self._launch_kw.get("maxnreg"):
             meta["maxnreg"] = self._launch_kw["maxnreg"]
-        path.write_text(self.source + f"# amk-launch: {json.dumps(meta, sort_keys=True)}\n")
-        return path
+        from ground.files import atomic_write_text  # whole or not at all; AmkError names the path
+
+        return atomic_write_text(path, self.source + f"# amk-launch: {json.dumps(meta, sort_keys=True)}\n",
+                                 durable=False)
 
     # ------------------------------------------------------------- internals
     def _view(self, buffer: str, rank: int) -> torch.Tensor:
