@@ -162,6 +162,16 @@ def main(argv: list[str] | None = None) -> int:
         print("GEMV op time by part (us, mean over " + str(len(gem)) + " tasks): "
               + ", ".join(f"{k} {v.mean() / 1e3:.2f}" for k, v in parts.items()))
         out["gemv_parts_us"] = {k: float(v.mean() / 1e3) for k, v in parts.items()}
+        ring = g[:, 9] > 0
+        if ring.any():
+            r = g[ring]
+            pages = r[:, 9].sum()
+            out["ring"] = {"tasks": int(ring.sum()), "pages": int(pages),
+                           "page_wait_us_per_page": float(r[:, 7].sum() / pages / 1e3),
+                           "issue_us_per_page": float(r[:, 8].sum() / pages / 1e3),
+                           "stream_us_per_page": float((r[:, 5] - r[:, 4]).sum() / pages / 1e3)}
+            print("weight ring: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+                                              for k, v in out["ring"].items()))
     n_layers = session.graph.spec.layers
     out["stages"] = stage_timeline(tab, prof, args.layer if args.layer is not None else n_layers // 2)
     if args.all_layers:

@@ -69,7 +69,8 @@ def test_stream_list_lists_every_ring_gemv_in_queue_order():
                 continue
             wi = T.GEMV_OPS[tab.task_ops[i]][2]
             f = tab.rows[i, T.F_OPND + wi * T.OPND_W:T.F_OPND + (wi + 1) * T.OPND_W]
-            off, n, kk, rs = (int(x) for x in streams[k])
+            off, rs, nk, _ = (int(x) for x in streams[k])
+            n, kk = nk >> 32, nk & 0xFFFFFFFF
             assert (off, n, kk) == (int(f[0]) * 2, int(f[3]), int(f[4]))
             assert off % 16 == 0 and rs % 16 == 0 and kk % 8 == 0
             k += 1

@@ -367,8 +367,8 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
            X_CHUNK: tl.constexpr = 0, W_PRE: tl.constexpr = 0, ROLL: tl.constexpr = 0, KROLL: tl.constexpr = 0, fl=0,
            nw=0, w0=0, wc=0, wn=0, wb=0, WAITS=None, i=0, epoch=0, abort_ptr=None, timeout=0, SYS: tl.constexpr = False, RELAXED: tl.constexpr = False,
            MIRRORS: tl.constexpr = 0, W_TMA: tl.constexpr = False, RING: tl.constexpr = False,
-           STREAMS=None, se=0, rbase=0, pc=0, pi=0, si=0, sj=0, c_off=0, c_n=0, c_k=0, c_rs=0,
-           RING_S: tl.constexpr = 1, RING_PR: tl.constexpr = 4, RING_PC: tl.constexpr = 2048):
+           STREAMS=None, se=0, rbase=0, rst=None, RING_S: tl.constexpr = 1, RING_PR: tl.constexpr = 4,
+           RING_PC: tl.constexpr = 2048):
     """gemv, norm_gemv, gemv_res, swiglu_gemv, reduce_norm_gemv (ops.gemv_ex; ``PRO`` the prologue, ``STAGES``
     its weight-streaming pipeline depth, ``X_STAGE`` its f(x) staged once in the worker's
     scratch ``XS``, skipped when the row's ``FLAG_X_READY`` says an earlier task of this
@@ -387,10 +387,11 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
     ``W_TMA``: W's blocks come through a tensor descriptor (ops.gemv_ex; the variant is
     contiguous and 16-byte aligned, Blocks.gemv_tma).
     ``RING`` (a ``ring`` variant, Blocks.ring): W's pages come through the worker's weight
-    ring (ring.gemv_ring) after f(x) is staged as fp32 into the scratch row; ``STREAMS`` ..
-    ``c_rs`` are the ring's state (ring.ring_issue), ``RING_S`` / ``RING_PR`` / ``RING_PC`` its
-    pages and page shape. Returns (1 if the waits held else 0, op status, then the ring
-    state, unchanged without ``RING``); a page that never arrived is a timeout of wait -1."""
+    ring (ring.gemv_ring) after f(x) is staged as fp32 into the scratch row; ``STREAMS``,
+    ``se``, ``rbase`` and ``rst`` (the ring's state, ring.ring_state) as ring.ring_issue's,
+    ``RING_S`` / ``RING_PR`` / ``RING_PC`` its pages and page shape. Returns (1 if the waits
+    held else 0, op status, the ring state, unchanged without ``RING``); a page that never
+    arrived is reported as a timeout of wait -1."""
     xo, xn0, xn1, xn2, xs0, xs1, xs2 = _opnd(row, 0, slot)
     ro = xo * 0
     if PRO == K.PRO_PLAIN:
@@ -465,17 +466,17 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
                              _ptr(A_BF16, A_F16, A_F32, A_I32, DX) + ro, xn1, xs1)
             if PROFILE:
                 tl.store(PROF + 4, global_timer())
-            rst, pc, pi, si, sj, c_off, c_n, c_k, c_rs = RG.gemv_ring(
+            bad, rst = RG.gemv_ring(
                 xsr, wp, ws1, bp, bn1, bn2, bs0, bs1, bs2, _ptr(A_BF16, A_F16, A_F32, A_I32, DY) + yo,
                 yn1, yn2, ys0, ys1, ys2, wn1, wn2, HAS_BIAS, m1, m2, m3, MIRRORS, A_I32, STREAMS, se, rbase,
-                pc, pi, si, sj, c_off, c_n, c_k, c_rs, timeout, RING_S, RING_PR, RING_PC)
+                rst, timeout, RING_S, RING_PR, RING_PC, PROF, PROFILE)
             if PROFILE:
                 tl.store(PROF + 5, global_timer())
-            if rst != 0:  # a weight page never arrived: reported as a timeout of wait -1
+            if bad != 0:  # a weight page never arrived: reported as a timeout of wait -1
                 tl.store(err + 1, i.to(tl.int64))
                 tl.store(err + 2, -1)
-                tl.store(err + 3, pc.to(tl.int64))
-                tl.store(err + 4, pi.to(tl.int64))
+                tl.store(err + 3, rst[0].to(tl.int64))
+                tl.store(err + 4, rst[1].to(tl.int64))
                 tl.store(err + 5, epoch)
                 tl.store(err + 0, epoch * 0 + _KIND_TIMEOUT)
                 tl.store(abort_ptr, epoch + 1)
@@ -487,7 +488,7 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
                   PRO, HAS_BIAS, X_CONTIG, W_CONTIG, W_ALIGN, BLOCK_N, BLOCK_K, STAGES, PROF, PROFILE, X_ALIGN,
                   UNROLL, XS, X_STAGE, x_ready, X_CHUNK, wpre, W_PRE, ROLL, KROLL, m1, m2, m3, MIRRORS,
                   _ptr(A_BF16, A_F16, A_F32, A_I32, DX) + ro, xn1, xs1, W_TMA)
-    return ok, _ok(), pc, pi, si, sj, c_off, c_n, c_k, c_rs
+    return ok, _ok(), rst
 
 
 @device
@@ -795,8 +796,9 @@ def finish_task(ns, s0, sc, sa, ss, fl, SIGS, A_I32, err, i, epoch, abort_ptr, s
 TL_DTYPE = {"bf16": "tl.bfloat16", "f16": "tl.float16", "f32": "tl.float32", "i32": "tl.int32"}
 #: Profiling stamps per task (PROFILE): 0 start, 1 waits done, 2 signals done, 3 GEMV
 #: operands decoded, 4 GEMV prologue (RMSNorm pre-pass) done, 5 GEMV stores done, 6 op done
-#: (before the barrier and signals); GEMV-only stamps stay 0 for other ops.
-PROF_W = 8
+#: (before the barrier and signals); GEMV-only stamps stay 0 for other ops; on the weight ring
+#: (ring.gemv_ring): 7 ns waiting for pages, 8 ns issuing copies, 9 pages consumed.
+PROF_W = 10
 
 _COMMON = "A_BF16, A_F16, A_F32, A_I32, row, slot, err"
 
@@ -897,23 +899,16 @@ def amk_megakernel(A_BF16, A_F16, A_F32, A_I32, TASKS, WAITS, SIGS, QSTART, ERR,
     XSW = XS + w.to(tl.int64) * xs_w  # this worker's GEMV f(x) scratch (X_STAGE)
     ok = tl.full([], 1, dtype=tl.int32)
     done = epoch * 0
-    # the weight ring (ring.py): pages consumed / issued, the stream entry being issued
-    pc = tl.full([], 0, dtype=tl.int32)
-    pi = pc
-    si = pc
-    se = pc
-    sj = pc
-    c_off = epoch * 0
-    c_n = pc
-    c_k = pc
-    c_rs = c_off
+    # the weight ring (ring.py): this worker's stream entries and the ring's state
+    se = tl.full([], 0, dtype=tl.int32)
+    sfirst = se
     if RING > 0:
-        si = tl.load(SSTART + w)
+        sfirst = tl.load(SSTART + w)
         se = tl.load(SSTART + w + 1)
-        c_off, c_n, c_k, c_rs = RG.stream_entry(STREAMS, si, se)
+    rst = RG.ring_state(STREAMS, sfirst, se)
+    if RING > 0:
         RG.ring_init(rbase, RING, RING_PR * RING_PC * 2)
-        pi, si, sj, c_off, c_n, c_k, c_rs = RG.ring_issue(A_I32, STREAMS, se, rbase, pc, pi, si, sj, c_off, c_n, c_k,
-                                                          c_rs, RING, RING_PR, RING_PC)
+        rst = RG.ring_issue(A_I32, STREAMS, se, rbase, rst, RING, RING_PR, RING_PC)
     if PREFETCH > 0:  # the first PREFETCH tasks' weight tiles; then task i + PREFETCH at task i
         for d in tl.static_range(PREFETCH):
             if i + d < end:
@@ -927,8 +922,7 @@ def amk_megakernel(A_BF16, A_F16, A_F32, A_I32, TASKS, WAITS, SIGS, QSTART, ERR,
             tl.store(PROF + i.to(tl.int64) * PROF_W, global_timer())
         op, nw, w0, wc, wn, wb, ns, s0, sc, sa, ss, fl = task_header(row)
         if RING > 0:  # top the ring up before this task's waits: weights wait on nothing
-            pi, si, sj, c_off, c_n, c_k, c_rs = RG.ring_issue(A_I32, STREAMS, se, rbase, pc, pi, si, sj, c_off, c_n,
-                                                              c_k, c_rs, RING, RING_PR, RING_PC)
+            rst = RG.ring_issue(A_I32, STREAMS, se, rbase, rst, RING, RING_PR, RING_PC)
         if PREFETCH > 0:  # task i + PREFETCH's tile, its range in this row (table.prefetch_ahead)
             l2_prefetch(A_I32, row, True, PREFETCH_CAP)
         st = tl.full([], 0, dtype=tl.int32)
@@ -942,7 +936,7 @@ def amk_megakernel(A_BF16, A_F16, A_F32, A_I32, TASKS, WAITS, SIGS, QSTART, ERR,
                 tl.store(PROF + i.to(tl.int64) * PROF_W + 2, global_timer())
         i += 1
     if RING > 0:  # no copy into this CTA's shared memory may outlive it
-        RG.ring_drain(rbase, pc, pi, timeout, RING, RING_PR * RING_PC * 2)
+        RG.ring_drain(rbase, rst, timeout, RING, RING_PR * RING_PC * 2)
     tl.store(err + 6, done)
 '''
 
@@ -950,10 +944,9 @@ def amk_megakernel(A_BF16, A_F16, A_F32, A_I32, TASKS, WAITS, SIGS, QSTART, ERR,
 #: The GEMV call's extra arguments: it runs the row's waits itself (t_gemv).
 _GEMV_WAITS = ("W_PRE=W_PRELOAD, ROLL=ROLL, KROLL=KROLL, fl=fl, nw=nw, w0=w0, wc=wc, wn=wn, wb=wb, WAITS=WAITS, i=i, epoch=epoch, "
                "abort_ptr=abort_ptr, timeout=timeout, SYS={sys}, RELAXED=POLL_RELAXED, STREAMS=STREAMS, se=se, "
-               "rbase=rbase, pc=pc, pi=pi, si=si, sj=sj, c_off=c_off, c_n=c_n, c_k=c_k, c_rs=c_rs, RING_S=RING, "
-               "RING_PR=RING_PR, RING_PC=RING_PC")
+               "rbase=rbase, rst=rst, RING_S=RING, RING_PR=RING_PR, RING_PC=RING_PC")
 #: What every GEMV call returns: its waits' and op's status, then the weight ring's state.
-_GEMV_OUT = "ok, st, pc, pi, si, sj, c_off, c_n, c_k, c_rs"
+_GEMV_OUT = "ok, st, rst"
 
 
 def _dispatch(variants: list[T.Variant], sys_waits: bool) -> str:

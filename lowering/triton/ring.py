@@ -38,8 +38,8 @@ import triton.language as tl
 
 from lowering.triton.ops import INTERPRET, device, global_timer, store, thread0_asm, flat_off
 
-#: Fields of one stream-list entry (int64): the weight tile's byte offset in the arena, its
-#: rows N, its columns K, and its row stride in bytes.
+#: Fields of one stream-list entry (int64): the weight tile's byte offset in the arena, its row
+#: stride in bytes, its rows N << 32 | its columns K, and one unused field.
 STREAM_W = 4
 _STREAM_W = tl.constexpr(STREAM_W)
 
@@ -61,10 +61,10 @@ _SMEM = tl.constexpr("mov.u32 $0, global_smem;")
 _INIT = tl.constexpr(thread0_asm("@%amk_q mbarrier.init.shared::cta.b64 [$1], 1;\n"))
 _INIT_FENCE = tl.constexpr(thread0_asm("@%amk_q fence.mbarrier_init.release.cluster;\n"))
 # arm the page's mbarrier for ``bytes`` of copies (one arrival: the phase completes when the
-# bytes have landed); the proxy fence orders the CTA's earlier generic reads of the page
-# (ordered before this thread by the caller's barrier) before the async proxy's writes
+# bytes have landed). The CTA's reads of the slot's previous page are complete before this
+# (the caller's barrier); like a TMA pipeline's producer after its consumer's release, no
+# proxy fence is needed for that write-after-read.
 _EXPECT = tl.constexpr(thread0_asm(
-    "@%amk_q fence.proxy.async.shared::cta;\n"
     ".reg .b64 %amk_st;\n"
     "@%amk_q mbarrier.arrive.expect_tx.shared::cta.b64 %amk_st, [$1], $2;\n"))
 _COPY = tl.constexpr(thread0_asm(
@@ -73,7 +73,8 @@ _COPY = tl.constexpr(thread0_asm(
 _TRY_WAIT = tl.constexpr(
     "{ .reg .pred %rw_p; mbarrier.try_wait.parity.shared::cta.b64 %rw_p, [$1], $2; selp.u32 $0, 1, 0, %rw_p; }")
 _LDS4 = tl.constexpr("ld.shared.v4.b32 {$0, $1, $2, $3}, [$4];")
-_LDG4F = tl.constexpr("ld.global.v4.f32 {$0, $1, $2, $3}, [$4];")
+_PREFETCH_L1 = tl.constexpr(
+    "{ .reg .pred %pl_p; setp.ne.s32 %pl_p, $2, 0; @%pl_p prefetch.global.L1 [$1]; mov.u32 $0, 0; }")
 
 
 @device
@@ -97,83 +98,114 @@ def ring_init(rbase, S: tl.constexpr, PAGE: tl.constexpr):
 
 @device
 def stream_entry(STREAMS, si, se):
-    """Stream-list entry ``si`` as (byte offset, N, K, row stride bytes); zeros at the end."""
+    """Stream-list entry ``si`` as (byte offset, row stride bytes, N << 32 | K); zeros past the
+    worker's last entry ``se - 1``."""
     e = STREAMS + si.to(tl.int64) * _STREAM_W
     ok = si < se
-    return (tl.load(e, mask=ok, other=0), tl.load(e + 1, mask=ok, other=0).to(tl.int32),
-            tl.load(e + 2, mask=ok, other=0).to(tl.int32), tl.load(e + 3, mask=ok, other=0))
+    return tl.load(e, mask=ok, other=0), tl.load(e + 1, mask=ok, other=0), tl.load(e + 2, mask=ok, other=0)
 
 
 @device
-def ring_issue(A_I32, STREAMS, se, rbase, pc, pi, si, sj, c_off, c_n, c_k, c_rs,
-               S: tl.constexpr, PR: tl.constexpr, PC: tl.constexpr):
-    """Copy pages into the ring while a page is free (``pi - pc < S``) and the worker's
-    stream list (entries ``si`` .. ``se - 1``) has pages left. State: ``pc`` pages consumed,
-    ``pi`` issued, ``sj`` pages of entry ``si`` issued, ``c_*`` that entry (stream_entry).
-    Returns the new (pi, si, sj, c_off, c_n, c_k, c_rs). Page p goes to slot p % S. The
-    caller guarantees that every thread has finished reading the page consumed last (a CTA
-    barrier). A no-op under the interpreter."""
+def ring_state(STREAMS, s0, se):
+    """The ring's state at the start of a launch for a worker whose stream entries are
+    ``s0 .. se - 1``: (pages consumed, pages issued, entry being issued, its next page's row
+    block and column block, that entry, the entry after it). The next entry is loaded a whole
+    entry ahead, so moving on never waits for a load."""
+    z = s0 * 0
+    c_off, c_rs, c_nk = stream_entry(STREAMS, s0, se)
+    n_off, n_rs, n_nk = stream_entry(STREAMS, s0 + 1, se)
+    return (z, z, s0, z, z, c_off, c_rs, c_nk, n_off, n_rs, n_nk)
+
+
+@device
+def ring_issue(A_I32, STREAMS, se, rbase, st, S: tl.constexpr, PR: tl.constexpr, PC: tl.constexpr):
+    """Copy pages into the ring while a slot is free (issued - consumed < S) and the worker's
+    stream list (entries up to ``se - 1``) has pages left, in ring order (page_order within
+    an entry). ``st``: the state (ring_state). Page p goes to slot p % S. The caller
+    guarantees that every thread has finished reading the page consumed last (a CTA
+    barrier). Returns the new state; unchanged under the interpreter."""
     if not INTERPRET:
         PAGE: tl.constexpr = PR * PC * 2
+        pc, pi, si, rb, cb, c_off, c_rs, c_nk, n_off, n_rs, n_nk = st
         while (pi - pc < S) & (si < se):
-            nkb = tl.cdiv(c_k, PC)
-            rb = sj // nkb
-            cb = sj - rb * nkb
-            rows = tl.minimum(PR, c_n - rb * PR)
-            cols = tl.minimum(PC, c_k - cb * PC)
+            cn = (c_nk >> 32).to(tl.int32)
+            ck = (c_nk & 0xFFFFFFFF).to(tl.int32)
+            rows = tl.minimum(PR, cn - rb * PR)
+            cols = tl.minimum(PC, ck - cb * PC)
             slot = pi % S
             dst = smem_addr(rbase + slot * PAGE)
             bar = smem_addr(rbase + S * PAGE + slot * 8)
-            # the arena as int32: every byte offset here is a multiple of 16 (table.stream_list)
+            # the arena as int32: every byte offset here is a multiple of 16 (table.ring_eligible)
             src = A_I32 + ((c_off + (rb * PR).to(tl.int64) * c_rs + cb * (PC * 2)) >> 2)
             tl.inline_asm_elementwise(_EXPECT, "=r,r,r", [bar, rows * cols * 2], dtype=tl.int32,
                                       is_pure=False, pack=1)
-            if (c_k <= PC) & (c_rs == c_k * 2):  # whole contiguous rows: one copy
+            if (ck <= PC) & (c_rs == ck * 2):  # whole contiguous rows: one copy
                 tl.inline_asm_elementwise(_COPY, "=r,r,l,r,r,r", [dst, src, rows * cols * 2, rows * 0 + 1, bar],
                                           dtype=tl.int32, is_pure=False, pack=1)
             else:  # one copy per row, rows min(K, PC) elements apart in the page
-                rstride = tl.minimum(c_k, PC) * 2
+                rstride = tl.minimum(ck, PC) * 2
                 for r in tl.static_range(PR):
                     tl.inline_asm_elementwise(_COPY, "=r,r,l,r,r,r",
-                                              [dst + r * rstride, src + ((r * c_rs) >> 2), cols * 2, (r < rows).to(tl.int32),
-                                               bar], dtype=tl.int32, is_pure=False, pack=1)
+                                              [dst + r * rstride, src + ((r * c_rs) >> 2), cols * 2,
+                                               (r < rows).to(tl.int32), bar], dtype=tl.int32, is_pure=False, pack=1)
             pi += 1
-            sj += 1
-            if sj == tl.cdiv(c_n, PR) * nkb:
-                si += 1
-                sj = 0
-                c_off, c_n, c_k, c_rs = stream_entry(STREAMS, si, se)
-    return pi, si, sj, c_off, c_n, c_k, c_rs
+            cb += 1
+            if cb * PC >= ck:
+                cb = cb * 0
+                rb += 1
+                if rb * PR >= cn:
+                    rb = rb * 0
+                    si += 1
+                    c_off, c_rs, c_nk = n_off, n_rs, n_nk
+                    n_off, n_rs, n_nk = stream_entry(STREAMS, si + 1, se)
+        st = (pc, pi, si, rb, cb, c_off, c_rs, c_nk, n_off, n_rs, n_nk)
+    return st
 
 
 @device
-def ring_wait(rbase, p, timeout, S: tl.constexpr, PAGE: tl.constexpr):
-    """Wait until page ``p`` (slot p % S, phase parity (p // S) & 1) has landed. Returns 0,
-    or 1 if it did not within ``timeout`` ns (the same decision in every thread). Always 0
-    under the interpreter."""
-    kind = tl.full([], 0, dtype=tl.int32)
+def _page_arrived(rbase, p, timeout, S: tl.constexpr, PAGE: tl.constexpr):
+    """1 once page ``p`` (slot p % S, phase parity (p // S) & 1) has landed, 0 if it has not
+    within ``timeout`` ns. Per thread (no CTA-wide decision; see _cta_any)."""
+    bar = smem_addr(rbase + S * PAGE + (p % S) * 8)
+    par = (p // S) & 1
+    done = tl.inline_asm_elementwise(_TRY_WAIT, "=r,r,r", [bar, par], dtype=tl.int32, is_pure=False, pack=1)
+    if done == 0:
+        t0 = global_timer()
+        now = t0
+        while (done == 0) & ((now - t0) < timeout):
+            done = tl.inline_asm_elementwise(_TRY_WAIT, "=r,r,r", [bar, par], dtype=tl.int32,
+                                             is_pure=False, pack=1)
+            now = global_timer()
+    return done
+
+
+_BAR_OR = tl.constexpr(
+    "{ .reg .pred %ro_i, %ro_o; setp.ne.s32 %ro_i, $1, 0; bar.red.or.pred %ro_o, 0, %ro_i; selp.s32 $0, 1, 0, %ro_o; }")
+
+
+@device
+def _cta_any(p):
+    """1 if the int32 ``p`` is non-zero in ANY thread of the CTA (uniform), as one CTA
+    barrier (``bar.red.or.pred``, PTX ISA "bar.red"): it is also the barrier after which a
+    page's slot may be refilled. Interpreter: ``p != 0``."""
+    if INTERPRET:
+        r = (p != 0).to(tl.int32)
+    else:
+        r = tl.inline_asm_elementwise(_BAR_OR, "=r,r", [p], dtype=tl.int32, is_pure=False, pack=1)
+    return r
+
+
+@device
+def ring_drain(rbase, st, timeout, S: tl.constexpr, PAGE: tl.constexpr):
+    """Wait for every issued page not consumed: a CTA must not exit with copies into its
+    shared memory in flight (after an error stopped its queue). A no-op under the
+    interpreter."""
     if not INTERPRET:
-        bar = smem_addr(rbase + S * PAGE + (p % S) * 8)
-        par = (p // S) & 1
-        done = tl.inline_asm_elementwise(_TRY_WAIT, "=r,r,r", [bar, par], dtype=tl.int32, is_pure=False, pack=1)
-        if done == 0:
-            t0 = global_timer()
-            now = t0
-            while (done == 0) & ((now - t0) < timeout):
-                done = tl.inline_asm_elementwise(_TRY_WAIT, "=r,r,r", [bar, par], dtype=tl.int32,
-                                                 is_pure=False, pack=1)
-                now = global_timer()
-        kind = tl.max(tl.full([1024], 0, dtype=tl.int32) + (done == 0).to(tl.int32), axis=0)
-    return kind
-
-
-@device
-def ring_drain(rbase, pc, pi, timeout, S: tl.constexpr, PAGE: tl.constexpr):
-    """Wait for every issued page not consumed (``pc`` .. ``pi - 1``): a CTA must not exit
-    with copies into its shared memory in flight (after an error stopped its queue)."""
-    while pc < pi:
-        ring_wait(rbase, pc, timeout, S, PAGE)
-        pc += 1
+        pc = st[0]
+        pi = st[1]
+        while pc < pi:
+            _page_arrived(rbase, pc, timeout, S, PAGE)
+            pc += 1
 
 
 @device
@@ -189,28 +221,27 @@ def _bf16_hi(v):
 
 
 @device
-def _page_dot(rbase, slot, wp, w_rs, r0, c0, xs, N, K, after, S: tl.constexpr, PR: tl.constexpr, PC: tl.constexpr):
+def _page_dot(rbase, slot, wp, w_rs, r0, c0, x0, x1, x2, x3, x4, x5, x6, x7, N, K,
+              S: tl.constexpr, PR: tl.constexpr, PC: tl.constexpr):
     """[PR, PC // 8] fp32 partial sums of one page: lane (r, j) holds
-    sum_{m<8} W[r0 + r, c0 + 8j + m] * xs[c0 + 8j + m] (0 outside the tile). On the GPU W comes
-    from the page in shared memory (16-byte ``ld.shared.v4``, 8 bf16 each) and xs as two
-    16-byte loads; under the interpreter from W in global memory (``wp``, row stride
-    ``w_rs`` elements). The xs loads are pure asm (so the copies Triton makes for each row a
-    thread holds are merged into one) that takes ``after`` (the page wait's result) as an
-    operand: that data dependency keeps them after the wait, hence after the staging
-    barrier."""
+    sum_{m<8} W[r0 + r, c0 + 8j + m] * x_m[j] with x_m[j] = xs[c0 + 8j + m] (0 outside the
+    tile). On the GPU W comes from the page in shared memory (16-byte ``ld.shared.v4``, 8 bf16
+    each); under the interpreter from W in global memory (``wp``, row stride ``w_rs``)."""
     VC: tl.constexpr = PC // 8
     rr = tl.arange(0, PR)
     vv = tl.arange(0, VC)
     cols = c0 + 8 * vv
-    vm = cols < K
-    m = ((r0 + rr) < N)[:, None] & vm[None, :]
+    m = ((r0 + rr) < N)[:, None] & (cols < K)[None, :]
     if INTERPRET:
         wb = wp + (r0 + rr).to(tl.int64)[:, None] * w_rs + cols[None, :]
-        d = tl.zeros([PR, VC], dtype=tl.float32)
-        for u in tl.static_range(8):
-            w = tl.load(wb + u, mask=m, other=0).to(tl.float32)
-            x = tl.load(xs + cols + u, mask=vm, other=0)
-            d += w * x[None, :]
+        d = tl.load(wb, mask=m, other=0).to(tl.float32) * x0[None, :]
+        d += tl.load(wb + 1, mask=m, other=0).to(tl.float32) * x1[None, :]
+        d += tl.load(wb + 2, mask=m, other=0).to(tl.float32) * x2[None, :]
+        d += tl.load(wb + 3, mask=m, other=0).to(tl.float32) * x3[None, :]
+        d += tl.load(wb + 4, mask=m, other=0).to(tl.float32) * x4[None, :]
+        d += tl.load(wb + 5, mask=m, other=0).to(tl.float32) * x5[None, :]
+        d += tl.load(wb + 6, mask=m, other=0).to(tl.float32) * x6[None, :]
+        d += tl.load(wb + 7, mask=m, other=0).to(tl.float32) * x7[None, :]
     else:
         PAGE: tl.constexpr = PR * PC * 2
         page = smem_addr(rbase + slot * PAGE)
@@ -220,13 +251,6 @@ def _page_dot(rbase, slot, wp, w_rs, r0, c0, xs, N, K, after, S: tl.constexpr, P
         w0, w1, w2, w3 = tl.inline_asm_elementwise(_LDS4, "=r,=r,=r,=r,r", [addr],
                                                    dtype=(tl.int32, tl.int32, tl.int32, tl.int32),
                                                    is_pure=False, pack=1)
-        xp = tl.where(vm, xs + cols, xs)
-        x0, x1, x2, x3 = tl.inline_asm_elementwise(_LDG4F, "=f,=f,=f,=f,l,r", [xp, after],
-                                                   dtype=(tl.float32, tl.float32, tl.float32, tl.float32),
-                                                   is_pure=True, pack=1)
-        x4, x5, x6, x7 = tl.inline_asm_elementwise(_LDG4F, "=f,=f,=f,=f,l,r", [xp + 4, after],
-                                                   dtype=(tl.float32, tl.float32, tl.float32, tl.float32),
-                                                   is_pure=True, pack=1)
         d = _bf16_lo(w0) * x0[None, :] + _bf16_hi(w0) * x1[None, :]
         d += _bf16_lo(w1) * x2[None, :] + _bf16_hi(w1) * x3[None, :]
         d += _bf16_lo(w2) * x4[None, :] + _bf16_hi(w2) * x5[None, :]
@@ -238,38 +262,71 @@ def _page_dot(rbase, slot, wp, w_rs, r0, c0, xs, N, K, after, S: tl.constexpr, P
 @device
 def gemv_ring(xs, wp, w_rs, b, b_n1, b_n2, b_s0, b_s1, b_s2, y, y_n1, y_n2, y_s0, y_s1, y_s2, N, K,
               HAS_BIAS: tl.constexpr, m1, m2, m3, MIRRORS: tl.constexpr,
-              A_I32, STREAMS, se, rbase, pc, pi, si, sj, c_off, c_n, c_k, c_rs, timeout,
-              S: tl.constexpr, PR: tl.constexpr, PC: tl.constexpr):
+              A_I32, STREAMS, se, rbase, st, timeout, S: tl.constexpr, PR: tl.constexpr, PC: tl.constexpr,
+              PROF=None, PROFILE: tl.constexpr = False):
     """y[N] = W[N, K] @ xs[K] (+ b), W bf16 streamed through the ring, xs the staged f(x)
-    (fp32, 16-byte aligned, at least K + 8 readable elements: the worker's scratch row),
-    fp32 accumulation. Pages are consumed in ``page_order``; after each one the CTA
-    synchronises (every thread has read it) and the ring is topped up (ring_issue) into the
-    freed slot. The epilogue is ops.gemv_ex's: ``b`` (HAS_BIAS) added, y stored rounded to
+    (fp32), fp32 accumulation. Pages are consumed in ``page_order``; each page's xs slice is
+    loaded before its wait, and after each page one CTA barrier (which also decides, for
+    every thread alike, whether a page timed out) frees its slot and the ring is topped up
+    (ring_issue). The epilogue is ops.gemv_ex's: ``b`` (HAS_BIAS) added, y stored rounded to
     its dtype, and at ``y + m1`` .. ``m3`` (MIRRORS, peer copies of y).
-    Returns (status: 0 or 1 when a page never arrived, pc, pi, si, sj, c_off, c_n, c_k, c_rs)."""
+    ``PROFILE``: store at ``PROF + 7`` / ``+ 8`` / ``+ 9`` the ns this task spent waiting for
+    pages, the ns spent issuing copies, and its page count (megakernel.PROF_W).
+    Returns (status: 0, or 1 when a page never arrived; the ring state)."""
     PAGE: tl.constexpr = PR * PC * 2
     VC: tl.constexpr = PC // 8
-    nkb = tl.cdiv(K, PC)
-    st = tl.full([], 0, dtype=tl.int32)
+    vv = tl.arange(0, VC)
+    if not INTERPRET:  # xs into L1 (no acquire poll runs inside a GEMV to invalidate it)
+        ln = tl.arange(0, 256)
+        tl.inline_asm_elementwise(_PREFETCH_L1, "=r,l,r", [xs + ln * 32, (ln * 32 < K).to(tl.int32)],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+    bad = tl.full([], 0, dtype=tl.int32)
     r0 = N * 0
-    while (r0 < N) & (st == 0):
+    t_wait = tl.full([], 0, dtype=tl.int64)
+    t_issue = t_wait
+    npages = bad
+    while (r0 < N) & (bad == 0):
+        rows = r0 + tl.arange(0, PR)
+        rm = rows < N
+        if HAS_BIAS:  # loaded before the row block's pages: its latency overlaps them
+            bv = tl.load(b + flat_off(rows, b_n1, b_n2, b_s0, b_s1, b_s2), mask=rm, other=0).to(tl.float32)
         acc = tl.zeros([PR, VC], dtype=tl.float32)
-        cb = nkb * 0
-        while (cb < nkb) & (st == 0):
-            st = ring_wait(rbase, pc, timeout, S, PAGE)
-            if st == 0:
-                acc += _page_dot(rbase, pc % S, wp, w_rs, r0, cb * PC, xs, N, K, st + pc, S, PR, PC)
-                tl.debug_barrier()  # every thread has read the page: its slot may be refilled
-                pc += 1
-                pi, si, sj, c_off, c_n, c_k, c_rs = ring_issue(A_I32, STREAMS, se, rbase, pc, pi, si, sj, c_off, c_n,
-                                                               c_k, c_rs, S, PR, PC)
-            cb += 1
-        if st == 0:
-            rows = r0 + tl.arange(0, PR)
-            rm = rows < N
+        c0 = K * 0
+        while (c0 < K) & (bad == 0):
+            xc = xs + c0 + 8 * vv
+            xm = (c0 + 8 * vv) < K
+            x0 = tl.load(xc, mask=xm, other=0)
+            x1 = tl.load(xc + 1, mask=xm, other=0)
+            x2 = tl.load(xc + 2, mask=xm, other=0)
+            x3 = tl.load(xc + 3, mask=xm, other=0)
+            x4 = tl.load(xc + 4, mask=xm, other=0)
+            x5 = tl.load(xc + 5, mask=xm, other=0)
+            x6 = tl.load(xc + 6, mask=xm, other=0)
+            x7 = tl.load(xc + 7, mask=xm, other=0)
+            pc = st[0]
+            if INTERPRET:
+                arrived = tl.full([], 1, dtype=tl.int32)
+            else:
+                if PROFILE:
+                    t0 = global_timer()
+                arrived = _page_arrived(rbase, pc, timeout, S, PAGE)
+                if PROFILE:
+                    t_wait += global_timer() - t0
+            acc += _page_dot(rbase, pc % S, wp, w_rs, r0, c0, x0, x1, x2, x3, x4, x5, x6, x7, N, K, S, PR, PC)
+            bad = _cta_any(1 - arrived)  # the barrier: every thread has read the page
+            if bad == 0:
+                st = (pc + 1, st[1], st[2], st[3], st[4], st[5], st[6], st[7], st[8], st[9], st[10])
+                if PROFILE:
+                    t1 = global_timer()
+                st = ring_issue(A_I32, STREAMS, se, rbase, st, S, PR, PC)
+                if PROFILE:
+                    t_issue += global_timer() - t1
+                    npages += 1
+            c0 += PC
+        if bad == 0:
             out = tl.sum(acc, axis=1)
             if HAS_BIAS:
-                out += tl.load(b + flat_off(rows, b_n1, b_n2, b_s0, b_s1, b_s2), mask=rm, other=0).to(tl.float32)
+                out += bv
             yoff = flat_off(rows, y_n1, y_n2, y_s0, y_s1, y_s2)
             store(y + yoff, out, rm)
             if MIRRORS > 0:
@@ -279,4 +336,8 @@ def gemv_ring(xs, wp, w_rs, b, b_n1, b_n2, b_s0, b_s1, b_s2, y, y_n1, y_n2, y_s0
             if MIRRORS > 2:
                 store(y + m3 + yoff, out, rm)
         r0 += PR
-    return st, pc, pi, si, sj, c_off, c_n, c_k, c_rs
+    if PROFILE:
+        tl.store(PROF + 7, t_wait)
+        tl.store(PROF + 8, t_issue)
+        tl.store(PROF + 9, npages.to(tl.int64))
+    return bad, st

@@ -711,8 +711,8 @@ def _ring_task(t: Task, bufs: dict[str, Buffer], layout: ArenaLayout, rank: int,
 
 def stream_list(tab: "TaskTable") -> tuple[np.ndarray, np.ndarray]:
     """The weight ring's stream list of a table: per worker, in queue order, one entry per
-    ``ring`` GEMV row (its W tile's byte offset in the arena, rows N, columns K, row stride in
-    bytes; ring.STREAM_W int64 fields), and ``sstart[W + 1]`` (int32): worker w's entries are
+    ``ring`` GEMV row (its W tile's byte offset in the arena, row stride in bytes, rows N << 32
+    | columns K, 0; ring.STREAM_W int64 fields), and ``sstart[W + 1]`` (int32): worker w's entries are
     ``sstart[w] .. sstart[w + 1] - 1``. The kernel copies each entry's pages in ring.page_order
     in this order, and its GEMVs consume them in the same order."""
     ring_ops = {i for i, v in enumerate(tab.variants) if v.flag("ring")}
@@ -724,7 +724,7 @@ def stream_list(tab: "TaskTable") -> tuple[np.ndarray, np.ndarray]:
             if int(row[F_OP]) in ring_ops:
                 wi = GEMV_OPS[tab.task_ops[i]][2]
                 off, _, _, n1, n2, _, s1, _ = (int(x) for x in row[F_OPND + wi * OPND_W:F_OPND + (wi + 1) * OPND_W])
-                entries.append([off * 2, n1, n2, s1 * 2 if n1 > 1 else n2 * 2])
+                entries.append([off * 2, s1 * 2 if n1 > 1 else n2 * 2, n1 << 32 | n2, 0])
         sstart.append(len(entries))
     streams = np.asarray(entries or [[0, 0, 0, 0]], dtype=np.int64).reshape(-1, 4)
     return streams, np.asarray(sstart, dtype=np.int32)
