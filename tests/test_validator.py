@@ -88,17 +88,30 @@ def inversion(cross_rank: bool, inverted: bool = True):
 def put_program(mode: str, ranks: int = 2):
     """Rank 0 puts x into rb@1 and then makes rank 1's counter c reach 1 by ``mode``;
     rank 1 waits on c and copies rb to y, then returns a credit."""
-    b = ProgramBuilder("p", ranks=ranks, workers=1)
+    b = ProgramBuilder("p", ranks=ranks, workers=2)
     b.buffer("x", "io_input", "f32", (8,), rank=0)
     b.buffer("rb", "activation", "f32", (8,), placement="symmetric")
     b.buffer("y", "io_output", "f32", (8,), rank=1)
     b.counter("c", rank=1)
     b.counter("cr", rank=0)
+    b.counter("co", rank=0)
     if ranks > 2:
         b.counter("c2", rank=2)
-    pws = ["c+=1"] if mode == "put_with_signal" else []
+    pws = {"put_with_signal": ["c+=1"],
+           "pws_and_own": ["c+=1", "co+=1"],  # also signals a counter on its own rank
+           "pws_and_third": ["c2+=1", "c+=1"],  # also signals a counter on rank 2
+           "own_relay": ["co+=1"],  # only its own rank; another worker relays to rank 1
+           "third_relay": ["c2+=1"]}.get(mode, [])  # only rank 2, which relays to rank 1
     b.task("put", 0, 0, "put", ins=["x[0:8]"], outs=["rb@1[0:8]"], signals=pws,
            waits=["cr>=1@prev"])
+    if mode == "pws_and_own":
+        b.task("own", 0, 1, "nop", waits=["co>=1"])
+    elif mode == "pws_and_third":
+        b.task("third", 2, 0, "nop", waits=["c2>=1"])
+    elif mode == "own_relay":
+        b.task("relay", 0, 1, "nop", waits=["co>=1"], signals=["c+=1"])
+    elif mode == "third_relay":
+        b.task("relay", 2, 0, "nop", waits=["c2>=1"], signals=["c+=1"])
     if mode == "quiet":
         b.task("q", 0, 0, "quiet")
         b.task("s", 0, 0, "nop", signals=["c+=1"])
@@ -312,15 +325,6 @@ def test_counter_overflow():
     ok(prog(1 << 30, width=64))
 
 
-def test_put_signal_must_target_destination():
-    b = ProgramBuilder("p", ranks=2, workers=1)
-    b.buffer("x", "io_input", "f32", (8,), rank=0)
-    b.buffer("rb", "activation", "f32", (8,), placement="symmetric")
-    b.counter("c0", rank=0)
-    b.task("put", 0, 0, "put", ins=["x[0:8]"], outs=["rb@1[0:8]"], signals=["c0+=1"])
-    rejected(b.build(), "PutSignalWrongRank")
-
-
 def test_workers_within_coresidency():
     def prog(workers, max_workers):
         b = ProgramBuilder("w", ranks=1, workers=workers,
@@ -377,6 +381,7 @@ def _index_arrays(prog):
 
 def test_fast_and_thorough_structure_passes_agree(monkeypatch):
     progs = [allreduce(3, 8, reuse="slots"), allreduce(4, 8, workers=2, reuse="credit"),
+             respelled_waits(allreduce(3, 8, reuse="credit"), -1, -1),
              transformer_schedule(2, 4, 1, hidden=256, inter=512, q_heads=8, kv_heads=4,
                                   seq=16, qkv_tiles=8, o_tiles=8, gu_tiles=8, act_tiles=4,
                                   down_tiles=8, chunks=2)]
@@ -569,6 +574,24 @@ def test_put_with_signal_and_quiet_accepted():
     ok(put_program("fence_same_rank"))
 
 
+@pytest.mark.parametrize("mode, ranks", [("pws_and_own", 2), ("pws_and_third", 3)])
+def test_put_may_also_signal_other_ranks(mode, ranks):
+    """docs/ir.md: a task may signal counters on any rank, a put included. Its signal to its
+    own rank (or a third rank) is accepted; the data is published by its signal to the
+    destination rank (put-with-signal)."""
+    ok(put_program(mode, ranks))
+
+
+@pytest.mark.parametrize("mode, ranks", [("own_relay", 2), ("third_relay", 3)])
+def test_put_signal_to_another_rank_publishes_no_data(mode, ranks):
+    """A put's signal to a counter that is not on its destination rank orders nothing about
+    the remote data (NVSHMEM delivers a signal after the data only to the same PE): a relay
+    of it to the destination is a read before delivery."""
+    v = rejected(put_program(mode, ranks), "RemoteReadBeforeDelivery")
+    f = finding(v, "RemoteReadBeforeDelivery")
+    assert "put" in f.tasks and "rd" in f.tasks
+
+
 def test_missing_quiet_before_signal():
     v = rejected(put_program("no_quiet"), "RemoteReadBeforeDelivery")
     w = finding(v, "RemoteReadBeforeDelivery").witness
@@ -620,6 +643,54 @@ def test_credit_counts_are_epoch_relative():
     for r in (2, 3, 4):
         v = ok(allreduce(r, 4, reuse="credit"))
         assert v.stats["window_epochs"] == 2
+
+
+def respelled_waits(prog, offset: int, delta: int):
+    """``prog`` with every wait of the given offset rewritten as offset 0 and threshold
+    ``t + delta * N(c)``."""
+    n = prog.signals_per_epoch()
+    for i, t in enumerate(prog.tasks):
+        prog.tasks[i] = dataclasses.replace(t, waits=tuple(
+            Wait(w.counter, w.threshold + delta * n[w.counter], 0) if w.offset == offset else w
+            for w in t.waits))
+    return prog
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_credit_spelled_as_a_zero_threshold_is_accepted(ranks):
+    """``wait(c >= t - N)`` is satisfied at once in step 0 and means ``c >= (e - 1) N + t``
+    in step e: exactly the credit ``wait(c >= t @prev)``. The cross-step reasoning uses the
+    step-e threshold, so the respelled credit is accepted like the original."""
+    prog = respelled_waits(allreduce(ranks, 8, reuse="credit"), -1, -1)
+    assert {w.threshold for t in prog.tasks for w in t.waits if w.counter.startswith("c.cr")} \
+        == {0}
+    ok(prog)
+    # the same spelling for the arrivals waits for the previous step's data: rejected
+    bad = respelled_waits(allreduce(ranks, 8, reuse="credit"), 0, -1)
+    v = validate(bad)
+    assert not v.ok and v.classes & {"RemoteReadBeforeDelivery",
+                                     "ReceiveBufferReuseWithoutCredit"}, v.classes
+
+
+@pytest.mark.parametrize("thr", [1 << 31, 1 << 63, 1 << 70])
+def test_threshold_beyond_the_counter_range_is_unsatisfiable(thr):
+    """A threshold no counter value can reach is a deadlock diagnosis naming the task, not
+    an internal error (the value does not fit the analysis' int64 arrays)."""
+    p = allreduce(2, 8, reuse="credit")
+    t = p.tasks[-1]
+    p.tasks[-1] = dataclasses.replace(t, waits=(Wait(t.waits[0].counter, thr),))
+    v = rejected(p, "UnsatisfiableWait")
+    assert "InternalError" not in v.classes
+    f = finding(v, "UnsatisfiableWait")
+    assert f.tasks == [t.id] and f.witness["threshold"] == thr
+    assert f"{t.waits[0].counter} >= {thr}" in f.message and "32-bit counter's range" in f.message
+
+
+def test_threshold_far_below_zero_is_satisfied_at_once():
+    p = allreduce(2, 8, reuse="credit")
+    t = p.tasks[-1]
+    p.tasks[-1] = dataclasses.replace(t, waits=t.waits + (Wait(t.waits[0].counter, -(1 << 70)),))
+    ok(p)
 
 
 def test_verdict_json_keys():

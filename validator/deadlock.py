@@ -59,7 +59,9 @@ def unsatisfiable_waits(ix: Index) -> list[Finding]:
     """Waits whose threshold exceeds one epoch's worth of signals: ``t > N(c)``.
 
     With offset 0 such a wait needs signals of a later step, which never come in the last
-    step of a launch; with ``@prev`` it waits for more than the previous step produced.
+    step of a launch; with ``@prev`` it waits for more than the previous step produced. A
+    threshold beyond the counter's signed range (or beyond int64) is the same diagnosis:
+    the Index holds it clamped above N(c), the message the value as written.
     """
     out = []
     if not len(ix.w_task):
@@ -68,17 +70,28 @@ def unsatisfiable_waits(ix: Index) -> list[Finding]:
     for k in bad:
         t, c = int(ix.w_task[k]), int(ix.w_ctr[k])
         n = int(ix.ctr_n[c])
-        prev = " @prev" if ix.w_off[k] else ""
+        thr, off = _src_wait(ix, int(k))
+        prev = " @prev" if off else ""
+        width = int(ix.ctr_width[c])
+        beyond = (f" (beyond the {width}-bit counter's range, at most {(1 << (width - 1)) - 1})"
+                  if thr > (1 << (width - 1)) - 1 else "")
         out.append(Finding(
             "UnsatisfiableWait",
-            f"task {ix.task_ids[t]} waits {ix.ctr_names[c]} >= {int(ix.w_thr[k])}{prev}, but "
+            f"task {ix.task_ids[t]} waits {ix.ctr_names[c]} >= {thr}{prev}{beyond}, but "
             f"only {n} is signalled to it per step",
             tasks=[ix.task_ids[t]],
             witness={"task": ix.task_ids[t], "counter": ix.ctr_names[c],
-                     "threshold": int(ix.w_thr[k]), "offset": int(ix.w_off[k]),
+                     "threshold": thr, "offset": off, "counter_width": width,
                      "signalled_per_step": n,
                      "signallers": _signallers(ix, c)}))
     return out
+
+
+def _src_wait(ix: Index, k: int) -> tuple[int, int]:
+    """Static wait ``k``'s threshold and offset as written (the Index normalises them)."""
+    thr = ix.w_thr_src[k] if ix.w_thr_src is not None else ix.w_thr[k]
+    off = ix.w_off_src[k] if ix.w_off_src is not None else ix.w_off[k]
+    return int(thr), int(off)
 
 
 def _signallers(ix: Index, c: int, limit: int = 20) -> list[str]:
@@ -203,11 +216,12 @@ def _deadlock_findings(ix: Index, win: Window, V, cptr, allowed: int, rfin) -> l
             ctr, need = int(win.wi_ctr[k]), int(win.wi_abs[k])
             if V[ctr] >= need:
                 continue
-            base = e + int(ix.w_off[int(win.wi_wait[k])])
+            thr, off = _src_wait(ix, int(win.wi_wait[k]))
+            base = e + off
             n = int(ix.ctr_n[ctr])
             entry["waits"].append({
-                "counter": ix.ctr_names[ctr], "value": int(V[ctr]), "needed": need,
-                "value_in_step": int(V[ctr]) - base * n, "threshold": int(ix.w_thr[int(win.wi_wait[k])]),
+                "counter": ix.ctr_names[ctr], "value": int(V[ctr]), "needed": base * n + thr,
+                "value_in_step": int(V[ctr]) - base * n, "threshold": thr, "offset": off,
                 "pending_signallers": sorted({t for t, _ in pend.get(ctr, [])})[:10]})
             cn = f"counter {ix.ctr_names[ctr]}"
             g.add_edge(tnode(h), cn)
