@@ -823,19 +823,23 @@ def parse_line(line: str, fast: _FastParser | None = None):
     return _parse_line_lark(line)
 
 
-def parse_program(text: str, filename: str = "<string>") -> ScheduleProgram:
+def parse_program(text: str, filename: str = "<string>",
+                  positions: list[tuple[int, int]] | None = None) -> ScheduleProgram:
     """Parse the text form into a ScheduleProgram (no semantic validation).
 
-    ``filename`` only labels errors. Raises IRParseError (file:line:column, message,
-    expected) on a syntax error, an unsupported version, a repeated header line, a
-    missing ``amk``/``program``/``ranks`` line, a repeated key in a params/config map,
-    or a target/epochs field that does not exist or has the wrong type.
+    ``filename`` only labels errors. ``positions``: if a list is given, the 1-based
+    ``(line, column)`` of each task line is appended to it, in task order (so that a later
+    error about ``prog.tasks[i]`` can point at ``file:line:column``). Raises IRParseError
+    (file:line:column, message, expected) on a syntax error, an unsupported version, a
+    repeated header line, a missing ``amk``/``program``/``ranks`` line, a repeated key in a
+    params/config map, or a target/epochs field that does not exist or has the wrong type.
     """
     with gc_paused():
-        return _parse_program(text, filename)
+        return _parse_program(text, filename, positions)
 
 
-def _parse_program(text: str, filename: str) -> ScheduleProgram:
+def _parse_program(text: str, filename: str,
+                   positions: list[tuple[int, int]] | None = None) -> ScheduleProgram:
     fast = _FastParser()
     header: dict[str, tuple[int, Any]] = {}
     buffers: list[Buffer] = []
@@ -868,6 +872,8 @@ def _parse_program(text: str, filename: str) -> ScheduleProgram:
                                    ["'amk'"])
         if kind == "task":
             add_task(payload)
+            if positions is not None:
+                positions.append((lineno, 1 if line[0] == "t" else _first_col(line)))
         elif kind == "buffer":
             add_buffer(payload)
         elif kind == "counter":
