@@ -484,6 +484,15 @@ def _max_into(M: np.ndarray, tgt: np.ndarray, rows: np.ndarray) -> None:
     if len(tgt) == 1:
         M[tgt[0]] = np.maximum(M[tgt[0]], rows[0])
         return
+    step = tgt[1:] - tgt[:-1]
+    if (step >= 0).all():  # sorted targets (the common case): reduce runs in place
+        if (step > 0).all():
+            M[tgt] = np.maximum(M[tgt], rows)
+            return
+        starts = np.concatenate(([0], np.nonzero(step)[0] + 1))
+        u = tgt[starts]
+        M[u] = np.maximum(M[u], np.maximum.reduceat(rows, starts, axis=0))
+        return
     if int(tgt.max()) < 8 * len(tgt) + 4096:
         dup = np.bincount(tgt).max() > 1
     else:
