@@ -49,7 +49,7 @@ for _o, _n in enumerate(OP_NAMES):
 
 _TASK = attrgetter("id", "rank", "worker", "op", "group", "ins", "outs", "params", "waits",
                    "signals")
-_REG = attrgetter("buffer", "rank", "ranges")
+_REG_BUFFER, _REG_RANK, _REG_RANGES = (attrgetter(a) for a in ("buffer", "rank", "ranges"))
 _B4 = attrgetter("start.const", "start.coef", "stop.const", "stop.coef")
 _WAIT = attrgetter("counter", "threshold", "offset")
 _SIG = attrgetter("counter", "amount")
@@ -123,7 +123,9 @@ def _fast(prog, R, W, S, be, buf_id, buf_shape, buf_dtype, buf_sym, buf_owner, c
     r_out = k_in_task >= n_in[r_task]
     r_operand = np.where(r_out, k_in_task - n_in[r_task], k_in_task)
     if nreg:
-        bnames, rranks, rranges = zip(*map(_REG, regs))
+        # three C-level passes beat building and transposing 150k tuples
+        bnames, rranks, rranges = (list(map(_REG_BUFFER, regs)), list(map(_REG_RANK, regs)),
+                                   list(map(_REG_RANGES, regs)))
         bi = list(map(buf_id.get, bnames))
         if None in bi or not _all_int(rranks) or not _all_type(rranges, _SEQT):
             return None
