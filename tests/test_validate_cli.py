@@ -132,3 +132,23 @@ def test_structural_errors_carry_the_task_position(tmp_path):
     r = _amk("validate", str(jpath))
     assert r.returncode == 1
     assert f"{jpath}: tasks[1]: UnknownOp: task b" in r.stdout
+
+
+def test_validator_speed_bench_prints_stage_times(tmp_path):
+    """bench/validator_speed.py on a schedule file: the table of stage times (parse,
+    structure, deadlock, happens-before, races, validate, the CLI end to end) and JSON."""
+    sched = tmp_path / "ar.amk"
+    save_program(allreduce(3, 8, reuse="credit"), sched)
+    out = tmp_path / "speed.json"
+    r = subprocess.run([sys.executable, "bench/validator_speed.py", "--schedule", str(sched),
+                        "--repeat", "2", "--out", str(out)], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr
+    for stage in ("parse", "structure", "deadlock", "happens_before", "races", "validate",
+                  "cli"):
+        assert any(line.startswith(stage) for line in r.stdout.splitlines()), stage
+    d = json.loads(out.read_text())
+    assert d["schedule"]["tasks"] == 12 and d["schedule"]["ok"] is True
+    assert len(d["wall_s"]["cli"]["samples"]) == 2
+    assert d["wall_s"]["parse"]["min"] <= d["wall_s"]["parse"]["median"]
+    assert out.with_suffix(".txt").read_text().startswith("amk validate ar:")
