@@ -88,11 +88,17 @@ def lower_schedule(model: str, tp: int, out_dir: Path) -> Path:
 
 def _sample_inprocess(path: Path) -> tuple[dict[str, float], dict[str, float], dict]:
     """One parse + validate of ``path`` in this process: wall and CPU seconds per column."""
-    from ir.io import load_program_located
+    try:
+        from ir.io import load_program_located as load
+    except ImportError:  # an older checkout (for a before/after comparison)
+        from ir.io import load_program
+
+        def load(p):
+            return load_program(p), None
 
     gc.collect()
     t, c = time.perf_counter(), time.process_time()
-    prog, _ = load_program_located(path)
+    prog, _ = load(path)
     wall = {"parse": time.perf_counter() - t}
     cpu = {"parse": time.process_time() - c}
     v = validate(prog)
