@@ -364,7 +364,6 @@ def check_structure(prog: Any, backend: str | None = None) -> StructureResult:
 
         # regions
         shapes_ok = True
-        reg_start = len(r_task)
         in_shapes, in_dtypes, out_shapes, out_dtypes = [], [], [], []
         for is_out, regs in ((False, ins), (True, outs)):
             for k, reg in enumerate(regs):
