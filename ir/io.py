@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Callable
 
 from ground.errors import AmkError
 from ground.files import atomic_write_text
@@ -47,10 +48,21 @@ def load_program(path: str | os.PathLike) -> ScheduleProgram:
     Raises IRParseError / IRJsonError (both AmkError) for malformed content, with the
     path in the message, and AmkError for an unreadable file. No semantic validation.
     """
+    return load_program_located(path)[0]
+
+
+def load_program_located(path: str | os.PathLike
+                         ) -> tuple[ScheduleProgram, Callable[[int], str]]:
+    """Like :func:`load_program`, and also ``where(i)``: the place of ``prog.tasks[i]`` in
+    the file, ``"path:line:column"`` for the text form and ``"path: tasks[i]"`` for JSON
+    (the field path of IRJsonError). Same errors as ``load_program``."""
     content = read_text_file(path)
+    name = str(path)
     if detect_format(path, content) == "json":
-        return jsonio.loads(content, str(path))
-    return text.parse_program(content, str(path))
+        return jsonio.loads(content, name), lambda i: f"{name}: tasks[{i}]"
+    positions: list[tuple[int, int]] = []
+    prog = text.parse_program(content, name, positions)
+    return prog, lambda i: f"{name}:{positions[i][0]}:{positions[i][1]}"
 
 
 def dumps_program(prog: ScheduleProgram, fmt: str = "text") -> str:

@@ -14,9 +14,10 @@ Layout (docs/ir.md, "JSON form"); every field is written, in this order::
     region = {"buffer": str, "rank": int, "ranges": [[bound, bound], ...]}
     bound  = int | {"const": int, "coef": int}          (const + coef * s)
 
-Reading accepts missing optional fields (their defaults) but rejects unknown fields and
-wrong types with :class:`IRJsonError`, whose ``path`` names the field, e.g.
-``tasks[3].waits[0].threshold``. Like the text parser it does no semantic validation.
+Reading requires ``version``, ``name``, ``ranks``, ``workers``, ``buffers``, ``counters``
+and ``tasks`` (an empty list is ``[]``), accepts missing optional fields (their defaults)
+and rejects unknown fields and wrong types with :class:`IRJsonError`, whose ``path`` names
+the field, e.g. ``tasks[3].waits[0].threshold``. Like the text parser it does no semantic validation.
 Floats round-trip bit-exactly (Python's json writes ``repr``); non-finite floats are
 written as ``Infinity`` / ``NaN`` (Python's json extension).
 """
@@ -441,8 +442,20 @@ def _target(v) -> Target:
                   backend=_get_str(v, "backend", d.backend))
 
 
+# Top-level fields a program must have; the rest default as in the text form's optional
+# header lines. An empty list is written ``[]``: a missing list is a truncated or mistyped
+# file, not an empty program.
+_PROGRAM_REQUIRED = ("version", "name", "ranks", "workers", "buffers", "counters", "tasks")
+
+
 def _program(obj) -> ScheduleProgram:
     _obj(obj, "program", _PROGRAM_F)
+    for key in _PROGRAM_REQUIRED:  # name the first missing field, in layout order
+        if key not in obj:
+            what = "an array" if key in ("buffers", "counters", "tasks") else \
+                "a string" if key == "name" else "an integer"
+            raise _Bad(key, f"missing top-level field {key!r} ({what}; "
+                            f"required: {', '.join(_PROGRAM_REQUIRED)})")
     version = _get_int(obj, "version")
     if version != IR_VERSION:
         raise _Bad("version", f"unsupported IR version {version} (this amk reads version "
@@ -460,9 +473,9 @@ def _program(obj) -> ScheduleProgram:
         max_epochs=_get_int(obj, "max_epochs", d.max_epochs),
         slots=_get_int(obj, "slots", d.slots),
         config=config,
-        buffers=_in("buffers", _items, _get_list(obj, "buffers"), _buffer),
-        counters=_in("counters", _items, _get_list(obj, "counters"), _counter),
-        tasks=_in("tasks", _items, _get_list(obj, "tasks"), _task),
+        buffers=_in("buffers", _items, _get_list(obj, "buffers", True), _buffer),
+        counters=_in("counters", _items, _get_list(obj, "counters", True), _counter),
+        tasks=_in("tasks", _items, _get_list(obj, "tasks", True), _task),
         version=version,
     )
 

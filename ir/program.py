@@ -18,7 +18,11 @@ Semantics in brief
   A wait ``c >= t`` in epoch ``e`` blocks until the counter reached
   ``base(e) + t`` where ``base(e) = (e + offset) * N(c)``, ``N(c)`` being the sum of all
   signal amounts to ``c`` in one epoch and ``offset`` being 0, or -1 for a wait on the
-  previous epoch (a credit). Thresholds at or below zero are trivially satisfied.
+  previous epoch (a credit). A wait whose ``base(e) + t`` is at or below zero is trivially
+  satisfied in that epoch: ``wait(c >= 0)`` passes at once in epoch 0 and means
+  ``c >= e * N(c)`` in epoch e (the same as ``wait(c >= N(c) @prev)``).
+* A task may signal counters on any rank, a put included; only a remote writer's signals
+  to counters of the destination rank make its data visible there (below).
 * A task reads ``ins`` and writes ``outs``. It may only read memory of its own rank. It may
   write its own rank's memory, or a *symmetric* buffer's copy on another rank (a put).
 * Local writes become visible to later tasks of the same worker, and to any task that

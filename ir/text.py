@@ -502,6 +502,16 @@ class _Pos:
     def __init__(self, value, column: int):
         self.value, self.column = value, column
 
+    def __eq__(self, other) -> bool:  # the fast path and lark must build equal headers
+        return isinstance(other, _Pos) and (self.value, self.column) == (other.value,
+                                                                         other.column)
+
+    def __hash__(self) -> int:
+        return hash((self.value, self.column))
+
+    def __repr__(self) -> str:
+        return f"_Pos({self.value!r}, {self.column})"
+
 
 _NULL = object()
 
@@ -668,6 +678,14 @@ _BUFFER_RE = re.compile(
     rf"(?: @r({_I}))?(?: src=({_SS})(?:\[((?:{_I}:{_I}(?:, ?{_I}:{_I})*)?)\])?)?"
 )
 _INT_RE = re.compile(_I)
+# canonical header lines (what format_program writes); anything else goes to lark
+_AMK_RE = re.compile(r"amk ([0-9]+)")
+_PROGRAM_RE = re.compile(rf"program ({_SS})")
+_RANKS_RE = re.compile(rf"ranks ({_I}) workers ({_I})")
+_TARGET_RE = re.compile(rf"target ({_N}) (sms)=({_I}) (max_workers)=({_I}) (backend)=({_N})")
+_EPOCHS_RE = re.compile(rf"epochs (max)=({_I}) (slots)=({_I})")
+_CONFIG_RE = re.compile(rf"config((?: {_KV})*)")
+_KV_POS_RE = re.compile(rf" ({_N})=({_VAL})")
 _KEYWORD_VALUES = {"true": True, "false": False, "null": None, "inf": math.inf,
                    "-inf": -math.inf, "nan": math.nan}
 
@@ -784,6 +802,43 @@ class _FastParser:
         width = m.group(3)
         return ("counter", Counter(m.group(1), int(m.group(2)), 32 if width is None else int(width)))
 
+    def header(self, line: str):
+        """A canonical header line as lark's transformer builds it (columns included),
+        or None. Importing and building the lark parser costs ~70 ms, more than parsing
+        a small program, so a canonical file never needs it."""
+        head = line[:line.find(" ")]
+        if head == "amk":
+            m = _AMK_RE.fullmatch(line)
+            return m and ("amk", _Pos(int(m.group(1)), m.start(1) + 1))
+        if head == "program":
+            m = _PROGRAM_RE.fullmatch(line)
+            return m and ("program", m.group(1)[1:-1])
+        if head == "ranks":
+            m = _RANKS_RE.fullmatch(line)
+            return m and ("ranks", (int(m.group(1)), int(m.group(2))))
+        if head == "target":
+            m = _TARGET_RE.fullmatch(line)
+            if m is None or m.group(1) in _RESERVED or m.group(7) in _RESERVED:
+                return None
+            return ("target", (m.group(1), [
+                (_Pos(m.group(k), m.start(k) + 1), conv(m.group(k + 1)), m.start(k + 1) + 1)
+                for k, conv in ((2, int), (4, int), (6, str))]))
+        if head == "epochs":
+            m = _EPOCHS_RE.fullmatch(line)
+            return m and ("epochs", [(_Pos(m.group(k), m.start(k) + 1), int(m.group(k + 1)),
+                                      m.start(k + 1) + 1) for k in (1, 3)])
+        if head == "config":
+            m = _CONFIG_RE.fullmatch(line)
+            if m is None:
+                return None
+            out: dict[str, Any] = {}
+            for k, v in _KV_POS_RE.findall(m.group(1)):
+                if k in out or k in _RESERVED:
+                    return None  # a duplicate key: lark reports it
+                out[k] = _fast_value(v)
+            return ("config", out)
+        return None
+
     def line(self, line: str):
         if "#" in line:  # comments (possibly inside strings): leave to lark
             return None
@@ -793,7 +848,13 @@ class _FastParser:
             return self.buffer(line)
         if line.startswith("counter "):
             return self.counter(line)
+        if line.startswith(_HEADER_STARTS):
+            return self.header(line)
         return None
+
+
+_HEADER_STARTS = tuple(f"{h} " for h in HEADER_LINES)
+_BLANK = " \t\f\r"  # the whitespace grammar.lark ignores
 
 
 def _fast_value(text: str):
@@ -823,19 +884,23 @@ def parse_line(line: str, fast: _FastParser | None = None):
     return _parse_line_lark(line)
 
 
-def parse_program(text: str, filename: str = "<string>") -> ScheduleProgram:
+def parse_program(text: str, filename: str = "<string>",
+                  positions: list[tuple[int, int]] | None = None) -> ScheduleProgram:
     """Parse the text form into a ScheduleProgram (no semantic validation).
 
-    ``filename`` only labels errors. Raises IRParseError (file:line:column, message,
-    expected) on a syntax error, an unsupported version, a repeated header line, a
-    missing ``amk``/``program``/``ranks`` line, a repeated key in a params/config map,
-    or a target/epochs field that does not exist or has the wrong type.
+    ``filename`` only labels errors. ``positions``: if a list is given, the 1-based
+    ``(line, column)`` of each task line is appended to it, in task order (so that a later
+    error about ``prog.tasks[i]`` can point at ``file:line:column``). Raises IRParseError
+    (file:line:column, message, expected) on a syntax error, an unsupported version, a
+    repeated header line, a missing ``amk``/``program``/``ranks`` line, a repeated key in a
+    params/config map, or a target/epochs field that does not exist or has the wrong type.
     """
     with gc_paused():
-        return _parse_program(text, filename)
+        return _parse_program(text, filename, positions)
 
 
-def _parse_program(text: str, filename: str) -> ScheduleProgram:
+def _parse_program(text: str, filename: str,
+                   positions: list[tuple[int, int]] | None = None) -> ScheduleProgram:
     fast = _FastParser()
     header: dict[str, tuple[int, Any]] = {}
     buffers: list[Buffer] = []
@@ -853,8 +918,10 @@ def _parse_program(text: str, filename: str) -> ScheduleProgram:
         try:
             if line.startswith("task ") and "#" not in line:
                 item = fast_task(line) or _parse_line_lark(line)
-            else:
+            elif not line.lstrip(_BLANK).startswith("#") and line.strip(_BLANK):
                 item = parse_line(line, fast)
+            else:  # blank or comment-only (the grammar's ignored whitespace and COMMENT)
+                continue
         except _LineError as e:
             raise IRParseError(filename, lineno, e.column, e.message, e.expected) from None
         if item is None:
@@ -868,6 +935,8 @@ def _parse_program(text: str, filename: str) -> ScheduleProgram:
                                    ["'amk'"])
         if kind == "task":
             add_task(payload)
+            if positions is not None:
+                positions.append((lineno, 1 if line[0] == "t" else _first_col(line)))
         elif kind == "buffer":
             add_buffer(payload)
         elif kind == "counter":

@@ -18,6 +18,9 @@ REQUIRED = {
     "overlapping_unordered_writes", "partial_coverage_read", "region_out_of_range",
     "param_out_of_range", "collective_order_mismatch", "counter_reuse_without_epochs",
     "workers_beyond_coresidency",
+    # the validator's contract on signals and thresholds (docs/ir.md)
+    "put_signal_relay", "wait_zero_threshold", "threshold_beyond_range",
+    "safe_put_signal_other_rank", "safe_credit_zero_threshold",
 }
 
 
@@ -64,7 +67,8 @@ def test_safe_classes_stay_safe(cls, hand):
     assert checked
 
 
-@pytest.mark.parametrize("name", sorted(REQUIRED | {"missing_quiet", "early_signal",
+@pytest.mark.parametrize("name", sorted({n for n in REQUIRED if not n.startswith("safe_")} | {
+                                                     "missing_quiet", "early_signal",
                                                      "remote_read", "counter_overflow",
                                                      "non_monotone_signal",
                                                      "wait_previous_epoch"}))
@@ -81,6 +85,31 @@ def test_unsafe_classes_break_schedules(name, hand):
     # Some mutations land where other synchronisation already covers them (a dropped wait
     # implied by queue order is still safe): most, not all, must break the schedule.
     assert unsafe >= max(1, total // 2), (unsafe, total)
+
+
+@pytest.mark.parametrize("name", ["put_signal_relay", "wait_zero_threshold",
+                                  "threshold_beyond_range", "safe_put_signal_other_rank",
+                                  "safe_credit_zero_threshold"])
+def test_signal_and_threshold_classes_agree_with_the_oracle(name, hand):
+    """The classes probing the validator's contract on signals to other ranks and on
+    epoch-relative thresholds: no false accept, and the safe ones are all accepted."""
+    from validator import validate
+
+    cls = corpus.CLASS_MAP[name]
+    rng = random.Random(5)
+    total = 0
+    for label, prog in hand:
+        out = cls.fn(prog, rng)
+        if out is None:
+            continue
+        total += 1
+        safe = oracle.check(out, runs=16, seed=3).safe
+        v = validate(out)
+        assert "InternalError" not in v.classes, label
+        assert safe or not v.ok, f"false accept: {name} on {label}"
+        if cls.intent == "safe":
+            assert safe and v.ok, (label, [(f.cls, f.message) for f in v.errors])
+    assert total
 
 
 def test_make_item_is_deterministic(hand):

@@ -371,7 +371,8 @@ def test_fast_path_agrees_with_lark():
     progs = [kitchen_sink(), allreduce(3, 8, reuse="credit"), allreduce(2, 8)]
     progs += [random_program(s) for s in range(40)]
     lines = [ln for p in progs for ln in format_program(p).splitlines()
-             if ln.startswith(("task ", "buffer ", "counter "))]
+             if ln.startswith(("task ", "buffer ", "counter ", "amk ", "program ", "target ",
+                               "ranks ", "epochs ", "config "))]
     hits = {"canonical": 0, "mutated": 0}
     for line in lines:
         for k, cand in enumerate([line, *_mutations(line, rng, 6)]):
@@ -397,8 +398,7 @@ def test_canonical_big_program_never_falls_back_to_lark(monkeypatch):
 
     monkeypatch.setattr(text, "_parse_line_lark", spy)
     assert parse_program(t) == p
-    body = [c for c in calls if c.startswith(("task ", "buffer ", "counter "))]
-    assert body == []  # every task/buffer/counter line took the fast path
+    assert calls == []  # every line took the fast path: lark is not even built
 
 
 # ------------------------------------------------------------------------------------
@@ -617,6 +617,33 @@ def test_json_field_paths():
     assert _jerr(j).path == 'config["a b"][1].c'
 
 
+@pytest.mark.parametrize("key", ["version", "name", "ranks", "workers", "buffers",
+                                 "counters", "tasks"])
+def test_json_required_top_level_fields(key):
+    j = program_to_json(allreduce(2, 8))
+    del j[key]
+    e = _jerr(j)
+    assert e.path == key and f"missing top-level field '{key}'" in e.message
+    assert str(e).startswith(f"p.json: {key}: missing top-level field")
+
+
+def test_json_empty_lists_are_an_empty_program():
+    p = program_from_json({"version": 1, "name": "e", "ranks": 1, "workers": 1,
+                           "buffers": [], "counters": [], "tasks": []})
+    assert p.tasks == [] and p.buffers == [] and p.counters == []
+
+
+def test_parse_records_task_positions():
+    text = ('amk 1\nprogram "p"\nranks 1 workers 1\n# a comment\n'
+            'task a @r0.w0 nop()\n\n   task b @r0.w0 nop() # indented, with a comment\n'
+            'task "c d" @r0.w0 nop()\n')
+    positions: list[tuple[int, int]] = []
+    p = parse_program(text, "p.amk", positions)
+    assert [t.id for t in p.tasks] == ["a", "b", "c d"]
+    assert positions == [(5, 1), (7, 4), (8, 1)]
+    assert parse_program(text) == p  # the same program without positions
+
+
 def test_json_defaults_for_missing_optional_fields():
     p = program_from_json({
         "version": 1, "name": "min", "ranks": 1, "workers": 1,
@@ -678,7 +705,7 @@ def test_load_errors_name_the_file(tmp_path):
         load_program(tmp_path / "bad.amk")
     assert str(ei.value).startswith(f"{tmp_path / 'bad.amk'}:4:7: unexpected end of line")
     (tmp_path / "bad.json").write_text('{"version": 1}')
-    with pytest.raises(IRJsonError, match="bad.json: name: missing field"):
+    with pytest.raises(IRJsonError, match="bad.json: name: missing top-level field .name."):
         load_program(tmp_path / "bad.json")
 
 

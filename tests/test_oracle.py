@@ -11,7 +11,7 @@ import pytest
 
 from ir.builder import ProgramBuilder
 from ir.examples import allreduce
-from ir.program import Region, Signal, Target, Wait
+from ir.program import Counter, Region, Signal, Target, Task, Wait
 from validator import oracle, seeds
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -23,12 +23,12 @@ def check(prog, **kw):
 
 
 def two_rank_put(signal: str, between: tuple[str, ...] = (), n: int = 4, ranks: int = 2,
-                 relay: bool = False):
+                 relay: bool = False, workers: int = 1):
     """Rank 0 puts x into rank 1's inbox; how rank 1 learns of it varies:
     ``signal="pws"``: put-with-signal; ``"nop"``: a later nop on the same worker signals
     (after the ops in ``between``: "quiet" / "fence"). With ``relay`` the nop signals a
     counter on rank 2 that relays to rank 1 (so a fence does not order the put)."""
-    b = ProgramBuilder("put", ranks, 1, target=Target(max_workers=4))
+    b = ProgramBuilder("put", ranks, workers, target=Target(max_workers=4))
     b.buffer("inbox", "activation", "f32", (n,), placement="symmetric")
     b.buffer("x", "io_input", "f32", (n,), rank=0)
     b.buffer("y", "io_output", "f32", (n,), rank=1)
@@ -152,6 +152,38 @@ def test_fence_does_not_order_a_signal_to_another_rank():
 
 def test_quiet_orders_a_signal_to_another_rank():
     assert check(two_rank_put("nop", ("quiet",), ranks=3, relay=True)).safe
+
+
+def test_put_signal_to_its_own_rank_publishes_nothing():
+    """A put may signal its own rank too; with its destination signal also there the data
+    is published, but a signal to its own rank relayed to the destination is not."""
+    both = two_rank_put("pws")
+    both.counters.append(Counter("co", 0))
+    both.tasks[0].signals = both.tasks[0].signals + (Signal("co", 1),)
+    assert check(both).safe
+    relay = two_rank_put("pws", workers=2)
+    relay.counters.append(Counter("co", 0))
+    relay.tasks[0].signals = (Signal("co", 1),)
+    relay.tasks.insert(1, Task("relay", 0, 1, "nop", waits=(Wait("co", 1),),
+                               signals=(Signal("c1", 1),)))
+    res = check(relay)
+    assert res.classes & {"read_write_race", "uninit_read"}, res.classes
+
+
+def test_zero_threshold_orders_later_steps():
+    """``wait(c >= 0)`` holds at once in step 0 and means ``c >= e N`` in step e: written
+    for the credit (N = 1) it protects the receive buffer like ``c >= 1 @prev``."""
+    prog = two_rank_put("pws")
+    prog.tasks[0].waits = (Wait("cr", 0),)
+    assert check(prog).safe
+    prog.tasks[0].waits = (Wait("cr", -1),)  # c >= (e - 1) N: one step too early
+    assert "read_write_race" in check(prog).classes
+
+
+def test_threshold_beyond_64_bits_deadlocks():
+    prog = two_rank_put("pws")
+    prog.tasks[-1].waits = (Wait("c1", 1 << 70),)
+    assert check(prog).classes == {"deadlock"}
 
 
 def test_receive_buffer_reuse_needs_credit():

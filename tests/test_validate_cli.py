@@ -81,3 +81,74 @@ def test_console_entry_point(files):
                        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert r.returncode == 1, r.stderr
     assert json.loads(r.stdout)["errors"][0]["class"] == "DeadlockCycle"
+
+
+def _amk(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "amk", *argv], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+
+
+@pytest.mark.parametrize("field", ["tasks", "buffers", "counters", "ranks"])
+def test_json_missing_top_level_field_is_unreadable(tmp_path, field):
+    """A JSON schedule without one of its required top-level fields is unreadable input:
+    exit 2 and one line naming the field (not 'accepted, 0 tasks', not 200 findings)."""
+    from ir.jsonio import program_to_json
+
+    obj = program_to_json(allreduce(2, 8, reuse="credit"))
+    del obj[field]
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(obj))
+    r = _amk("validate", str(path))
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert f"{path}: {field}: missing top-level field '{field}'" in lines[0]
+    assert "accepted" not in r.stdout and "Traceback" not in r.stderr
+
+
+def test_structural_errors_carry_the_task_position(tmp_path):
+    """An unknown op (and any finding naming a task) points at the task's line:column in
+    the text form, and at tasks[i] in JSON; the schedule is rejected (exit 1)."""
+    text = ('amk 1\nprogram "u"\nranks 1 workers 1\nbuffer x io_input f32 [4] @r0\n'
+            'buffer y io_output f32 [4] @r0\n\n'
+            'task a @r0.w0 copy(x[0:4]) -> (y[0:4])\n'
+            '  task b @r0.w0 frobnicate(x[0:4]) -> (y[0:4])\n'
+            'task a @r0.w0 nop()\n')
+    path = tmp_path / "u.amk"
+    path.write_text(text)
+    r = _amk("validate", str(path))
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert f"{path}:8:3: UnknownOp: task b: op 'frobnicate' is not an IR op" in r.stdout
+    assert f"{path}:9:1: DuplicateTask: task id a is used twice" in r.stdout
+    r = _amk("validate", str(path), "--json")
+    errs = {e["class"]: e for e in json.loads(r.stdout)["errors"]}
+    assert errs["UnknownOp"]["location"] == f"{path}:8:3"
+
+    from ir.io import load_program, save_program as save
+
+    jpath = tmp_path / "u.json"
+    save(load_program(path), jpath)
+    r = _amk("validate", str(jpath))
+    assert r.returncode == 1
+    assert f"{jpath}: tasks[1]: UnknownOp: task b" in r.stdout
+
+
+def test_validator_speed_bench_prints_stage_times(tmp_path):
+    """bench/validator_speed.py on a schedule file: the table of stage times (parse,
+    structure, deadlock, happens-before, races, validate, the CLI end to end) and JSON."""
+    sched = tmp_path / "ar.amk"
+    save_program(allreduce(3, 8, reuse="credit"), sched)
+    out = tmp_path / "speed.json"
+    r = subprocess.run([sys.executable, "bench/validator_speed.py", "--schedule", str(sched),
+                        "--repeat", "2", "--out", str(out)], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr
+    for stage in ("parse", "structure", "deadlock", "happens_before", "races", "validate",
+                  "cli"):
+        assert any(line.startswith(stage) for line in r.stdout.splitlines()), stage
+    d = json.loads(out.read_text())
+    assert d["schedule"]["tasks"] == 12 and d["schedule"]["ok"] is True
+    assert len(d["wall_s"]["cli"]["samples"]) == 2
+    assert d["wall_s"]["parse"]["min"] <= d["wall_s"]["parse"]["median"]
+    assert out.with_suffix(".txt").read_text().startswith("amk validate ar:")

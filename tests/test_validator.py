@@ -88,17 +88,30 @@ def inversion(cross_rank: bool, inverted: bool = True):
 def put_program(mode: str, ranks: int = 2):
     """Rank 0 puts x into rb@1 and then makes rank 1's counter c reach 1 by ``mode``;
     rank 1 waits on c and copies rb to y, then returns a credit."""
-    b = ProgramBuilder("p", ranks=ranks, workers=1)
+    b = ProgramBuilder("p", ranks=ranks, workers=2)
     b.buffer("x", "io_input", "f32", (8,), rank=0)
     b.buffer("rb", "activation", "f32", (8,), placement="symmetric")
     b.buffer("y", "io_output", "f32", (8,), rank=1)
     b.counter("c", rank=1)
     b.counter("cr", rank=0)
+    b.counter("co", rank=0)
     if ranks > 2:
         b.counter("c2", rank=2)
-    pws = ["c+=1"] if mode == "put_with_signal" else []
+    pws = {"put_with_signal": ["c+=1"],
+           "pws_and_own": ["c+=1", "co+=1"],  # also signals a counter on its own rank
+           "pws_and_third": ["c2+=1", "c+=1"],  # also signals a counter on rank 2
+           "own_relay": ["co+=1"],  # only its own rank; another worker relays to rank 1
+           "third_relay": ["c2+=1"]}.get(mode, [])  # only rank 2, which relays to rank 1
     b.task("put", 0, 0, "put", ins=["x[0:8]"], outs=["rb@1[0:8]"], signals=pws,
            waits=["cr>=1@prev"])
+    if mode == "pws_and_own":
+        b.task("own", 0, 1, "nop", waits=["co>=1"])
+    elif mode == "pws_and_third":
+        b.task("third", 2, 0, "nop", waits=["c2>=1"])
+    elif mode == "own_relay":
+        b.task("relay", 0, 1, "nop", waits=["co>=1"], signals=["c+=1"])
+    elif mode == "third_relay":
+        b.task("relay", 2, 0, "nop", waits=["c2>=1"], signals=["c+=1"])
     if mode == "quiet":
         b.task("q", 0, 0, "quiet")
         b.task("s", 0, 0, "nop", signals=["c+=1"])
@@ -312,15 +325,6 @@ def test_counter_overflow():
     ok(prog(1 << 30, width=64))
 
 
-def test_put_signal_must_target_destination():
-    b = ProgramBuilder("p", ranks=2, workers=1)
-    b.buffer("x", "io_input", "f32", (8,), rank=0)
-    b.buffer("rb", "activation", "f32", (8,), placement="symmetric")
-    b.counter("c0", rank=0)
-    b.task("put", 0, 0, "put", ins=["x[0:8]"], outs=["rb@1[0:8]"], signals=["c0+=1"])
-    rejected(b.build(), "PutSignalWrongRank")
-
-
 def test_workers_within_coresidency():
     def prog(workers, max_workers):
         b = ProgramBuilder("w", ranks=1, workers=workers,
@@ -377,6 +381,7 @@ def _index_arrays(prog):
 
 def test_fast_and_thorough_structure_passes_agree(monkeypatch):
     progs = [allreduce(3, 8, reuse="slots"), allreduce(4, 8, workers=2, reuse="credit"),
+             respelled_waits(allreduce(3, 8, reuse="credit"), -1, -1),
              transformer_schedule(2, 4, 1, hidden=256, inter=512, q_heads=8, kv_heads=4,
                                   seq=16, qkv_tiles=8, o_tiles=8, gu_tiles=8, act_tiles=4,
                                   down_tiles=8, chunks=2)]
@@ -569,6 +574,24 @@ def test_put_with_signal_and_quiet_accepted():
     ok(put_program("fence_same_rank"))
 
 
+@pytest.mark.parametrize("mode, ranks", [("pws_and_own", 2), ("pws_and_third", 3)])
+def test_put_may_also_signal_other_ranks(mode, ranks):
+    """docs/ir.md: a task may signal counters on any rank, a put included. Its signal to its
+    own rank (or a third rank) is accepted; the data is published by its signal to the
+    destination rank (put-with-signal)."""
+    ok(put_program(mode, ranks))
+
+
+@pytest.mark.parametrize("mode, ranks", [("own_relay", 2), ("third_relay", 3)])
+def test_put_signal_to_another_rank_publishes_no_data(mode, ranks):
+    """A put's signal to a counter that is not on its destination rank orders nothing about
+    the remote data (NVSHMEM delivers a signal after the data only to the same PE): a relay
+    of it to the destination is a read before delivery."""
+    v = rejected(put_program(mode, ranks), "RemoteReadBeforeDelivery")
+    f = finding(v, "RemoteReadBeforeDelivery")
+    assert "put" in f.tasks and "rd" in f.tasks
+
+
 def test_missing_quiet_before_signal():
     v = rejected(put_program("no_quiet"), "RemoteReadBeforeDelivery")
     w = finding(v, "RemoteReadBeforeDelivery").witness
@@ -620,6 +643,54 @@ def test_credit_counts_are_epoch_relative():
     for r in (2, 3, 4):
         v = ok(allreduce(r, 4, reuse="credit"))
         assert v.stats["window_epochs"] == 2
+
+
+def respelled_waits(prog, offset: int, delta: int):
+    """``prog`` with every wait of the given offset rewritten as offset 0 and threshold
+    ``t + delta * N(c)``."""
+    n = prog.signals_per_epoch()
+    for i, t in enumerate(prog.tasks):
+        prog.tasks[i] = dataclasses.replace(t, waits=tuple(
+            Wait(w.counter, w.threshold + delta * n[w.counter], 0) if w.offset == offset else w
+            for w in t.waits))
+    return prog
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_credit_spelled_as_a_zero_threshold_is_accepted(ranks):
+    """``wait(c >= t - N)`` is satisfied at once in step 0 and means ``c >= (e - 1) N + t``
+    in step e: exactly the credit ``wait(c >= t @prev)``. The cross-step reasoning uses the
+    step-e threshold, so the respelled credit is accepted like the original."""
+    prog = respelled_waits(allreduce(ranks, 8, reuse="credit"), -1, -1)
+    assert {w.threshold for t in prog.tasks for w in t.waits if w.counter.startswith("c.cr")} \
+        == {0}
+    ok(prog)
+    # the same spelling for the arrivals waits for the previous step's data: rejected
+    bad = respelled_waits(allreduce(ranks, 8, reuse="credit"), 0, -1)
+    v = validate(bad)
+    assert not v.ok and v.classes & {"RemoteReadBeforeDelivery",
+                                     "ReceiveBufferReuseWithoutCredit"}, v.classes
+
+
+@pytest.mark.parametrize("thr", [1 << 31, 1 << 63, 1 << 70])
+def test_threshold_beyond_the_counter_range_is_unsatisfiable(thr):
+    """A threshold no counter value can reach is a deadlock diagnosis naming the task, not
+    an internal error (the value does not fit the analysis' int64 arrays)."""
+    p = allreduce(2, 8, reuse="credit")
+    t = p.tasks[-1]
+    p.tasks[-1] = dataclasses.replace(t, waits=(Wait(t.waits[0].counter, thr),))
+    v = rejected(p, "UnsatisfiableWait")
+    assert "InternalError" not in v.classes
+    f = finding(v, "UnsatisfiableWait")
+    assert f.tasks == [t.id] and f.witness["threshold"] == thr
+    assert f"{t.waits[0].counter} >= {thr}" in f.message and "32-bit counter's range" in f.message
+
+
+def test_threshold_far_below_zero_is_satisfied_at_once():
+    p = allreduce(2, 8, reuse="credit")
+    t = p.tasks[-1]
+    p.tasks[-1] = dataclasses.replace(t, waits=t.waits + (Wait(t.waits[0].counter, -(1 << 70)),))
+    ok(p)
 
 
 def test_verdict_json_keys():
@@ -697,3 +768,64 @@ def test_progress_callback_names_the_stages():
     validate(allreduce(2, 8), progress=stages.append)
     assert stages[0] == "structure"
     assert {"simulation", "happens_before", "races"} <= set(stages)
+
+
+# ------------------------------------------------------------------ speed paths, same results
+def test_box_sweep_lists_the_flat_sweeps_pairs_in_its_order():
+    """races._box_pairs (a sweep along each location's most selective axis) returns exactly
+    the pairs, and the order, of the row-major flat-interval sweep followed by a box test."""
+    from types import SimpleNamespace
+
+    from validator import races
+
+    rng = np.random.default_rng(3)
+    n, A = 400, 3
+    dims = np.array([[2, 4, 64], [8, 1, 1], [3, 5, 7]])
+    buf = rng.integers(0, 3, n)
+    loc = buf * 2 + rng.integers(0, 2, n)
+    lo = np.zeros((n, A), dtype=np.int64)
+    hi = np.ones((n, A), dtype=np.int64)
+    for k in range(n):
+        for a in range(A):
+            d = dims[buf[k], a]
+            x = rng.integers(0, d)
+            lo[k, a], hi[k, a] = x, rng.integers(x + 1, d + 1)
+    strides = np.stack([np.array([d[1] * d[2], d[2], 1]) for d in dims])[buf]
+    flo = (lo * strides).sum(axis=1)
+    fhi = ((hi - 1) * strides).sum(axis=1) + 1
+    acc = SimpleNamespace(loc=loc, sweep_axis=rng.integers(0, A, 6)[loc])
+    a, b = np.arange(0, n, 2), np.arange(n)
+    i, j = races._overlap_pairs(loc[a], flo[a], fhi[a], loc[b], flo[b], fhi[b])
+    keep = races._box_overlap(lo[a[i]], hi[a[i]], lo[b[j]], hi[b[j]])
+    ref = list(zip(i[keep].tolist(), j[keep].tolist()))
+    gi, gj = races._box_pairs(acc, a, lo, hi, flo[a], fhi[a], b, lo, hi, flo[b], fhi[b])
+    assert list(zip(gi.tolist(), gj.tolist())) == ref and len(ref) > 100
+    # only the pairs with a marked access on either side, in the same order
+    ma, mb = rng.random(len(a)) < 0.2, rng.random(len(b)) < 0.2
+    gi, gj = races._box_pairs(acc, a, lo, hi, flo[a], fhi[a], b, lo, hi, flo[b], fhi[b], ma, mb)
+    assert list(zip(gi.tolist(), gj.tolist())) == [(x, y) for x, y in ref if ma[x] or mb[y]]
+
+
+def test_simulation_lookahead_matches_one_segment_at_a_time(monkeypatch):
+    """The simulation's lookahead (several segments of a queue per numpy pass) gives every
+    segment the same round as testing one segment per pass."""
+    from validator import deadlock
+    from validator.structure import check_structure
+    from validator.window import build_window
+
+    progs = [allreduce(3, 8, workers=2, reuse="credit"), allreduce(4, 8, reuse="slots"),
+             transformer_schedule(2, 4, 1, hidden=256, inter=512, q_heads=8, kv_heads=4,
+                                  seq=16, qkv_tiles=8, o_tiles=8, gu_tiles=8, act_tiles=4,
+                                  down_tiles=8, chunks=2), inversion(cross_rank=True)]
+    for p in progs:
+        ix = check_structure(p).index
+        win = build_window(ix, max(2, p.slots + 1))
+        ref = None
+        for look in (1, 3, 16):
+            monkeypatch.setattr(deadlock, "LOOKAHEAD", look)
+            monkeypatch.setattr(deadlock, "_LOOK", np.arange(look))
+            sim = deadlock.simulate(ix, win)
+            got = (sim.seg_round.tolist(), sim.rounds, sim.stuck,
+                   [f.to_json() for f in sim.findings])
+            assert ref is None or got == ref, (p.name, look)
+            ref = got

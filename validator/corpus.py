@@ -696,6 +696,73 @@ def m_remote_read(prog: ScheduleProgram, rng: random.Random):
     return p
 
 
+def m_put_signal_relay(prog: ScheduleProgram, rng: random.Random):
+    """Publish a put's data through a signal that is not on its destination rank: a
+    put-with-signal to rank d signals a new counter on its own rank (or a third rank)
+    instead, and a task on a new worker of that rank relays it to the original counter.
+    NVSHMEM orders a signal after the data only at the same PE, so the relay may overtake
+    the data."""
+    p = prog.copy()
+    pws = _pws(p)
+    if not pws:
+        return None
+    i, j = _pick(rng, pws)
+    t = p.tasks[i]
+    dest = _owner(p, t.outs[0])
+    r2 = _pick(rng, [r for r in range(p.ranks) if r != dest])
+    w_new = _add_worker(p)
+    if w_new is None:
+        return None
+    sig = t.signals[j]
+    k = _new_counter(p, f"c.relay.r{r2}", r2)
+    p.tasks[i] = dataclasses.replace(t, signals=t.signals[:j] + (Signal(k, 1),) + t.signals[j + 1:])
+    p.tasks.append(Task(_new_task_id(p, f"{t.id}.relay"), r2, w_new, "nop",
+                        waits=(Wait(k, 1),), signals=(sig,)))
+    return p
+
+
+def _wait_cands(p: ScheduleProgram, offset: int) -> list[tuple[int, int]]:
+    n = p.signals_per_epoch()
+    return [(i, k) for i, t in enumerate(p.tasks) for k, w in enumerate(t.waits)
+            if w.offset == offset and 0 < w.threshold <= n.get(w.counter, 0)]
+
+
+def m_wait_zero_threshold(prog: ScheduleProgram, rng: random.Random):
+    """Spell a wait on this step's count ``c >= t`` as ``c >= t - N(c)``: in step e that is
+    ``c >= (e - 1) N + t``, the previous step's count (satisfied at once in step 0)."""
+    p = prog.copy()
+    cands = _prefer(rng, _wait_cands(p, 0), _first_waits(p), 0.8)
+    if not cands:
+        return None
+    n = p.signals_per_epoch()
+    i, k = _pick(rng, cands)
+    t = p.tasks[i]
+    waits = list(t.waits)
+    w = waits[k]
+    waits[k] = Wait(w.counter, w.threshold - n[w.counter], 0)
+    p.tasks[i] = dataclasses.replace(t, waits=tuple(waits))
+    return p
+
+
+def m_threshold_beyond_range(prog: ScheduleProgram, rng: random.Random):
+    """Set a wait's threshold beyond what its counter can ever hold: past the counter's
+    signed width, or past 64 bits (e.g. 2**70)."""
+    p = prog.copy()
+    cands = [(i, k) for i, t in enumerate(p.tasks) for k in range(len(t.waits))]
+    if not cands:
+        return None
+    i, k = _pick(rng, cands)
+    t = p.tasks[i]
+    waits = list(t.waits)
+    w = waits[k]
+    width = p.counter_map()[w.counter].width
+    thr = _pick(rng, [1 << (width - 1), (1 << 63) + rng.randint(0, 9), 1 << 70,
+                      (1 << 64) * rng.randint(1, 1000)])
+    waits[k] = Wait(w.counter, thr, w.offset)
+    p.tasks[i] = dataclasses.replace(t, waits=tuple(waits))
+    return p
+
+
 # --------------------------------------------------------------------------------------
 # Mutations meant to keep the schedule safe (false-reject probes)
 # --------------------------------------------------------------------------------------
@@ -892,6 +959,42 @@ def s_permute_workers(prog: ScheduleProgram, rng: random.Random):
     return p
 
 
+def s_put_signal_other_rank(prog: ScheduleProgram, rng: random.Random):
+    """A put-with-signal also signals a new counter on its own rank (or a third rank) that a
+    new task there waits for: a task may signal counters on any rank (docs/ir.md); the data
+    is still published by the signal to the destination."""
+    p = prog.copy()
+    pws = _pws(p)
+    if not pws:
+        return None
+    i, _ = _pick(rng, pws)
+    t = p.tasks[i]
+    dest = _owner(p, t.outs[0])
+    r2 = _pick(rng, [r for r in range(p.ranks) if r != dest])
+    k = _new_counter(p, f"c.extra.r{r2}", r2)
+    p.tasks[i] = dataclasses.replace(t, signals=t.signals + (Signal(k, 1),))
+    p.tasks.append(Task(_new_task_id(p, f"{t.id}.extra"), r2, rng.randrange(p.workers), "nop",
+                        waits=(Wait(k, 1),)))
+    return p
+
+
+def s_credit_zero_threshold(prog: ScheduleProgram, rng: random.Random):
+    """Spell a credit ``c >= t @prev`` as ``c >= t - N(c)`` (offset 0): in step e both mean
+    ``c >= (e - 1) N + t``; the second is satisfied at once in step 0 and orders later steps."""
+    p = prog.copy()
+    cands = _wait_cands(p, -1)
+    if not cands:
+        return None
+    n = p.signals_per_epoch()
+    i, k = _pick(rng, cands)
+    t = p.tasks[i]
+    waits = list(t.waits)
+    w = waits[k]
+    waits[k] = Wait(w.counter, w.threshold - n[w.counter], 0)
+    p.tasks[i] = dataclasses.replace(t, waits=tuple(waits))
+    return p
+
+
 CLASSES: list[MutationClass] = [
     MutationClass("cross_rank_wait_cycle", "unsafe", "waits forming a cycle through two ranks", m_cross_rank_wait_cycle),
     MutationClass("queue_inversion", "unsafe", "queue order of two workers (or one) inverts a signal edge", m_queue_inversion),
@@ -916,6 +1019,9 @@ CLASSES: list[MutationClass] = [
     MutationClass("non_monotone_signal", "unsafe", "a zero or negative signal amount", m_non_monotone_signal),
     MutationClass("early_signal", "unsafe", "a signal released before the write it publishes", m_early_signal),
     MutationClass("remote_read", "unsafe", "a load from another rank's memory", m_remote_read),
+    MutationClass("put_signal_relay", "unsafe", "a put's data published by its signal to a counter off its destination rank, relayed there", m_put_signal_relay),
+    MutationClass("wait_zero_threshold", "unsafe", "a wait on this step's count spelled c >= t - N(c): the previous step's count", m_wait_zero_threshold),
+    MutationClass("threshold_beyond_range", "unsafe", "a threshold beyond the counter's width (or 64 bits)", m_threshold_beyond_range),
     MutationClass("safe_rename", "safe", "every name changed consistently", s_rename),
     MutationClass("safe_redundant_wait", "safe", "a wait repeated where queue order implies it", s_redundant_wait),
     MutationClass("safe_split_task", "safe", "a compute task split in two (waits on the first, signals on the second)", s_split_task),
@@ -924,6 +1030,8 @@ CLASSES: list[MutationClass] = [
     MutationClass("safe_reorder_independent", "safe", "two independent adjacent tasks of a worker swapped (the second keeps the first's waits)", s_reorder_independent),
     MutationClass("safe_shuffle_listing", "safe", "task list interleaved differently, queue orders kept", s_shuffle_listing),
     MutationClass("safe_permute_workers", "safe", "workers of one rank relabelled", s_permute_workers),
+    MutationClass("safe_put_signal_other_rank", "safe", "a put-with-signal also signals a counter on its own (or a third) rank", s_put_signal_other_rank),
+    MutationClass("safe_credit_zero_threshold", "safe", "a credit c >= t @prev spelled c >= t - N(c) (offset 0)", s_credit_zero_threshold),
 ]
 CLASS_MAP = {c.name: c for c in CLASSES}
 
@@ -1014,21 +1122,13 @@ FR_REASONS: dict[str, dict[str, str]] = {
             "CollectiveParticipation). When the swapped collectives use separate counters and "
             "buffers and the workers allow both orders, no execution deadlocks or races."),
     },
-    "put_signal_rank_rule": {
-        "kind": "conservative rule (validator)",
-        "explanation": (
-            "A put's own signals must go to counters of its destination rank "
-            "(PutSignalWrongRank). A signal to another rank carries no data guarantee, but "
-            "when nothing relies on it for that put's data the schedule is still safe."),
-    },
 }
 
 _HB_CLASSES = frozenset({"RemoteReadBeforeDelivery", "ReceiveBufferReuseWithoutCredit",
                          "CrossEpochRace", "ReadWriteRace", "UnorderedWrites", "UncoveredRead",
                          "PartialCoverageRead"})
 _RULE_REASONS = {"CollectiveOrder": "collective_order_rule",
-                 "CollectiveParticipation": "collective_order_rule",
-                 "PutSignalWrongRank": "put_signal_rank_rule"}
+                 "CollectiveParticipation": "collective_order_rule"}
 
 
 def _waits_on_shared_counter(prog: ScheduleProgram, task_ids: Iterable[str]) -> bool:

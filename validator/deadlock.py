@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import networkx as nx
 import numpy as np
 
 from validator.structure import Index
@@ -59,7 +58,9 @@ def unsatisfiable_waits(ix: Index) -> list[Finding]:
     """Waits whose threshold exceeds one epoch's worth of signals: ``t > N(c)``.
 
     With offset 0 such a wait needs signals of a later step, which never come in the last
-    step of a launch; with ``@prev`` it waits for more than the previous step produced.
+    step of a launch; with ``@prev`` it waits for more than the previous step produced. A
+    threshold beyond the counter's signed range (or beyond int64) is the same diagnosis:
+    the Index holds it clamped above N(c), the message the value as written.
     """
     out = []
     if not len(ix.w_task):
@@ -68,17 +69,28 @@ def unsatisfiable_waits(ix: Index) -> list[Finding]:
     for k in bad:
         t, c = int(ix.w_task[k]), int(ix.w_ctr[k])
         n = int(ix.ctr_n[c])
-        prev = " @prev" if ix.w_off[k] else ""
+        thr, off = _src_wait(ix, int(k))
+        prev = " @prev" if off else ""
+        width = int(ix.ctr_width[c])
+        beyond = (f" (beyond the {width}-bit counter's range, at most {(1 << (width - 1)) - 1})"
+                  if thr > (1 << (width - 1)) - 1 else "")
         out.append(Finding(
             "UnsatisfiableWait",
-            f"task {ix.task_ids[t]} waits {ix.ctr_names[c]} >= {int(ix.w_thr[k])}{prev}, but "
+            f"task {ix.task_ids[t]} waits {ix.ctr_names[c]} >= {thr}{prev}{beyond}, but "
             f"only {n} is signalled to it per step",
             tasks=[ix.task_ids[t]],
             witness={"task": ix.task_ids[t], "counter": ix.ctr_names[c],
-                     "threshold": int(ix.w_thr[k]), "offset": int(ix.w_off[k]),
+                     "threshold": thr, "offset": off, "counter_width": width,
                      "signalled_per_step": n,
                      "signallers": _signallers(ix, c)}))
     return out
+
+
+def _src_wait(ix: Index, k: int) -> tuple[int, int]:
+    """Static wait ``k``'s threshold and offset as written (the Index normalises them)."""
+    thr = ix.w_thr_src[k] if ix.w_thr_src is not None else ix.w_thr[k]
+    off = ix.w_off_src[k] if ix.w_off_src is not None else ix.w_off[k]
+    return int(thr), int(off)
 
 
 def _signallers(ix: Index, c: int, limit: int = 20) -> list[str]:
@@ -112,6 +124,10 @@ def _segments_ready(win: Window, cand: np.ndarray, seg_rank: np.ndarray, rfin: n
     return ok
 
 
+LOOKAHEAD = 16  # segments of one queue tested per numpy pass of the simulation
+_LOOK = np.arange(LOOKAHEAD)
+
+
 def simulate(ix: Index, win: Window) -> SimResult:
     """Greedy round-based run of all queues over the window's epochs (see module doc)."""
     R, W = ix.ranks, ix.workers
@@ -127,21 +143,30 @@ def simulate(ix: Index, win: Window) -> SimResult:
     def rank_finished() -> np.ndarray:
         return _rank_finished(cptr, lo, per_epoch, R, W)
 
+    n_cm = len(cm)
     for allowed in range(win.E):  # stage: a launch of allowed+1 steps
         while True:
             V0 = V.copy()
             rfin = rank_finished()
             active = np.nonzero(cptr < hi)[0]
             ran = []
+            # Within a round the counters (V0) and finished steps (rfin) are fixed, so each
+            # queue runs the longest prefix of its next segments that are ready: look
+            # LOOKAHEAD segments ahead at once instead of one segment per numpy pass.
             while len(active):
-                cand = cm[cptr[active]]
-                ok = (win.seg_epoch[cand] <= allowed) & _segments_ready(win, cand, seg_rank, rfin, V0)
-                if not ok.any():
+                offs = cptr[active][:, None] + _LOOK[None, :]
+                valid = offs < hi[active][:, None]
+                cand = cm[np.minimum(offs, n_cm - 1)]
+                flat = cand.ravel()
+                ok = (valid.ravel() & (win.seg_epoch[flat] <= allowed)
+                      & _segments_ready(win, flat, seg_rank, rfin, V0))
+                ok = np.logical_and.accumulate(ok.reshape(cand.shape), axis=1)
+                nrun = ok.sum(axis=1)
+                if not nrun.any():
                     break
-                adv = active[ok]
                 ran.append(cand[ok])
-                cptr[adv] += 1
-                active = adv[cptr[adv] < hi[adv]]
+                cptr[active] += nrun
+                active = active[(nrun == LOOKAHEAD) & (cptr[active] < hi[active])]
             if not ran:
                 break
             done = np.concatenate(ran)
@@ -164,6 +189,8 @@ def simulate(ix: Index, win: Window) -> SimResult:
 
 def _deadlock_findings(ix: Index, win: Window, V, cptr, allowed: int, rfin) -> list[Finding]:
     """Witness of a stalled run: the blocked queue heads and, if any, a wait-for cycle."""
+    import networkx as nx  # only for a witness: importing it costs ~0.2 s per process
+
     C, W = win.n_chains, ix.workers
     hi, cm = win.chain_seg_hi, win.cm_order
     blocked = []
@@ -203,11 +230,12 @@ def _deadlock_findings(ix: Index, win: Window, V, cptr, allowed: int, rfin) -> l
             ctr, need = int(win.wi_ctr[k]), int(win.wi_abs[k])
             if V[ctr] >= need:
                 continue
-            base = e + int(ix.w_off[int(win.wi_wait[k])])
+            thr, off = _src_wait(ix, int(win.wi_wait[k]))
+            base = e + off
             n = int(ix.ctr_n[ctr])
             entry["waits"].append({
-                "counter": ix.ctr_names[ctr], "value": int(V[ctr]), "needed": need,
-                "value_in_step": int(V[ctr]) - base * n, "threshold": int(ix.w_thr[int(win.wi_wait[k])]),
+                "counter": ix.ctr_names[ctr], "value": int(V[ctr]), "needed": base * n + thr,
+                "value_in_step": int(V[ctr]) - base * n, "threshold": thr, "offset": off,
                 "pending_signallers": sorted({t for t, _ in pend.get(ctr, [])})[:10]})
             cn = f"counter {ix.ctr_names[ctr]}"
             g.add_edge(tnode(h), cn)

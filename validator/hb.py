@@ -20,8 +20,11 @@ Events and edges (ir/program.py semantics; docs/validator.md has the full argume
   contributes exactly base * N(c)); instances beyond the window are bounded through the
   kernel boundary: if W (or S) HB some task of rank a in window epoch j, all of rank a's
   signal instances of later epochs are after it; otherwise they count as unbounded.
-  G is periodic: one decision per static pair, checked on the reference instance
-  (W in epoch 0, or epoch 1 for ``@prev`` credit waits, whose S is in epoch 0).
+  G is periodic: one decision per static pair, checked on the reference instance: W in
+  the first epoch in which it is not satisfied at once, whose base epoch is 0 (epoch 0, or
+  epoch 1 for ``@prev`` credits and for ``wait(c >= t)`` with ``-N < t <= 0``, which in
+  epoch e means ``c >= e N + t``; thresholds are normalised in validator/structure.py);
+  S is in epoch 0. A wait whose first such epoch lies beyond the window gives no edges.
   Fast bound: when every signal of c comes from one rank, later epochs' instances are
   after S's application, so at most N(c) - a(S) others can precede W (no lookups).
   A pair the counting cannot prove is re-checked by an exact greedy run of the window in
@@ -278,7 +281,9 @@ class _Ctx:
         self.big = big
         self.q_key = np.sort(ix.t_chain[self.quiet_tasks] * big + ix.t_qpos[self.quiet_tasks])
         self.f_key = np.sort(ix.t_chain[self.fence_tasks] * big + ix.t_qpos[self.fence_tasks])
-        self.w_ref = np.where(ix.w_off < 0, 1, 0)
+        # reference epoch of each wait: the first whose instance is not satisfied at once
+        # (offsets are normalised, validator/structure.py: wait(c >= 0) is c >= N @prev)
+        self.w_ref = np.maximum(-ix.w_off, 0)
         self.s_task_order, self.s_task_lo, self.s_task_hi = _csr(ix.s_task, len(ix.task_ids))
         # signals sorted by (chain, qpos) for the fence rule
         skey = ix.t_chain[ix.s_task] * big + ix.t_qpos[ix.s_task]
@@ -478,6 +483,15 @@ def _max_into(M: np.ndarray, tgt: np.ndarray, rows: np.ndarray) -> None:
         return
     if len(tgt) == 1:
         M[tgt[0]] = np.maximum(M[tgt[0]], rows[0])
+        return
+    step = tgt[1:] - tgt[:-1]
+    if (step >= 0).all():  # sorted targets (the common case): reduce runs in place
+        if (step > 0).all():
+            M[tgt] = np.maximum(M[tgt], rows)
+            return
+        starts = np.concatenate(([0], np.nonzero(step)[0] + 1))
+        u = tgt[starts]
+        M[u] = np.maximum(M[u], np.maximum.reduceat(rows, starts, axis=0))
         return
     if int(tgt.max()) < 8 * len(tgt) + 4096:
         dup = np.bincount(tgt).max() > 1

@@ -84,6 +84,19 @@ class _Acc:
         if len(kw):
             p = np.minimum(np.searchsorted(kw, kr), len(kw) - 1)
             self.inplace = (kw[p] == kr) & ~self.out
+        # Sweep axis per location: the axis along which its regions cover the smallest
+        # share of the buffer (summed), so that a box sweep pairs few boxes that do not meet
+        # (row-major flat intervals pair a read of all rows of a column chunk with every
+        # chunk of those rows). Slot-parametric bounds move along their axis by whole
+        # extents; slot 0 decides.
+        dims = np.ones((nb, A), dtype=np.int64)
+        for b, shp in enumerate(ix.buf_shape):
+            dims[b, :len(shp)] = shp
+        frac = (ix.hi_c - ix.lo_c) / dims[self.buf]
+        share = np.zeros((self.nloc, A), dtype=np.float64)
+        for a in range(A):
+            share[:, a] = np.bincount(self.loc, weights=frac[:, a], minlength=self.nloc)
+        self.sweep_axis = np.argmin(share, axis=1)[self.loc]
 
     def boxes(self, slot: int) -> tuple[np.ndarray, np.ndarray]:
         ix = self.ix
@@ -123,6 +136,51 @@ def _overlap_pairs(loc_a, fa_lo, fa_hi, loc_b, fb_lo, fb_hi) -> tuple[np.ndarray
     return np.concatenate(out_i), np.concatenate(out_j)
 
 
+def _box_pairs(acc: "_Acc", a: np.ndarray, lo_a, hi_a, fa_lo, fa_hi, b: np.ndarray, lo_b,
+               hi_b, fb_lo, fb_hi, a_only: np.ndarray | None = None,
+               b_only: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Positions (i, j) into accesses ``a`` and ``b`` (same location) whose boxes overlap
+    (``lo_a/hi_a``: boxes of the a side, ``[n_acc, A]``; likewise b), listed in the order
+    ``_overlap_pairs`` lists the row-major flat intervals ``fa``/``fb`` (then filtered to
+    real box overlaps): exactly the pairs, and order, of that sweep plus a box test.
+
+    The sweep runs along each location's ``sweep_axis``, which pairs far fewer boxes that
+    do not meet. With ``a_only``/``b_only`` (bool per position) only pairs with
+    ``a_only[i] or b_only[j]`` are wanted; the others are not generated."""
+    loc_a, loc_b = acc.loc[a], acc.loc[b]
+    ax_a, ax_b = acc.sweep_axis[a], acc.sweep_axis[b]
+    sa_lo, sa_hi = lo_a[a, ax_a], hi_a[a, ax_a]
+    sb_lo, sb_hi = lo_b[b, ax_b], hi_b[b, ax_b]
+    if a_only is None:
+        i, j = _overlap_pairs(loc_a, sa_lo, sa_hi, loc_b, sb_lo, sb_hi)
+    else:
+        ia = np.nonzero(a_only)[0]
+        jb = np.nonzero(b_only)[0]
+        i1, j1 = _overlap_pairs(loc_a[ia], sa_lo[ia], sa_hi[ia], loc_b, sb_lo, sb_hi)
+        i2, j2 = _overlap_pairs(loc_a, sa_lo, sa_hi, loc_b[jb], sb_lo[jb], sb_hi[jb])
+        i1 = ia[i1]
+        j2 = jb[j2]
+        dup = a_only[i2]  # found by the first sweep already
+        i = np.concatenate((i1, i2[~dup]))
+        j = np.concatenate((j1, j2[~dup]))
+    k = _boxes_meet(lo_a, hi_a, a[i], lo_b, hi_b, b[j])
+    i, j = i[k], j[k]
+    if len(i) < 2:
+        return i, j
+    # the flat sweep's order: first the pairs where b starts inside a (by a, then b in
+    # flat-key order), then those where a starts strictly inside b (by b, then a)
+    SH = np.int64(1) << np.int64(40)
+    ka = loc_a.astype(np.int64) * SH + fa_lo
+    kb = loc_b.astype(np.int64) * SH + fb_lo
+    rank_a = np.empty(len(ka), dtype=np.int64)
+    rank_a[np.argsort(ka, kind="stable")] = np.arange(len(ka))
+    rank_b = np.empty(len(kb), dtype=np.int64)
+    rank_b[np.argsort(kb, kind="stable")] = np.arange(len(kb))
+    part2 = ~((kb[j] >= ka[i]) & (kb[j] < loc_a[i].astype(np.int64) * SH + fa_hi[i]))
+    o = np.lexsort((np.where(part2, rank_a[i], rank_b[j]), np.where(part2, j, i), part2))
+    return i[o], j[o]
+
+
 def _expand(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     cnt = np.maximum(hi - lo, 0)
     tot = int(cnt.sum())
@@ -136,6 +194,29 @@ def _expand(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _box_overlap(lo_a, hi_a, lo_b, hi_b) -> np.ndarray:
     return ((lo_a < hi_b) & (lo_b < hi_a)).all(axis=1)
+
+
+def _boxes_meet(lo_a: np.ndarray, hi_a: np.ndarray, a: np.ndarray, lo_b: np.ndarray,
+                hi_b: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``_box_overlap(lo_a[a], hi_a[a], lo_b[b], hi_b[b])`` without gathering whole rows:
+    one axis at a time (innermost first, where row-major flat intervals that overlap
+    usually part), testing only the pairs that still overlap. Bounds are [n, A] arrays."""
+    n = len(a)
+    out = np.zeros(n, dtype=bool)
+    if not n:
+        return out
+    alive = np.arange(n)
+    aa, bb = a, b
+    for ax in range(lo_a.shape[1] - 1, -1, -1):
+        la, ha = lo_a[:, ax], hi_a[:, ax]
+        lb, hb = lo_b[:, ax], hi_b[:, ax]
+        m = (la[aa] < hb[bb]) & (lb[bb] < ha[aa])
+        if not m.all():
+            alive, aa, bb = alive[m], aa[m], bb[m]
+            if not len(alive):
+                return out
+    out[alive] = True
+    return out
 
 
 class _Reporter:
@@ -303,14 +384,9 @@ def _within_epoch(ix, hb, acc: _Acc, rep: _Reporter, slot: int, sel: np.ndarray,
     if len(short):
         _coverage_classes(ix, acc, rep, wr, short, slot, lo, hi, flo, fhi)
     al = np.concatenate((wr, first))
-    i, j = _overlap_pairs(acc.loc[wr], flo[wr], fhi[wr], acc.loc[al], flo[al], fhi[al])
+    i, j = _box_pairs(acc, wr, lo, hi, flo[wr], fhi[wr], al, lo, hi, flo[al], fhi[al])
     w, a = wr[i], al[j]
     keep = w != a
-    # flat intervals are exact for 1-D buffers; boxes need the per-axis test
-    multi = acc.nax[w] > 1
-    if multi.any():
-        mi = np.nonzero(multi & keep)[0]
-        keep[mi] = _box_overlap(lo[w[mi]], hi[w[mi]], lo[a[mi]], hi[a[mi]])
     # write-write pairs appear twice: keep w < a
     keep &= ~acc.out[a] | (w < a)
     w, a = w[keep], a[keep]
@@ -707,12 +783,10 @@ def _cross_epoch(ix, hb, acc: _Acc, rep: _Reporter, slot: int, d: int, front):  
         return
     f1lo, f1hi = acc.flat(lo1[cand], hi1[cand], cand)
     f2lo, f2hi = acc.flat(lo2[cand], hi2[cand], cand)
-    i, j = _overlap_pairs(acc.loc[cand], f1lo, f1hi, acc.loc[cand], f2lo, f2hi)
+    # pairs with a remote write on either side (so at least one write)
+    rem = acc.remote[cand]
+    i, j = _box_pairs(acc, cand, lo1, hi1, f1lo, f1hi, cand, lo2, hi2, f2lo, f2hi, rem, rem)
     x, y = cand[i], cand[j]
-    keep = _box_overlap(lo1[x], hi1[x], lo2[y], hi2[y])
-    keep &= acc.out[x] | acc.out[y]
-    keep &= acc.remote[x] | acc.remote[y]
-    x, y = x[keep], y[keep]
     if not len(x):
         return
     ok = _order(ix, hb, acc, x, 0, y, d, front)

@@ -13,7 +13,16 @@ Error classes (``Finding.cls``) raised here: BadProgram, UnknownBackend, TooMany
 DuplicateBuffer, BadBuffer, BadWeightSource, DuplicateCounter, BadCounter, CounterOverflow,
 DuplicateTask, BadTask, UnknownOp, UnsupportedOp, BadArity, UnknownBuffer, BadRegion,
 RegionOutOfBounds, RemoteRead, RemoteWriteToLocal, BadDtype, BadParams, ShapeMismatch,
-UnknownCounter, BadWait, RemoteWait, BadSignal, NonMonotoneCounter, PutSignalWrongRank.
+UnknownCounter, BadWait, RemoteWait, BadSignal, NonMonotoneCounter.
+
+Waits are stored *normalised* in the Index (``w_thr``, ``w_off``; the values as written are
+``w_thr_src`` / ``w_off_src``, for messages): a wait ``c >= t`` with ``t <= 0`` on a counter
+with ``N(c) > 0`` becomes the same absolute condition with ``1 <= t' <= N(c)`` and offset
+``offset - k`` (``t = t' - k N(c)``): ``wait(c >= 0)`` is ``wait(c >= N(c) @prev)``. Every
+epoch's absolute threshold ``(e + offset) N(c) + t`` is unchanged, and the happens-before
+reasoning (validator/hb.py) then judges the wait on the first epoch in which it is not
+satisfied at once. Thresholds are clamped to [-2**61, 2**62] so that int64 arithmetic cannot
+overflow; a clamped threshold means the same (never reached, or satisfied at once).
 """
 
 from __future__ import annotations
@@ -33,6 +42,8 @@ PERSISTENT_KINDS = ("weight", "kv_cache", "io_input")  # hold data before the ep
 OP_NAMES = list(OPS)
 OP_ID = {n: i for i, n in enumerate(OP_NAMES)}
 OP_PUT, OP_QUIET, OP_FENCE = OP_ID["put"], OP_ID["quiet"], OP_ID["fence"]
+# int64-safe clamp of wait thresholds (module doc); N(c) < 2**62 or the counter overflows
+THR_CLAMP_LOW, THR_CLAMP_HIGH = 1 << 61, 1 << 62
 MAX_FINDINGS_PER_CLASS = 200  # report all classes; cap repeats of one class (count in stats)
 USE_FAST_PATH = True  # tests switch it off to compare the two structure passes
 
@@ -87,11 +98,13 @@ class Index:
     hi_k: np.ndarray
     w_task: np.ndarray
     w_ctr: np.ndarray
-    w_thr: np.ndarray
-    w_off: np.ndarray
+    w_thr: np.ndarray  # normalised (module doc): 1 <= w_thr <= N(c) unless t > N(c) or N(c) = 0
+    w_off: np.ndarray  # normalised: 0, -1, -2, ...
     s_task: np.ndarray
     s_ctr: np.ndarray
     s_amt: np.ndarray
+    w_thr_src: Any = None  # thresholds as written (Python ints; may exceed int64)
+    w_off_src: np.ndarray | None = None  # offsets as written (0 or -1)
 
     def region_box(self, j: int, slot: int = 0) -> list[list[int]]:
         """The concrete ``[[start, stop], ...]`` box of region ``j`` at ``slot`` (real axes only)."""
@@ -287,7 +300,7 @@ def check_structure(prog: Any, backend: str | None = None) -> StructureResult:
     t_rank, t_worker, t_op, t_group = [], [], [], []
     r_task, r_out, r_buf, r_rank, r_operand = [], [], [], [], []
     lo_c, lo_k, hi_c, hi_k = [], [], [], []
-    w_task, w_ctr, w_thr, w_off = [], [], [], []
+    w_task, w_ctr, w_thr, w_off, w_thr_src = [], [], [], [], []
     s_task, s_ctr, s_amt = [], [], []
     pad = [0] * nb_axes
     pad1 = [1] * nb_axes
@@ -351,7 +364,6 @@ def check_structure(prog: Any, backend: str | None = None) -> StructureResult:
 
         # regions
         shapes_ok = True
-        reg_start = len(r_task)
         in_shapes, in_dtypes, out_shapes, out_dtypes = [], [], [], []
         for is_out, regs in ((False, ins), (True, outs)):
             for k, reg in enumerate(regs):
@@ -524,10 +536,9 @@ def check_structure(prog: Any, backend: str | None = None) -> StructureResult:
                                                             "owner": ctr_rank[ci]})
             w_task.append(i)
             w_ctr.append(ci)
-            w_thr.append(thr)
+            w_thr.append(min(max(thr, -THR_CLAMP_LOW), THR_CLAMP_HIGH))
+            w_thr_src.append(thr)
             w_off.append(off)
-        dest_ranks = {r_rank[j] for j in range(reg_start, len(r_task)) if r_out[j]} \
-            if op == "put" else set()
         for k, sg in enumerate(signals):
             cname, amt = getattr(sg, "counter", None), getattr(sg, "amount", None)
             ci = ctr_id.get(cname) if isinstance(cname, str) else None
@@ -544,13 +555,6 @@ def check_structure(prog: Any, backend: str | None = None) -> StructureResult:
                         f"are monotone, an amount <= 0 is a reset or decrement", tasks=[tid],
                         witness={"counter": cname, "amount": amt}, fatal=True)
                 continue
-            if op == "put" and dest_ranks and ctr_rank[ci] not in dest_ranks:
-                out.add("PutSignalWrongRank", f"task {tid}: put to rank(s) "
-                        f"{sorted(dest_ranks)} signals {cname} owned by rank {ctr_rank[ci]}; "
-                        f"a put's own signals must go to its destination rank "
-                        f"(put-with-signal)", tasks=[tid],
-                        witness={"counter": cname, "owner": ctr_rank[ci],
-                                 "destinations": sorted(dest_ranks)})
             s_task.append(i)
             s_ctr.append(ci)
             s_amt.append(amt)
@@ -569,6 +573,7 @@ def check_structure(prog: Any, backend: str | None = None) -> StructureResult:
                 lo_c=arr2(lo_c), lo_k=arr2(lo_k), hi_c=arr2(hi_c), hi_k=arr2(hi_k),
                 w_task=np.asarray(w_task, dtype=np.int64), w_ctr=np.asarray(w_ctr, dtype=np.int64),
                 w_thr=np.asarray(w_thr, dtype=np.int64), w_off=np.asarray(w_off, dtype=np.int64),
+                w_thr_src=w_thr_src,
                 s_task=np.asarray(s_task, dtype=np.int64), s_ctr=np.asarray(s_ctr, dtype=np.int64),
                 s_amt=np.asarray(s_amt, dtype=np.int64))
     return _finish(prog, out, R, W, S, max_epochs, arrs, buf_names, buf_id, buf_kind,
@@ -608,6 +613,8 @@ def _finish(prog, out, R, W, S, max_epochs, a, buf_names, buf_id, buf_kind, buf_
     t_qpos = np.empty(len(task_ids), dtype=np.int64)
     t_qpos[order] = np.arange(len(task_ids)) - np.repeat(starts[:-1], chain_len)
     chain_tasks = [order[starts[c]:starts[c + 1]] for c in range(n_chains)]
+    ctr_n = np.asarray(ctr_n, dtype=np.int64)
+    w_thr, w_off = _normalise_waits(a["w_thr"], a["w_off"], ctr_n[a["w_ctr"]])
     idx = Index(
         prog=prog, ranks=R, workers=W, slots=S, task_ids=task_ids, t_rank=t_rank_a,
         t_worker=t_worker_a, t_chain=t_chain, t_qpos=t_qpos, t_op=a["t_op"],
@@ -616,13 +623,26 @@ def _finish(prog, out, R, W, S, max_epochs, a, buf_names, buf_id, buf_kind, buf_
         buf_shape=buf_shape, buf_sym=np.asarray(buf_sym, dtype=bool),
         buf_persistent=np.asarray([k in PERSISTENT_KINDS for k in buf_kind], dtype=bool),
         ctr_names=ctr_names, ctr_id=ctr_id, ctr_rank=np.asarray(ctr_rank, dtype=np.int64),
-        ctr_width=np.asarray(ctr_width, dtype=np.int64), ctr_n=np.asarray(ctr_n, dtype=np.int64),
+        ctr_width=np.asarray(ctr_width, dtype=np.int64), ctr_n=ctr_n,
         r_task=a["r_task"], r_out=a["r_out"], r_buf=a["r_buf"], r_rank=a["r_rank"],
         r_operand=a["r_operand"], lo_c=a["lo_c"], lo_k=a["lo_k"], hi_c=a["hi_c"],
-        hi_k=a["hi_k"], w_task=a["w_task"], w_ctr=a["w_ctr"], w_thr=a["w_thr"],
-        w_off=a["w_off"], s_task=a["s_task"], s_ctr=a["s_ctr"], s_amt=a["s_amt"],
+        hi_k=a["hi_k"], w_task=a["w_task"], w_ctr=a["w_ctr"], w_thr=w_thr,
+        w_off=w_off, s_task=a["s_task"], s_ctr=a["s_ctr"], s_amt=a["s_amt"],
+        w_thr_src=a.get("w_thr_src", a["w_thr"]), w_off_src=a["w_off"],
     )
     return StructureResult(out.findings, False, idx, out.suppressed())
+
+
+def _normalise_waits(thr: np.ndarray, off: np.ndarray, n: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """Thresholds ``t <= 0`` on counters with ``N > 0`` rewritten as ``t' = t + k N`` in
+    ``[1, N]`` with offset ``off - k``: the same absolute threshold ``(e + off) N + t`` in
+    every epoch (``wait(c >= 0)`` is ``wait(c >= N @prev)``). Other waits are unchanged."""
+    low = (thr <= 0) & (n > 0)
+    if not low.any():
+        return thr, off
+    k = np.where(low, (n - thr) // np.maximum(n, 1), 0)
+    return thr + k * n, off - k
 
 
 def _exact_totals(s_ctr, s_amt, n):

@@ -23,6 +23,8 @@ import numpy as np
 from ir.ops import OPS
 from ir.program import DTYPES
 
+THR_CLAMP_LOW, THR_CLAMP_HIGH = 1 << 61, 1 << 62  # as validator/structure.py
+
 OP_NAMES = list(OPS)
 OP_ID = {n: i for i, n in enumerate(OP_NAMES)}
 DT_ID = {d: i for i, d in enumerate(DTYPES)}
@@ -47,7 +49,7 @@ for _o, _n in enumerate(OP_NAMES):
 
 _TASK = attrgetter("id", "rank", "worker", "op", "group", "ins", "outs", "params", "waits",
                    "signals")
-_REG = attrgetter("buffer", "rank", "ranges")
+_REG_BUFFER, _REG_RANK, _REG_RANGES = (attrgetter(a) for a in ("buffer", "rank", "ranges"))
 _B4 = attrgetter("start.const", "start.coef", "stop.const", "stop.coef")
 _WAIT = attrgetter("counter", "threshold", "offset")
 _SIG = attrgetter("counter", "amount")
@@ -121,7 +123,9 @@ def _fast(prog, R, W, S, be, buf_id, buf_shape, buf_dtype, buf_sym, buf_owner, c
     r_out = k_in_task >= n_in[r_task]
     r_operand = np.where(r_out, k_in_task - n_in[r_task], k_in_task)
     if nreg:
-        bnames, rranks, rranges = zip(*map(_REG, regs))
+        # three C-level passes beat building and transposing 150k tuples
+        bnames, rranks, rranges = (list(map(_REG_BUFFER, regs)), list(map(_REG_RANK, regs)),
+                                   list(map(_REG_RANGES, regs)))
         bi = list(map(buf_id.get, bnames))
         if None in bi or not _all_int(rranks) or not _all_type(rranges, _SEQT):
             return None
@@ -241,10 +245,13 @@ def _fast(prog, R, W, S, be, buf_id, buf_shape, buf_dtype, buf_sym, buf_owner, c
         w_task = np.repeat(np.arange(n), nw_t)
         if ((w_off != 0) & (w_off != -1)).any():
             return None
+        w_thr_src = w_thr
+        if ((w_thr > THR_CLAMP_HIGH) | (w_thr < -THR_CLAMP_LOW)).any():
+            w_thr = np.clip(w_thr, -THR_CLAMP_LOW, THR_CLAMP_HIGH)
         if (np.asarray(ctr_rank, dtype=np.int64)[w_ctr] != t_rank[w_task]).any():
             return None
     else:
-        w_ctr = w_thr = w_off = w_task = np.zeros(0, dtype=np.int64)
+        w_ctr = w_thr = w_off = w_task = w_thr_src = np.zeros(0, dtype=np.int64)
 
     # ---- signals ----
     ns_t, sl_, s_idx = _flat_shared(sgs, n)
@@ -258,21 +265,13 @@ def _fast(prog, R, W, S, be, buf_id, buf_shape, buf_dtype, buf_sym, buf_owner, c
         s_task = np.repeat(np.arange(n), ns_t)
         if (s_amt <= 0).any():
             return None
-        # a put's own signals must go to a rank it writes to
-        put = OPS_PUT_ID == t_op[s_task]
-        if put.any():
-            cr = np.asarray(ctr_rank, dtype=np.int64)[s_ctr]
-            po = r_out & (t_op[r_task] == OPS_PUT_ID)
-            ok = np.isin(s_task[put] * R + cr[put], r_task[po] * R + r_rank[po])
-            if not ok.all():
-                return None
     else:
         s_ctr = s_amt = s_task = np.zeros(0, dtype=np.int64)
 
     return dict(task_ids=list(ids), t_rank=t_rank, t_worker=t_worker, t_op=t_op,
                 t_group=list(grp), r_task=r_task, r_out=r_out, r_buf=r_buf, r_rank=r_rank,
                 r_operand=r_operand, lo_c=lo_c, lo_k=lo_k, hi_c=hi_c, hi_k=hi_k,
-                w_task=w_task, w_ctr=w_ctr, w_thr=w_thr, w_off=w_off,
+                w_task=w_task, w_ctr=w_ctr, w_thr=w_thr, w_off=w_off, w_thr_src=w_thr_src,
                 s_task=s_task, s_ctr=s_ctr, s_amt=s_amt)
 
 

@@ -2,20 +2,23 @@
 
 FILE is the text form (``.amk``) or the JSON form (``.json``) of a ScheduleProgram
 (ir/io.py). The validator (validator/, docs/validator.md) checks structure, deadlock and
-races and prints each error with its witness.
+races and prints each error with its witness, prefixed with the place of the first task it
+names: ``file:line:column`` in the text form, ``file: tasks[i]`` in JSON.
 
 Exit codes: 0 accepted, 1 rejected, 2 unreadable or unparsable input (the message carries
 file:line:column). ``--json`` prints one JSON object: ``ok``, ``errors`` (each with
-``class``, ``message``, ``tasks``, ``buffers``, ``witness``), ``stats`` and ``file``; on
+``class``, ``message``, ``tasks``, ``buffers``, ``witness`` and, when it names a task,
+``location``), ``stats`` and ``file``; on
 unparsable input it prints ``{"ok": false, "input_error": ...}`` and exits 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import time
-from typing import Any
+from typing import Any, Callable
 
 from ground.errors import AmkError
 
@@ -46,6 +49,27 @@ def _jsonable(x: Any) -> Any:
     return str(x)
 
 
+def _locator(prog: Any, where: Callable[[int], str]) -> Callable[[Any], str | None]:
+    """``locate(finding)``: the file position of the first task the finding names (for a
+    DuplicateTask, its second occurrence), or None."""
+    index: dict[Any, list[int]] = {}
+    for i, t in enumerate(prog.tasks):
+        try:
+            index.setdefault(t.id, []).append(i)
+        except TypeError:  # an unhashable id: the structure pass reports it
+            continue
+
+    def locate(f: Any) -> str | None:
+        if not f.tasks:
+            return None
+        idx = index.get(f.tasks[0])
+        if not idx:
+            return None
+        return where(idx[1] if f.cls == "DuplicateTask" and len(idx) > 1 else idx[0])
+
+    return locate
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markup import escape
@@ -54,16 +78,20 @@ def run(args: argparse.Namespace) -> int:
 
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     out = Console(highlight=False, soft_wrap=True)
+    # numpy and the checks load before the program: imports allocate many objects, and
+    # with a big program in memory every collection they trigger would scan it
+    from validator import validate
+
     t0 = time.perf_counter()
     try:
-        from ir.io import load_program
+        from ir.io import load_program_located
 
         status = None
         if not args.json and err.is_terminal:
             status = err.status(f"loading {escape(args.file)}")
             status.start()
         try:
-            prog = load_program(args.file)
+            prog, where = load_program_located(args.file)
         finally:
             if status is not None:
                 status.stop()
@@ -73,8 +101,19 @@ def run(args: argparse.Namespace) -> int:
                        "exit_code": 2})
         raise AmkError(str(e), exit_code=2) from None
     load_s = time.perf_counter() - t0
+    # The program holds no garbage cycles: keep it out of the cyclic collector's sight while
+    # it is checked and reported (a full collection would walk its million objects).
+    gc.freeze()
+    try:
+        return _check(args, prog, where, load_s, validate, err, out)
+    finally:
+        gc.unfreeze()
 
-    from validator import validate
+
+def _check(args: argparse.Namespace, prog: Any, where: Callable[[int], str], load_s: float,
+           validate: Callable, err: Any, out: Any) -> int:
+    """Validate the loaded program and print the verdict; the exit code."""
+    from rich.markup import escape
 
     n_tasks = len(prog.tasks)
     show_progress = not args.json and n_tasks >= LARGE
@@ -89,9 +128,14 @@ def run(args: argparse.Namespace) -> int:
         progress = None
     verdict = validate(prog, backend=args.backend, progress=progress)
     verdict.stats["load_s"] = round(load_s, 4)
+    locate = _locator(prog, where) if not verdict.ok else None
     if args.json:
         obj = verdict.to_json()
         obj["file"] = args.file
+        for f, e in zip(verdict.errors, obj["errors"]):
+            loc = locate(f)
+            if loc is not None:
+                e["location"] = loc
         emit_json(obj, default=_jsonable)
         return 0 if verdict.ok else 1
     total = verdict.stats.get("total_s", 0.0)
@@ -103,7 +147,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     out.print(f"[bold red]rejected[/] {escape(args.file)}: {len(verdict.errors)} error(s)")
     for f in verdict.errors:
-        out.print(f"[bold]{escape(f.cls)}[/]: {escape(f.message)}")
+        loc = locate(f)
+        head = f"{escape(loc)}: " if loc is not None else ""
+        out.print(f"{head}[bold]{escape(f.cls)}[/]: {escape(f.message)}")
         if f.witness:
             text = json.dumps(f.witness, default=_jsonable, indent=1)
             if len(text) > 4000:
