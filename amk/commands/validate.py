@@ -130,6 +130,8 @@ def _check(args: argparse.Namespace, prog: Any, where: Callable[[int], str], loa
     verdict.stats["load_s"] = round(load_s, 4)
     locate = _locator(prog, where) if not verdict.ok else None
     if args.json:
+        from amk.commands.output import emit_json
+
         obj = verdict.to_json()
         obj["file"] = args.file
         for f, e in zip(verdict.errors, obj["errors"]):
