@@ -76,6 +76,8 @@ CASES = {
                                          tmp / "c.md", "--json"],
     "info-error": lambda tmp, rep: ["info", "config:no-such-recipe", "--json"],
     "bench-cpu": lambda tmp, rep: ["bench", MODEL, "--json"],
+    "search": lambda tmp, rep: ["search", MODEL, "--tp", "2", "--backend", "sim", "--trials", "2",
+                                "--out", tmp / "s", "--json"],
 }
 
 
@@ -99,6 +101,9 @@ def test_json_stdout_is_one_object(name, tmp_path, corpus_report):
         assert json.loads((tmp_path / "c" / "report.json").read_text())["ok"] is True
     if name == "generate":
         assert obj["ok"] is True and len(obj["tokens"]) == 2
+    if name == "search":  # the summary.json object, the trial lines on stderr
+        assert obj["ok"] is True and obj["trials"] == 2 and obj["best_config_file"]
+        assert "trial   0" in r.stderr
 
 
 def test_json_survives_a_stray_print(monkeypatch, capsys):

@@ -103,6 +103,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "kernel whose name does not start with one of these prefixes")
     p.add_argument("--quiet", action="store_true",
                    help="no live view or per-trial lines; print warnings and the summary only")
+    p.add_argument("--json", action="store_true",
+                   help="print the summary (as summary.json) as one JSON object on stdout; the live "
+                        "view, trial lines and warnings go to stderr")
     p.set_defaults(func=run)
 
 
@@ -144,12 +147,12 @@ def _settings_from_args(args: argparse.Namespace) -> Any:
 class LiveView:
     """A rich progress bar with the best-so-far, plus one printed line per trial."""
 
-    def __init__(self, search: Any, quiet: bool = False):
+    def __init__(self, search: Any, quiet: bool = False, stderr: bool = False):
         from rich.console import Console
 
         self.search = search
         self.quiet = quiet
-        self.console = Console(highlight=False)
+        self.console = Console(highlight=False, stderr=stderr)
         self.progress = None
         self.task = None
 
@@ -247,7 +250,9 @@ def run(args: argparse.Namespace) -> int:
         search = open_search(resume=args.resume, overrides=overrides)
     else:
         search = open_search(_settings_from_args(args))
-    view = LiveView(search, quiet=args.quiet)
+    from amk.commands.output import emit_json, json_mode
+
+    view = LiveView(search, quiet=args.quiet, stderr=json_mode(args))
     search.console = view.console  # warnings (proposer fallbacks, ...) even with --quiet
     view.console.print(f"amk search {search.s.model} --tp {search.s.tp} --backend "
                        f"{search.s.backend}: {search.space.size()} candidates over knobs "
@@ -259,4 +264,9 @@ def run(args: argparse.Namespace) -> int:
     with view:
         result = search.run(on_trial=view.on_trial)
     print_summary(result, view.console)
+    if json_mode(args):
+        from search.loop import summarize
+
+        emit_json({"ok": result.state.best is not None, "out": str(result.out),
+                   **summarize(result.records, result.state, result.settings, result.stop_reason)})
     return 0 if result.state.best is not None else 1
