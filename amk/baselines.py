@@ -83,16 +83,19 @@ def hf_eager(model, prompt_ids: torch.Tensor, n_tokens: int, warmup: int = 3) ->
     """
     from transformers import DynamicCache
 
+    from amk.pipeline import hf_cache_kwargs
+
     if n_tokens < warmup + 2:
         raise ValueError(f"n_tokens={n_tokens} must be at least warmup + 2 = {warmup + 2}")
     dev = prompt_ids.device
     with torch.no_grad():
         cache = DynamicCache(config=model.config)
-        out = model(input_ids=prompt_ids, past_key_values=cache, use_cache=True)
+        kw = hf_cache_kwargs(model, cache)  # updated in place
+        out = model(input_ids=prompt_ids, use_cache=True, **kw)
         toks = [out.logits[:, -1:].argmax(-1)]
 
         def step():
-            o = model(input_ids=toks[-1], past_key_values=cache, use_cache=True)
+            o = model(input_ids=toks[-1], use_cache=True, **kw)
             toks.append(o.logits[:, -1:].argmax(-1))
 
         timing = time_per_call(step, iters=n_tokens - 1 - warmup, warmup=warmup, device=dev)
@@ -111,10 +114,13 @@ class StaticDecode:
                  max_cache_len: int | None = None):
         from transformers import StaticCache
 
+        from amk.pipeline import hf_cache_kwargs
+
         self.model, self.prompt = model, prompt_ids
         self.p = prompt_ids.shape[1]
         self.max_len = max_cache_len or (self.p + n_tokens + 8)
         self.cache = StaticCache(config=model.config, max_cache_len=self.max_len)
+        self.cache_kw = hf_cache_kwargs(model, self.cache)
         self.tok = prompt_ids[:, :1].clone()
         self.pos = torch.zeros(1, dtype=torch.long, device=device)
         self.nxt = torch.zeros(1, 1, dtype=torch.long, device=device)
@@ -122,8 +128,8 @@ class StaticDecode:
 
     def decode_step(self, tok_in, pos_in):
         """Forward one token at ``pos_in`` and return its greedy next token [1, 1]."""
-        logits = self.model(input_ids=tok_in, cache_position=pos_in, past_key_values=self.cache,
-                            use_cache=True).logits
+        logits = self.model(input_ids=tok_in, cache_position=pos_in, use_cache=True,
+                            **self.cache_kw).logits
         return logits[:, -1:].argmax(-1)
 
     def body(self, step) -> None:

@@ -5,6 +5,13 @@ Stages: resolve the MODEL argument (models/sources.py) -> import the decode-step
 (validator/) -> build a backend executor (``sim``: lowering/sim.py; ``triton``:
 lowering/triton/runtime.py) -> check logits against HF eager.
 
+Import, lowering and validation need the model's shapes only: ``Session.build(...,
+weights=False)`` builds the HF model on torch's ``meta`` device (no storage), so a schedule
+for Llama-3.1-8B is lowered and validated in seconds and a directory holding config.json
+alone compiles. ``Session.load_weights()`` loads them for the executor and the correctness
+check; ``check_skip_reason`` says why that check cannot run here (no weights, or more memory
+than is available: ``check_memory``).
+
 Decoding feeds ONE token per step (one epoch of the program per token): the prompt is fed
 token by token through the same decode program (no separate prefill yet), then each
 generated token is fed back. The host writes ``token.r{r}`` and ``pos.r{r}`` on every rank
@@ -39,12 +46,32 @@ BF16_NOISE_FACTOR = 2.0
 
 
 # -- stages ----------------------------------------------------------------------------------
-def resolve(model_arg: str, seed: int = 0):
+def resolve(model_arg: str, seed: int = 0, weights: bool = True):
     """Resolve a MODEL argument to a ``models.sources.ResolvedModel`` with fp32 weights (the
-    HF reference always runs in fp32; the lowering's ``dtype`` knob rounds weights itself)."""
+    HF reference always runs in fp32; the lowering's ``dtype`` knob rounds weights itself).
+    ``weights=False``: the model is built on the meta device (shapes only, nothing read)."""
     from models.sources import resolve_model
 
-    return resolve_model(model_arg, dtype="fp32", seed=seed)
+    return resolve_model(model_arg, dtype="fp32", seed=seed, weights=weights)
+
+
+def has_weights(model: Any) -> bool:
+    """Whether ``model``'s parameters hold data (False on the meta device)."""
+    p = next(model.parameters(), None)
+    return p is not None and not p.is_meta
+
+
+def hf_cache_kwargs(model: Any, cache: Any) -> dict[str, Any]:
+    """The keyword argument that hands a KV cache object to ``model``'s forward: ``cache``
+    where transformers has it (5.x: ``past_key_values`` is deprecated there and warns on
+    every call), else ``past_key_values``."""
+    import inspect
+
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        params = {}
+    return {"cache": cache} if "cache" in params else {"past_key_values": cache}
 
 
 def import_graph(resolved: Any) -> ModelGraph:
@@ -164,15 +191,24 @@ class Decoder:
         parts = [have[r] for r in range(self.R)]
         return torch.cat([p.reshape(-1).float() for p in parts])
 
-    def teacher_forced(self, tokens: Sequence[int], keep: Sequence[int]) -> dict[int, torch.Tensor]:
+    def teacher_forced(self, tokens: Sequence[int], keep: Sequence[int],
+                       progress: Callable[[int, int], None] | None = None) -> dict[int, torch.Tensor]:
         """Feed ``tokens`` at positions 0..n-1; return the logits at the positions in ``keep``.
 
         With an executor that has ``run_steps`` (the sim), the steps run as one launch
         sequence in which ranks may drift up to the schedule's limits across epochs (inputs
         are written per rank when that rank starts a step, outputs read when it finishes), so
-        cross-step races in the schedule would show up here.
+        cross-step races in the schedule would show up here. ``progress(done, n)`` is called
+        as positions complete on every local rank.
         """
         n = len(tokens)
+        finished: dict[int, int] = {}
+
+        def tick(pos: int) -> None:
+            finished[pos] = finished.get(pos, 0) + 1
+            if progress and finished[pos] == len(self.local):
+                progress(sum(1 for c in finished.values() if c == len(self.local)), n)
+
         self._check_pos(n - 1)
         keep_set = set(keep)
         out: dict[int, dict[int, torch.Tensor]] = {p: {} for p in keep_set}
@@ -187,6 +223,7 @@ class Decoder:
                 pos = epoch - base
                 if pos in keep_set:
                     out[pos][rank] = self.ex.read(f"logits.r{rank}", rank)
+                tick(pos)
 
             self.ex.run_steps(n, on_start=on_start, on_end=on_end)
             self.epoch += n
@@ -198,6 +235,8 @@ class Decoder:
                 self.epoch += 1
                 if pos in keep_set:
                     out[pos] = {r: self.ex.read(f"logits.r{r}", r) for r in self.local}
+                for _ in self.local:
+                    tick(pos)
         if self.dist is not None:
             out = {p: self._gather({r: v.cpu() for r, v in d.items()}) for p, d in out.items()}
         self.seconds += time.perf_counter() - t0
@@ -231,21 +270,26 @@ class Decoder:
 
 
 # -- HF reference --------------------------------------------------------------------------
-def hf_tokenwise_logits(model: Any, tokens: Sequence[int], keep: Sequence[int]) -> dict[int, torch.Tensor]:
+def hf_tokenwise_logits(model: Any, tokens: Sequence[int], keep: Sequence[int],
+                        progress: Callable[[int, int], None] | None = None) -> dict[int, torch.Tensor]:
     """HF eager logits at positions ``keep``, feeding ``tokens`` one at a time through a
-    ``DynamicCache`` (the same one-token-per-step order as amk). fp32 [vocab] tensors."""
+    ``DynamicCache`` (the same one-token-per-step order as amk). fp32 [vocab] tensors.
+    ``progress(done, total)`` after each position (total: max(keep) + 1)."""
     from transformers import DynamicCache
 
     cache = DynamicCache()
     out = {}
     keep_set = set(keep)
+    total = max(keep_set) + 1
+    kw = hf_cache_kwargs(model, cache)  # the cache object is updated in place
     with torch.no_grad():
         for pos, tok in enumerate(tokens):
             res = model(input_ids=torch.tensor([[int(tok)]], device=model.device),
-                        past_key_values=cache, use_cache=True)
-            cache = res.past_key_values
+                        use_cache=True, **kw)
             if pos in keep_set:
                 out[pos] = res.logits[0, -1].float().cpu()
+            if progress:
+                progress(pos + 1, total)
             if pos >= max(keep_set):
                 break
     return out
@@ -383,26 +427,30 @@ def compare(ref: dict[int, torch.Tensor], got: dict[int, torch.Tensor], dtype: s
 
 def check_correctness(model: Any, decoder: Decoder, vocab: int, dtype: str = "f32",
                       positions: Sequence[int] = DEFAULT_POSITIONS, tokens: Sequence[int] | None = None,
-                      seed: int = 0) -> CorrectnessReport:
+                      seed: int = 0,
+                      progress: Callable[[str, int, int], None] | None = None) -> CorrectnessReport:
     """Teacher-force a token sequence through the schedule and through HF eager (DynamicCache,
     one token per step) and compare the logits at ``positions``. Tokens default to a fixed
     pseudo-random sequence of length max(positions)+1. When ``model`` holds bf16/fp16
     weights, an fp32 copy of it also runs (one forward over the sequence) and the bf16 rule
     applies (BF16_NOISE_FACTOR): the schedule must be about as close to the fp32 logits as
     HF's own low-precision run is. With a distributed decoder every rank calls this (SPMD);
-    rank 0 alone runs HF and broadcasts its logits."""
+    rank 0 alone runs HF and broadcasts its logits. ``progress(part, done, total)`` reports
+    positions done: part "schedule" (the executor), then "hf" (the HF reference)."""
     n = max(positions) + 1
     toks = list(tokens) if tokens is not None else check_tokens(vocab, n, seed)
     if len(toks) < n:
         raise AmkError(f"correctness check needs {n} tokens, got {len(toks)}")
     toks = toks[:n]
     t0 = time.perf_counter()
-    got = decoder.teacher_forced(toks, positions)
+    got = decoder.teacher_forced(
+        toks, positions, progress=(lambda d, t: progress("schedule", d, t)) if progress else None)
     # In a distributed run (SPMD) the HF reference is computed once, by rank 0, and sent.
     dist = getattr(decoder, "dist", None)
     ref = ref32 = None
     if dist is None or dist.rank == 0:
-        ref = hf_tokenwise_logits(model, toks, positions)
+        ref = hf_tokenwise_logits(
+            model, toks, positions, progress=(lambda d, t: progress("hf", d, t)) if progress else None)
         if next(model.parameters()).dtype != torch.float32:
             ref32 = fp32_logits(model, toks, positions)
     if dist is not None:
@@ -425,6 +473,89 @@ def fp32_logits(model: Any, tokens: Sequence[int], keep: Sequence[int]) -> dict[
             torch.cuda.empty_cache()
 
 
+# -- memory --------------------------------------------------------------------------------
+# Peak host memory while loading, in units of the fp32 model (measured: SmolLM2-135M's GGUF,
+# first dequantized to fp32 arrays then copied into the model, 0.76 GB of peak for 0.54 GB
+# of weights; the llama-3.2-1b recipe, drawn in place with temporaries, 5.56 GiB for 4.6).
+LOAD_FACTOR = {"gguf": 1.5, "alias": 1.5}
+LOAD_FACTOR_DEFAULT = 1.25
+# Kept free on top of the estimate: the HF forward's temporaries, the executor's
+# bookkeeping, the allocator's slack.
+MEMORY_HEADROOM = 512 << 20
+
+
+def available_memory() -> int | None:
+    """Bytes this process may still allocate: the kernel's MemAvailable, lowered to the
+    cgroup's ``memory.max - memory.current`` when a cgroup v2 limit is set; None when
+    neither can be read (not Linux)."""
+    avail = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except OSError:
+        pass
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        if limit != "max":
+            with open("/sys/fs/cgroup/memory.current") as f:
+                room = int(limit) - int(f.read().strip())
+            avail = room if avail is None else min(avail, room)
+    except (OSError, ValueError):
+        pass
+    return avail
+
+
+def parameter_count(model: Any) -> int:
+    """Unique parameters of ``model`` (tied weights once); works on the meta device."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def check_memory(session: "Session") -> tuple[int, str]:
+    """Bytes of host memory the correctness check needs beyond what the process holds
+    now, and how they add up (one line). The check holds the fp32 HF model (parameters x 4
+    bytes, x LOAD_FACTOR / LOAD_FACTOR_DEFAULT at the loading peak) and the executor's buffers: KV
+    caches, activations and io buffers, plus the weight slices the executor must convert
+    (an f32 schedule's weights are views of the HF tensors; a bf16 one's are copies),
+    plus MEMORY_HEADROOM."""
+    hf = parameter_count(session.resolved.model) * 4
+    factor = LOAD_FACTOR.get(session.resolved.source.kind, LOAD_FACTOR_DEFAULT)
+    prog = 0
+    for b in session.program.buffers:
+        if b.kind == "weight" and b.dtype == "f32":
+            continue
+        prog += b.nbytes * (session.program.ranks if b.rank is None else 1)
+    need = int(hf * factor) + prog + MEMORY_HEADROOM
+    gib = 1 << 30
+    detail = (f"fp32 HF model {hf / gib:.1f} GiB x{factor:g} while loading"
+              + f" + executor buffers {prog / gib:.1f} GiB + {MEMORY_HEADROOM / gib:.1f} GiB headroom")
+    return need, detail
+
+
+def check_skip_reason(session: "Session", no_check: bool = False,
+                      available: int | None = None) -> str | None:
+    """Why the correctness check cannot run here, or None when it can: ``--no-check``, a
+    source without weights, or an estimated need (``check_memory``) above the available
+    memory (``available``: bytes, default ``available_memory()``)."""
+    if no_check:
+        return "--no-check"
+    src = session.resolved.source
+    if not src.weights:
+        return f"{src.path} has no weights (config.json only)"
+    avail = available_memory() if available is None else available
+    if avail is None or has_weights(session.resolved.model):
+        return None
+    need, detail = check_memory(session)
+    if need > avail:
+        gib = 1 << 30
+        return (f"it needs about {need / gib:.1f} GiB ({detail}), {avail / gib:.1f} GiB "
+                "of memory is available")
+    return None
+
+
 # -- the whole pipeline --------------------------------------------------------------------
 @dataclass
 class Session:
@@ -432,6 +563,8 @@ class Session:
 
     Build with ``Session.build(model_arg, ranks, config)``; ``verdict`` is the validation
     result (``validate_s`` its time). ``decoder(backend, seed, policy)`` starts an executor.
+    Built with ``weights=False`` the HF model lives on the meta device (shapes only) until
+    ``load_weights()``.
     """
 
     resolved: Any
@@ -446,9 +579,10 @@ class Session:
     def build(cls, model_arg: str, ranks: int, config: LoweringConfig | None = None,
               target: Target | None = None, validate: bool = True,
               progress: Callable[[str], None] | None = None,
-              resolved: Any = None) -> "Session":
+              resolved: Any = None, weights: bool = True) -> "Session":
         """Resolve (unless ``resolved`` is given), import, lower and (optionally) validate.
-        Raises AmkError for bad input or an unsupported model."""
+        ``weights=False``: resolve shapes only (meta device); lowering and validation need
+        nothing more. Raises AmkError for bad input or an unsupported model."""
         from lowering.lower import lower
 
         cfg = config or LoweringConfig()
@@ -463,7 +597,7 @@ class Session:
             return res
 
         if resolved is None:
-            resolved = stage("resolve", resolve, model_arg)
+            resolved = stage("resolve", resolve, model_arg, 0, weights)
         graph = stage("import", import_graph, resolved)
         program = stage("lower", lambda: lower(graph, ranks, config=cfg, target=target))
         s = cls(resolved, graph, program, cfg, timings=timings)
@@ -471,20 +605,40 @@ class Session:
             s.verdict, s.validate_s = stage("validate", validate_program, program)
         return s
 
+    @property
+    def has_weights(self) -> bool:
+        """Whether the HF model holds its weights (False after ``build(weights=False)``)."""
+        return has_weights(self.resolved.model)
+
+    def load_weights(self) -> None:
+        """Load the model's fp32 weights if the session was built without them, and check
+        them against the graph (missing, mis-shaped or unmodelled parameters). Raises
+        AmkError when the source has no weights or the checkpoint cannot be loaded."""
+        if self.has_weights:
+            return
+        t0 = time.perf_counter()
+        self.resolved = resolve(self.resolved.source.arg, weights=True)
+        import_graph(self.resolved)
+        self.timings["load weights"] = time.perf_counter() - t0
+
     def decoder(self, backend: str = "sim", seed: int = 0, policy: str = "random",
                 backend_options: dict[str, Any] | None = None) -> Decoder:
         if self.verdict is not None and not self.verdict.ok:
             raise AmkError("the schedule was rejected by the validator; it will not be run",
                            exit_code=1)
+        self.load_weights()
         ex = make_executor(self.program, self.graph, self.resolved.model.state_dict(), backend,
                            seed=seed, policy=policy, check=self.verdict is None,
                            backend_options=backend_options)
         return Decoder(self.program, ex, self.config.max_seq)
 
     def check(self, decoder: Decoder, positions: Sequence[int] = DEFAULT_POSITIONS,
-              seed: int = 0) -> CorrectnessReport:
+              seed: int = 0,
+              progress: Callable[[str, int, int], None] | None = None) -> CorrectnessReport:
+        """Logits of ``decoder`` against HF eager at ``positions`` (check_correctness;
+        ``progress(part, done, total)`` as positions complete)."""
         if max(positions) >= self.config.max_seq:
             raise AmkError(f"correctness positions up to {max(positions)} need max_seq > "
                            f"{max(positions)}, the config has {self.config.max_seq}")
         return check_correctness(self.resolved.model, decoder, self.graph.spec.vocab,
-                                 self.config.dtype, positions, seed=seed)
+                                 self.config.dtype, positions, seed=seed, progress=progress)

@@ -40,7 +40,7 @@ from ir.program import (
 )
 from lowering.config import LoweringConfig
 from lowering.costmodel import task_bytes
-from lowering.partition import Partition, partition, split_aligned, tiles
+from lowering.partition import Partition, check_split, partition, split_aligned, tiles
 from models.graph import GraphOp, ModelGraph
 
 SLOT = Range(Bound(0, 1), Bound(1, 1))  # s:s+1, the current receive slot
@@ -963,6 +963,12 @@ def lower(graph: ModelGraph, ranks: int, workers: int | None = None,
     if graph.spec.max_position and cfg.max_seq > graph.spec.max_position:
         raise AmkError(f"max_seq {cfg.max_seq} exceeds the model's max_position_embeddings "
                        f"{graph.spec.max_position}")
+    sp = graph.spec
+    try:  # before any emission: a split the schedule cannot express is refused, not lowered
+        check_split(sp.heads, sp.kv_heads, sp.intermediate, sp.vocab, sp.hidden, ranks,
+                    cfg.tile, cfg.allreduce)
+    except ValueError as e:
+        raise AmkError(f"cannot split {graph.name} over {ranks} ranks: {e}") from None
     return _Lowerer(graph, ranks, cfg, target).lower()
 
 

@@ -1,9 +1,17 @@
 """Tensor-parallel split math: which heads, columns and vocabulary rows each rank owns.
 
 All splits are contiguous blocks, as even as possible (the first ``n mod R`` ranks get one
-more), so 9 query heads over 4 ranks become 3, 2, 2, 2. A rank may own nothing (3 query heads
-over 4 ranks): it then contributes no partial sum to that all-reduce but still receives the
-reduced result.
+more), so 9 query heads over 4 ranks become 3, 2, 2, 2. A rank may own no query heads (3
+query heads over 4 ranks): it then skips attention, contributes no partial sum to the
+attention all-reduce but still receives the reduced result (``check_split`` returns a note
+naming such ranks).
+
+``check_split`` checks a split before any lowering and raises ``SplitError`` (a ValueError)
+with the model's counts when the schedule could not express it: fewer vocabulary rows than
+ranks, a rank with fewer than 2 MLP columns (a one-column weight slice [H, 1] is the same
+IR region shape as a one-row slice, so the down projection's GEMV would be mis-shaped), a
+two-shot all-reduce block of one hidden column, or a fused all-reduce over more ranks than
+a GEMV tile has mirror outputs.
 
 GQA: a rank computes K/V for every KV head that one of its query heads uses (head h uses KV
 head ``h // (Hq / Hkv)``, as in HF ``repeat_kv``). A KV head whose query group spans two ranks
@@ -13,6 +21,16 @@ is replicated: both ranks project it and keep their own copy of its KV cache.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+# Columns an MLP slice needs at least: a slice of one column cannot be told from one row.
+MIN_MLP_COLUMNS = 2
+# Most ranks a ``fused`` all-reduce spans: a GEMV tile stores to itself and R - 1 peers
+# (ir.ops.MAX_MIRRORS mirror outputs).
+MAX_FUSED_RANKS = 8
+
+
+class SplitError(ValueError):
+    """A tensor-parallel split the lowering cannot express; the message names the counts."""
 
 
 def split_even(n: int, parts: int) -> list[tuple[int, int]]:
@@ -118,10 +136,16 @@ def partition(heads: int, kv_heads: int, intermediate: int, vocab: int, ranks: i
     if kv_heads < 1 or heads % kv_heads:
         raise ValueError(f"{heads} query heads do not split into {kv_heads} KV-head groups")
     if vocab < ranks:
-        raise ValueError(f"vocabulary of {vocab} rows cannot be split over {ranks} ranks")
+        raise SplitError(f"vocabulary of {vocab} rows cannot be split over {ranks} ranks")
     group = heads // kv_heads
     qb = split_even(heads, ranks)
     cb = split_aligned(intermediate, ranks, align)
+    thin = [r for r, (a, b) in enumerate(cb) if b - a < MIN_MLP_COLUMNS]
+    if thin:
+        sizes = sorted({cb[r][1] - cb[r][0] for r in thin})
+        got = _count(sizes[0], "column") if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]} columns"
+        raise SplitError(f"{intermediate} MLP columns over {ranks} ranks leave {_ranks(thin)} "
+                         f"with {got} (each rank needs at least {MIN_MLP_COLUMNS})")
     vb = split_aligned(vocab, ranks, align)
     shards = []
     for r in range(ranks):
@@ -129,3 +153,67 @@ def partition(heads: int, kv_heads: int, intermediate: int, vocab: int, ranks: i
         kv = (h0 // group, (h1 - 1) // group + 1) if h1 > h0 else (0, 0)
         shards.append(RankShard(r, (h0, h1), kv, cb[r], vb[r]))
     return Partition(ranks, group, tuple(shards))
+
+
+def _ranks(rs: list[int]) -> str:
+    """"rank 3" / "ranks 3-6" / "ranks 1, 4" for a sorted list of rank indices."""
+    if len(rs) == 1:
+        return f"rank {rs[0]}"
+    if rs == list(range(rs[0], rs[-1] + 1)):
+        return f"ranks {rs[0]}-{rs[-1]}"
+    return "ranks " + ", ".join(map(str, rs))
+
+
+def _count(n: int, unit: str) -> str:
+    return f"{n} {unit}" + ("" if n == 1 else "s")
+
+
+def ranks_without_heads(heads: int, ranks: int) -> list[int]:
+    """Ranks that own no query head when ``heads`` are split over ``ranks`` (the last
+    ``ranks - heads`` ranks when there are more ranks than heads)."""
+    return [r for r, (a, b) in enumerate(split_even(heads, ranks)) if a == b]
+
+
+def check_split(heads: int, kv_heads: int, intermediate: int, vocab: int, hidden: int,
+                ranks: int, align: int = 1, allreduce: str = "oneshot") -> list[str]:
+    """Check that the lowering can split a model over ``ranks`` ranks, before lowering it.
+
+    Counts are the model's (query heads, KV heads, MLP columns, vocabulary rows, hidden
+    size); ``align``: the lowering's ``tile`` (MLP and vocabulary blocks are aligned to it);
+    ``allreduce``: the algorithm (``twoshot`` splits the hidden vector over ranks, ``fused``
+    stores every partial to all peers from one task). Returns notes for splits that lower
+    but leave ranks idle in a stage (ranks without query heads). Raises SplitError naming
+    what does not fit.
+    """
+    partition(heads, kv_heads, intermediate, vocab, ranks, align)
+    if ranks > 1 and allreduce == "twoshot":
+        hb = split_aligned(hidden, ranks, align)
+        thin = [r for r, (a, b) in enumerate(hb) if b - a == 1]
+        if thin:
+            raise SplitError(f"the two-shot all-reduce splits the hidden size {hidden} over "
+                             f"{ranks} ranks into blocks of one column ({_ranks(thin)}); use "
+                             "allreduce oneshot or fewer ranks")
+    if allreduce == "fused" and ranks > MAX_FUSED_RANKS:
+        raise SplitError(f"the fused all-reduce spans at most {MAX_FUSED_RANKS} ranks (a GEMV "
+                         f"tile stores to every peer), got {ranks}; use allreduce oneshot")
+    notes = []
+    idle = ranks_without_heads(heads, ranks)
+    if idle:
+        one = len(idle) == 1
+        notes.append(f"{_count(heads, 'query head')} over {ranks} ranks: {_ranks(idle)} "
+                     f"{'owns' if one else 'own'} no query heads and skip{'s' if one else ''} "
+                     f"attention ({'it still holds' if one else 'they still hold'} MLP columns "
+                     "and vocabulary rows)")
+    return notes
+
+
+def max_ranks(heads: int, kv_heads: int, intermediate: int, vocab: int, hidden: int,
+              align: int = 1, allreduce: str = "oneshot", limit: int = 1024) -> int:
+    """The largest rank count <= ``limit`` that ``check_split`` accepts (0 if none)."""
+    for r in range(min(limit, vocab), 0, -1):
+        try:
+            check_split(heads, kv_heads, intermediate, vocab, hidden, r, align, allreduce)
+        except ValueError:
+            continue
+        return r
+    return 0

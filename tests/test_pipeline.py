@@ -156,6 +156,73 @@ def test_decoder_refuses_positions_beyond_the_cache():
         dec.step(1, 32)
 
 
+def test_hf_reference_emits_no_future_warning():
+    """The HF reference hands its DynamicCache through the current keyword (``cache`` in
+    transformers 5.x, where ``past_key_values`` raises a FutureWarning on every call)."""
+    import warnings
+
+    s = _session("tiny-llama", 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        rep = s.check(s.decoder("sim"), POSITIONS)
+        ref = pipeline.hf_generate(s.resolved.model, [256, 72, 105], 4)
+    assert rep.ok and len(ref) == 4
+    kw = pipeline.hf_cache_kwargs(s.resolved.model, "C")
+    assert kw == {"cache": "C"} or kw == {"past_key_values": "C"}
+
+
+def test_correctness_reports_progress_per_position():
+    s = _session("tiny-qwen2", 2)
+    seen: list[tuple[str, int, int]] = []
+    rep = s.check(s.decoder("sim"), POSITIONS, progress=lambda *a: seen.append(a))
+    assert rep.ok
+    assert [d for p, d, _ in seen if p == "schedule"] == list(range(1, 33))
+    assert [d for p, d, _ in seen if p == "hf"] == list(range(1, 33))
+    assert {t for _, _, t in seen} == {32} and seen[-1][0] == "hf"
+
+
+def test_session_lowers_from_shapes_alone():
+    """weights=False: the graph comes from a meta-device model; the program is the one a
+    session with weights builds, and the weights load when an executor needs them."""
+    from ir.text import format_program
+
+    cfg = LoweringConfig(max_seq=32, workers=2)
+    meta = pipeline.Session.build("config:tiny-qwen3", 2, cfg, weights=False)
+    full = pipeline.Session.build("config:tiny-qwen3", 2, cfg)
+    assert not meta.has_weights and full.has_weights
+    assert format_program(meta.program) == format_program(full.program)
+    rep = meta.check(meta.decoder("sim"), POSITIONS)
+    assert meta.has_weights and rep.ok and "load weights" in meta.timings
+
+
+def test_check_is_skipped_when_memory_is_short(monkeypatch):
+    cfg = LoweringConfig(max_seq=32)
+    s = pipeline.Session.build("config:tiny-llama", 2, cfg, weights=False)
+    need, detail = pipeline.check_memory(s)
+    params = sum(p.numel() for p in s.resolved.model.parameters())
+    assert need >= params * 4 + pipeline.MEMORY_HEADROOM
+    assert detail.startswith(f"fp32 HF model {params * 4 / 2**30:.1f} GiB")
+    assert pipeline.check_skip_reason(s, available=need) is None
+    why = pipeline.check_skip_reason(s, available=need - 1)
+    assert why.startswith(f"it needs about {need / 2**30:.1f} GiB (fp32 HF model") and \
+        "of memory is available" in why
+    assert pipeline.check_skip_reason(s, no_check=True) == "--no-check"
+
+
+def test_cli_compile_skips_the_check_beyond_available_memory(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(pipeline, "available_memory", lambda: 256 << 20)
+    rc = main(["compile", "config:tiny-llama", "--tp", "2", "--out", str(tmp_path)])
+    assert rc == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "correctness check skipped: it needs about 0.5 GiB" in err
+    assert "0.2 GiB of memory is available" in err
+    rep = json.loads((tmp_path / "report.json").read_text())
+    assert rep["ok"] and rep["correctness"]["ok"] is None
+    assert rep["correctness"]["skipped"].startswith("it needs about")
+    assert "load weights" not in rep["timings_s"]
+    assert (tmp_path / "schedule.amk").is_file()
+
+
 # -- the real SmolLM2-135M checkpoint -------------------------------------------------------
 @pytest.fixture(scope="module")
 def smollm2():

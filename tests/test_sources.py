@@ -252,17 +252,41 @@ def test_error_unknown_model_type(hf_dir, tmp_path):
     _expect(d, "cannot read the config", "no-such-arch")
 
 
+def test_directory_without_weights_resolves_shapes_only(hf_dir, tmp_path):
+    d = _copy_dir(hf_dir[0], tmp_path / "m")
+    (d / "model.safetensors").unlink()
+    r = sources.resolve_model(str(d), weights=False)
+    assert r.source.kind == "hf-dir" and not r.source.weights
+    assert "config.json only" in r.source.describe()
+    assert r.config.model_type == "qwen2" and next(r.model.parameters()).is_meta
+    with pytest.raises(AmkError) as info:
+        sources.resolve_model(str(d), cache=False)
+    assert "needs the model's weights" in str(info.value) and str(d) in str(info.value)
+
+
 def test_error_no_safetensors(hf_dir, tmp_path):
     d = _copy_dir(hf_dir[0], tmp_path / "m")
     (d / "model.safetensors").rename(d / "pytorch_model.bin")
-    _expect(d, "no *.safetensors weights", "found pytorch_model.bin")
+    assert not sources.resolve_model(str(d), weights=False).source.weights
+    with pytest.raises(AmkError) as info:
+        sources.resolve_model(str(d), cache=False)
+    msg = str(info.value)
+    assert "no *.safetensors" in msg and "found pytorch_model.bin" in msg, msg
 
 
 def test_error_truncated_safetensors(hf_dir, tmp_path):
     d = _copy_dir(hf_dir[0], tmp_path / "m")
     data = (d / "model.safetensors").read_bytes()
-    (d / "model.safetensors").write_bytes(data[: len(data) - 100])
-    _expect(d, "model.safetensors: corrupt or truncated safetensors file")
+    (n,) = struct.unpack("<Q", data[:8])
+    f = d / "model.safetensors"
+    f.write_bytes(data[:5])  # inside the header length
+    _expect(d, f"{f}: truncated safetensors file (the header length needs 8 bytes, the file has 5)")
+    f.write_bytes(data[:8 + n // 2])  # inside the JSON header
+    _expect(d, f"{f}: truncated safetensors file (the header needs {8 + n} bytes, the file has "
+               f"{8 + n // 2})")
+    f.write_bytes(data[: len(data) - 100])  # inside the tensor data
+    _expect(d, f"{f}: truncated safetensors file (tensor data needs {len(data)} bytes, the file "
+               f"has {len(data) - 100})")
 
 
 def test_error_garbage_safetensors(hf_dir, tmp_path):
@@ -286,7 +310,65 @@ def test_error_bad_gguf(tmp_path):
     _expect(bad, "not a GGUF file (bad magic")
     truncated = tmp_path / "trunc.gguf"
     truncated.write_bytes(sources.smollm2_gguf_path().read_bytes()[:4096])
-    _expect(truncated, "cannot read the config of GGUF file")
+    _expect(truncated, f"{truncated}: truncated GGUF file: the metadata needs at least",
+            "the file has 4096")
+
+
+def _tiny_gguf(path):
+    """A small GGUF written with the gguf package: metadata (a string array among it), two
+    f32 tensors and one Q8_0 tensor. Returns the section offsets read back by GGUFReader."""
+    import gguf
+    import numpy as np
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(1)
+    w.add_context_length(64)
+    w.add_token_list([f"tok{i}" for i in range(300)])
+    w.add_tensor("a", np.arange(32, dtype=np.float32).reshape(4, 8))
+    w.add_tensor("b", np.ones((16, 8), dtype=np.float32))
+    q = gguf.quantize(np.ones((2, 64), dtype=np.float32), gguf.GGMLQuantizationType.Q8_0)
+    w.add_tensor("c", q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    r = gguf.GGUFReader(str(path))
+    first_tensor_info = r.tensors[0].field.offset
+    return {"metadata": r.fields["tokenizer.ggml.tokens"].offset + 100,
+            "tensor table": first_tensor_info + 3,
+            "data": r.data_offset + 40,
+            "need": max(t.data_offset + t.n_bytes for t in r.tensors)}
+
+
+def test_truncated_gguf_says_where_and_how_big(tmp_path):
+    good = tmp_path / "tiny.gguf"
+    at = _tiny_gguf(good)
+    sources._check_gguf(good)  # the intact file passes
+    data = good.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[:20])
+    _expect(cut, f"{cut}: truncated GGUF file: the header needs at least 24 bytes, the file has 20")
+    for section in ("metadata", "tensor table"):
+        cut.write_bytes(data[:at[section]])
+        _expect(cut, f"{cut}: truncated GGUF file: the {section} needs at least",
+                f"the file has {at[section]}")
+    cut.write_bytes(data[:at["data"]])
+    _expect(cut, f"{cut}: truncated GGUF file: tensor data needs {at['need']} bytes, the file "
+                 f"has {at['data']}")
+    cut.write_bytes(data[:at["need"] - 1])  # one byte short of the last tensor's end
+    _expect(cut, f"tensor data needs {at['need']} bytes, the file has {at['need'] - 1}")
+    cut.write_bytes(data[:at["need"]])  # the writer's padding after the last tensor may go
+    sources._check_gguf(cut)
+
+
+def test_corrupt_gguf_length_is_not_called_truncated(tmp_path):
+    good = tmp_path / "tiny.gguf"
+    _tiny_gguf(good)
+    data = bytearray(good.read_bytes())
+    data[24:32] = struct.pack("<Q", 1 << 50)  # the first metadata key's length
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(bytes(data))
+    _expect(bad, f"{bad}: corrupt GGUF file: string length of {1 << 50} at byte 24")
 
 
 def test_error_other_file(tmp_path):

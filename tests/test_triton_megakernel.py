@@ -377,12 +377,13 @@ def lowered(name: str, workers: int, dtype: str = "f32", max_seq: int = 16, tile
 def hf_logits(model, tokens):
     from transformers import DynamicCache
 
+    from amk.pipeline import hf_cache_kwargs
+
     cache, out = DynamicCache(), []
     with torch.no_grad():
         for pos, tok in enumerate(tokens):
             r = model(input_ids=torch.tensor([[tok]]), position_ids=torch.tensor([[pos]]),
-                      past_key_values=cache, use_cache=True)
-            cache = r.past_key_values
+                      use_cache=True, **hf_cache_kwargs(model, cache))
             out.append(r.logits[0, -1].float())
     return out
 

@@ -113,12 +113,13 @@ def test_tensor_parallel_model_matches_sim_and_hf(name, ranks, fuse, wave):
     toks = [5, 17, 33]
     got, want = _decode(ex, ranks, toks), _decode(sim, ranks, toks)
     from transformers import DynamicCache
+
+    from amk.pipeline import hf_cache_kwargs
     cache = DynamicCache()
     with torch.no_grad():
         for (lg, nt), (ls, ns), (pos, tok) in zip(got, want, enumerate(toks)):
             ref = model(input_ids=torch.tensor([[tok]]), position_ids=torch.tensor([[pos]]),
-                        past_key_values=cache, use_cache=True)
-            cache = ref.past_key_values
+                        use_cache=True, **hf_cache_kwargs(model, cache))
             lh = ref.logits[0, -1].float()
             torch.testing.assert_close(lg.cpu(), ls, rtol=1e-4, atol=2e-5)
             torch.testing.assert_close(lg.cpu(), lh, rtol=1e-4, atol=2e-5)

@@ -166,6 +166,10 @@ def results_table(title: str, results: list, rows: list[dict]):
 
 
 def run(args: argparse.Namespace) -> int:
+    from amk.checks import check_counts, check_model_split
+
+    check_counts(args.tp, args.workers)  # before torch is imported
+    check_model_split(args.model, args.tp, _config(args, 1))  # tile / allreduce; config only
     import torch
 
     from rich.console import Console
@@ -176,8 +180,6 @@ def run(args: argparse.Namespace) -> int:
                                judge, make_reference)
     from ground.timing import decode_weight_bytes, measure_hbm_bandwidth, roofline_ms
     con = Console(stderr=True)
-    if args.tp < 1:
-        raise AmkError(f"--tp must be >= 1, got {args.tp}")
     if args.out:  # a run takes minutes: refuse an unwritable --out before it starts
         check_writable_dir(Path(args.out).parent, "--out")
     if not torch.cuda.is_available():

@@ -1,15 +1,26 @@
 """``amk compile MODEL``: import, lower, validate, check against HF, write the schedule.
 
-Stages (each shown with rich progress): resolve the MODEL argument, import the decode-step
-graph, lower it for ``--tp`` ranks x ``--workers`` workers, validate it, write
-``DIR/schedule.amk`` (text IR), ``DIR/schedule.json`` and ``DIR/report.json``, then run the
-schedule on the backend and compare its logits with HF eager at positions 0, 7 and 31.
-With ``--backend triton`` the kernel source is also written to ``DIR/kernel.py``.
+Stages (each shown with rich progress): check the arguments against the model's config
+(``amk.checks``: ``--tp``/``--workers`` ranges, then whether the heads, MLP columns and
+vocabulary split over ``--tp`` ranks), resolve the MODEL argument and import the
+decode-step graph from its shapes alone (no weights), lower it for ``--tp`` ranks x
+``--workers`` workers, validate it, write ``DIR/schedule.amk`` (text IR),
+``DIR/schedule.json`` and ``DIR/report.json``, then load the weights, run the schedule on
+the backend and compare its logits with HF eager at positions 0, 7 and 31 (a progress bar
+counts the positions). With ``--backend triton`` the kernel source is also written to
+``DIR/kernel.py``.
+
+The correctness check is skipped, with one line saying why and ``correctness.skipped`` in
+report.json, under ``--no-check``, when the model has no weights (a directory with
+config.json only), and when its estimated memory (``amk.pipeline.check_memory``: fp32 HF
+model + the executor's buffers) exceeds the available memory. The schedule is still written
+and the exit code is 0.
 
 report.json: model, source, family, ranks, workers, config (the lowering knobs), counts
 (tasks, buffers, counters, tasks per rank), validation (ok, seconds, errors), correctness
-(per position: max abs error, relative error, argmax agreement), cost (PREDICTED latency from
-the roofline cost model), timings per stage, and ok.
+(per position: max abs error, relative error, argmax agreement; or ``skipped``: why), notes
+(ranks without query heads), cost (PREDICTED latency from the roofline cost model), timings
+per stage, and ok.
 
 Exit codes: 0 success; 1 the schedule was rejected by the validator or failed the
 correctness check (the reason is printed and recorded in report.json); 2 bad input.
@@ -50,14 +61,17 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace):
-    """The LoweringConfig from --config FILE and --workers (AmkError on bad input)."""
+    """The LoweringConfig from --config FILE and --workers, after ``amk.checks.check_counts``
+    of --tp / --workers (AmkError on bad input). Imports neither torch nor transformers."""
+    from amk.checks import check_counts
     from lowering.config import LoweringConfig
 
+    check_counts(args.tp, args.workers, target_for(args.backend).max_workers)
     cfg = LoweringConfig.from_file(args.config) if args.config else LoweringConfig()
     if args.workers is not None:
         cfg = cfg.replace(workers=args.workers)
-    if args.tp < 1:
-        raise AmkError(f"--tp must be >= 1, got {args.tp}")
+    check_counts(workers=cfg.workers, max_workers=target_for(args.backend).max_workers,
+                 workers_flag=f"{args.config}: workers" if args.config else "--workers")
     return cfg
 
 
@@ -91,6 +105,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true",
                    help="print the report (as in report.json) to stdout as one JSON object; the "
                         "summary table goes to stderr")
+    p.add_argument("--no-check", action="store_true",
+                   help="lower, validate and write the schedule without the correctness check "
+                        "against HF (no weights are loaded)")
     p.set_defaults(func=run)
 
 
@@ -106,9 +123,17 @@ def _write(path: Path, text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from amk.checks import check_model_split
+
+    cfg = config_from_args(args)  # before any heavy import: --tp 0 is refused at once
+    split = check_model_split(args.model, args.tp, cfg)  # the config only, no weights
+
     from rich.console import Console
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn,
+                               TextColumn, TimeElapsedColumn)
+    from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
     from amk import pipeline
     from amk.commands.output import emit_json, human_console
@@ -117,13 +142,24 @@ def run(args: argparse.Namespace) -> int:
     from ir.text import format_program
     from lowering.costmodel import estimate
 
-    cfg = config_from_args(args)
+    class StepBar(BarColumn):
+        """A bar for tasks counting steps (positions); nothing for one-shot stages."""
+        def render(self, task):
+            return super().render(task) if task.fields.get("steps") else Text("")
+
+    class StepCount(MofNCompleteColumn):
+        def render(self, task):
+            return super().render(task) if task.fields.get("steps") else Text("")
+
     console = Console(stderr=True, highlight=False)
+    for note in split.notes:
+        console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     report: dict[str, Any] = {"model": args.model, "ranks": args.tp, "backend": args.backend}
     timings: dict[str, float] = {}
     out_dir = None
 
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), StepBar(bar_width=16),
+                  StepCount(), TimeElapsedColumn(),
                   console=console, transient=False) as progress:
         def stage(desc: str, fn, *a):
             tid = progress.add_task(desc, total=1)
@@ -138,8 +174,8 @@ def run(args: argparse.Namespace) -> int:
             progress.update(tid, completed=1, description=f"[green]✓[/] {desc}")
             return res
 
-        session = stage(f"resolve + import {args.model}", pipeline.Session.build,
-                        args.model, args.tp, cfg, target_for(args.backend), False)
+        session = stage(f"import + lower {args.model} (shapes)", lambda: pipeline.Session.build(
+            args.model, args.tp, cfg, target_for(args.backend), validate=False, weights=False))
         g, spec = session.graph, session.graph.spec
         out_dir = Path(args.out) if args.out else Path("build") / f"{_safe(g.name)}-tp{args.tp}"
         try:
@@ -156,6 +192,7 @@ def run(args: argparse.Namespace) -> int:
             "model": g.name, "source": session.resolved.source.describe(),
             "family": spec.family, "spec": spec.to_json(), "ranks": prog.ranks,
             "workers": prog.workers, "config": cfg.to_json(), "program": prog.name,
+            "notes": split.notes,
             "counts": {"tasks": len(prog.tasks), "buffers": len(prog.buffers),
                        "counters": len(prog.counters),
                        "tasks_per_rank": [sum(1 for t in prog.tasks if t.rank == r)
@@ -166,15 +203,30 @@ def run(args: argparse.Namespace) -> int:
             "cost": {"seq_len_1": estimate(prog, 1).to_json(),
                      f"seq_len_{cfg.max_seq}": estimate(prog, cfg.max_seq).to_json()},
         })
-        failure = None
+        failure = skipped = None
         if not verdict.ok:
             failure = f"validation rejected the schedule: {verdict.errors[0].cls}: " \
                       f"{verdict.errors[0].message}"
             report["correctness"] = {"ok": False, "skipped": "the schedule was rejected"}
         else:
+            skipped = pipeline.check_skip_reason(session, args.no_check)
+        if skipped:
+            report["correctness"] = {"ok": None, "skipped": skipped}
+        elif verdict.ok:
+            if not session.has_weights:
+                stage("load weights", session.load_weights)
+            parts = {"schedule": f"  schedule on {args.backend}: positions",
+                     "hf": "  HF eager: positions"}
+            bars: dict[str, Any] = {}
+
+            def on_step(part: str, done: int, total: int) -> None:
+                if part not in bars:
+                    bars[part] = progress.add_task(parts[part], total=total, steps=True)
+                progress.update(bars[part], completed=done)
+
             def correctness():
                 dec = session.decoder(args.backend, seed=args.seed, policy=args.policy)
-                return session.check(dec), dec
+                return session.check(dec, progress=on_step), dec
             corr, dec = stage(f"correctness vs HF eager ({args.backend}, positions 0/7/31)",
                               correctness)
             report["correctness"] = corr.to_json()
@@ -196,6 +248,8 @@ def run(args: argparse.Namespace) -> int:
               f"{len(prog.counters)} counters, {prog.ranks} ranks x {prog.workers} workers")
     t.add_row("validation", ("accepted" if verdict.ok else "[red]rejected[/]") + f" in {vs:.2f} s")
     corr_j = report.get("correctness", {})
+    if skipped:
+        t.add_row("correctness", f"[yellow]skipped[/]: {escape(skipped)}")
     if "positions" in corr_j:
         for p in corr_j["positions"]:
             t.add_row(f"logits pos {p['pos']}",
@@ -208,6 +262,8 @@ def run(args: argparse.Namespace) -> int:
     out.print(t)
     if args.json:
         emit_json(report)
+    if skipped:
+        console.print(f"[yellow]correctness check skipped:[/] {escape(skipped)}", soft_wrap=True)
     if failure:
         console.print(f"[bold red]error:[/] {failure}")
         return 1

@@ -41,20 +41,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from amk.checks import check_model_split
+    from models.sources import require_weights
+
+    if args.max_new_tokens < 1:
+        raise AmkError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    cfg = config_from_args(args)  # before any heavy import
+    split = check_model_split(args.model, args.tp, cfg)  # the config only, no weights
+    require_weights(split.source, "amk generate")
+
     from rich.console import Console
     from rich.markup import escape
 
     from amk import launch, pipeline
     from amk.commands.output import emit_json
 
-    if args.max_new_tokens < 1:
-        raise AmkError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    cfg = config_from_args(args)
     code, ctx = launch.tp_entry(args.tp, args.backend, args.colocate)
     if code is not None:
         return code
     lead = ctx is None or ctx.rank == 0  # the rank that verifies and reports
     err = Console(stderr=True, highlight=False)
+    if lead:
+        for note in split.notes:
+            err.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     with err.status(f"resolving {args.model}"):
         resolved = pipeline.resolve(args.model)
         tok = resolved.tokenizer

@@ -1,7 +1,8 @@
 """``amk info MODEL``: what a user needs to know about a model before compiling it.
 
 Resolves the MODEL argument (``models.sources``) WITHOUT loading weights: the architecture is
-built on torch's ``meta`` device, so ``amk info config:llama-3.1-8b`` allocates nothing.
+built on torch's ``meta`` device, so ``amk info config:llama-3.1-8b`` allocates nothing, and a
+directory holding only ``config.json`` is described as well (``has_weights`` false).
 Prints family, shapes (layers, hidden, intermediate, query/KV heads, head_dim, vocabulary),
 RoPE, parameter count and weight bytes per dtype, KV-cache bytes per token, the features amk
 must support (each unsupported one listed with its config field), and the tensor-parallel
@@ -52,7 +53,7 @@ def _param_counts(model: Any) -> dict[str, int]:
 def _checkpoint_bytes(source: Any) -> int | None:
     if source.kind in ("gguf", "alias"):
         return (source.path / source.gguf_file).stat().st_size
-    if source.kind == "hf-dir":
+    if source.kind == "hf-dir" and source.weights:
         return sum(p.stat().st_size for p in source.path.glob("*.safetensors"))
     return None
 
@@ -107,6 +108,7 @@ def describe(arg: str, max_tp: int = TP_MAX) -> dict[str, Any]:
             {k: 2 * layers * n_kv * head_dim * b for k, b in DTYPE_BYTES.items()}
             if head_dim else None),
         "checkpoint_bytes": _checkpoint_bytes(source),
+        "has_weights": source.weights,
         "supported": report.ok,
         "unsupported": [{"feature": u.feature, "field": u.field, "value": u.value, "why": u.why}
                         for u in report.unsupported],
@@ -177,6 +179,9 @@ def _print_human(info: dict[str, Any]) -> None:
             f"{k} {_fmt_bytes(v)}" for k, v in info["kv_cache_bytes_per_token"].items()))
     if info["checkpoint_bytes"] is not None:
         row("checkpoint on disk", _fmt_bytes(info["checkpoint_bytes"]))
+    elif not info["has_weights"]:
+        row("checkpoint on disk", "none: config.json only (info and compile work from it; "
+                                  "generate needs the weights)")
     if info["supported"]:
         t.add_row("supported", "[green]yes[/]")
     else:

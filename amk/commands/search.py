@@ -114,7 +114,7 @@ def _settings_from_args(args: argparse.Namespace) -> Any:
 
     if not args.model:
         raise AmkError("amk search needs MODEL (or --resume DIR)")
-    tp = args.tp or 1
+    tp = args.tp if args.tp is not None else 1  # --tp 0 is an error, not the default
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", args.model).strip("-")
     out = args.out or f"amk-search/{name}-tp{tp}-{time.strftime('%Y%m%d-%H%M%S')}"
     s = SearchSettings(model=args.model, out=out, tp=tp)
@@ -141,6 +141,9 @@ def _settings_from_args(args: argparse.Namespace) -> Any:
     if args.replay and not args.proposer:
         s.proposer = "replay"
     s.check()
+    from amk.checks import check_counts, check_model_split
+    check_counts(s.tp, s.max_workers, workers_flag="--max-workers")
+    check_model_split(s.model, s.tp)  # before the search starts: the config only
     return s
 
 
