@@ -146,7 +146,7 @@ def test_best_config_is_accepted_by_compile_generate_bench_and_run(relative_sear
     assert program_fingerprint(built) == program_fingerprint(load_program(best / "schedule.json"))
     # generate reads --config through compile's loader; bench through its own
     want = LoweringConfig.from_json(raw)
-    ns = argparse.Namespace(config=str(cfg_file), workers=None, tp=2)
+    ns = argparse.Namespace(config=str(cfg_file), workers=None, tp=2, backend="sim")
     assert config_from_args(ns) == want
     ns = argparse.Namespace(config=str(cfg_file), workers=None, tile=None, attn_split=None,
                             prompt_len=8, tokens=128)
