@@ -3,12 +3,13 @@
 #               `amk generate ... --tp 2 --verify` (sim backend) on the real
 #               SmolLM2-135M-Instruct checkpoint ("The capital of France is" -> " Paris...")
 #   make test   set up .venv if missing, then the CPU test suite (GPU tests are listed as skipped)
+#   make lint   the import contracts of pyproject.toml (lint-imports; docs/layout.md)
 # VENV=path picks another virtual environment (.ci/run uses a fresh one).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test
+.PHONY: setup demo test lint
 
 # The console script is the stamp: a missing venv, or a newer pyproject.toml, reruns setup.
 $(VENV)/bin/amk: pyproject.toml scripts/setup_env.sh
@@ -27,3 +28,7 @@ demo: setup
 test: setup
 	@rc=0; $(PY) -m pytest -ra -q --timeout=900 --durations=15 $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
+
+# Imports point down the layers of docs/layout.md (also checked by tests/test_layers.py).
+lint: setup
+	$(VENV)/bin/lint-imports --no-cache

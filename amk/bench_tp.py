@@ -54,7 +54,7 @@ def run_tp(args, ctx) -> int:
     from rich.console import Console
 
     from amk.baselines import BaselineResult, make_reference
-    from amk.commands.bench import _config, backend_options, cuda_target, measure_megakernel, write_result
+    from amk.bench import backend_options, bench_config, cuda_target, measure_megakernel, write_result
     from ground.timing import measure_hbm_bandwidth
     from models.sources import resolve_model
     from search.evaluator import weight_bytes_per_rank
@@ -64,7 +64,7 @@ def run_tp(args, ctx) -> int:
     if args.tokens < 4:
         raise AmkError("--tokens must be at least 4")
     props = torch.cuda.get_device_properties(dev)
-    cfg = _config(args, props.multi_processor_count)
+    cfg = bench_config(args, props.multi_processor_count)
     target = cuda_target(props)
     opts = backend_options(args)
     timings: dict[str, float] = {}

@@ -5,7 +5,7 @@ Each module in ``COMMANDS`` lives in ``amk/commands/`` and defines
 ``run(args) -> int`` (the exit code). User mistakes raise ``AmkError``; they are printed
 on one line and turned into the error's exit code, never a traceback.
 
-Output convention (amk/commands/output.py): ``--json`` is a flag; with it stdout carries
+Output convention (amk/output.py): ``--json`` is a flag; with it stdout carries
 only the command's one JSON object (also on failure: ``{"ok": false, "error": ...}``) and
 everything else goes to stderr. Result files are written through ``ground.files``.
 """
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    from amk.commands import output
+    from amk import output
 
     if not output.json_mode(args):
         return _run(args)[0]

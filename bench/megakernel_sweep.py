@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from amk.baselines import make_reference
     from amk.bench_tp import measure_megakernel_tp
-    from amk.commands.bench import cuda_target, measure_megakernel
+    from amk.bench import cuda_target, measure_megakernel
     from ground.timing import decode_weight_bytes, measure_hbm_bandwidth, roofline_ms
     from lowering.config import LoweringConfig
     from lowering.triton.runtime import Blocks, TritonError

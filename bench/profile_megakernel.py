@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             return code
 
     from amk import pipeline
-    from amk.commands.bench import cuda_target
+    from amk.bench import cuda_target
     from lowering.config import LoweringConfig
     from lowering.triton import megakernel as MK
     from lowering.triton.runtime import Blocks

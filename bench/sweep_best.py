@@ -15,7 +15,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from amk.commands.bench import BLOCKS_FLAGS
+from amk.bench import BLOCKS_FLAGS
 from lowering.config import LoweringConfig
 
 # lowering knobs the bench takes from --config (workers / dtype / max_seq: its own flags)

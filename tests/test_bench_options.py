@@ -1,4 +1,4 @@
-"""`amk bench` option parsing into TritonExecutor options (amk.commands.bench.backend_options)."""
+"""`amk bench` option parsing into TritonExecutor options (amk.bench.backend_options)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from amk.commands.bench import MAX_WORKERS_PER_SM, backend_options, cuda_target
+from amk.bench import MAX_WORKERS_PER_SM, backend_options, cuda_target
 from ground.errors import AmkError
 
 
@@ -165,7 +165,7 @@ def test_json_is_a_flag_and_out_names_the_file(tmp_path, capsys):
     import json
 
     from amk.cli import build_parser
-    from amk.commands.bench import write_result
+    from amk.bench import write_result
 
     args = build_parser().parse_args(["bench", "config:tiny-llama", "--json", "--out",
                                       str(tmp_path / "r" / "bench.json")])

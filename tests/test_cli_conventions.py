@@ -1,4 +1,4 @@
-"""Conventions every amk command follows (amk/commands/output.py):
+"""Conventions every amk command follows (amk/output.py):
 
 * ``--json`` is a flag: stdout carries exactly one JSON object (also on an error), tables and
   progress go to stderr;

@@ -121,7 +121,7 @@ def test_settings_paths_are_made_absolute_once(tmp_path, monkeypatch):
 
 # -- the best config is usable as-is -----------------------------------------------------------
 def test_best_config_is_accepted_by_compile_generate_bench_and_run(relative_search, tmp_path):
-    from amk.commands.bench import _config as bench_config
+    from amk.bench import bench_config
     from amk.commands.compile import config_from_args
     from ir.io import load_program
     from search.space import program_fingerprint
@@ -146,7 +146,7 @@ def test_best_config_is_accepted_by_compile_generate_bench_and_run(relative_sear
     assert program_fingerprint(built) == program_fingerprint(load_program(best / "schedule.json"))
     # generate reads --config through compile's loader; bench through its own
     want = LoweringConfig.from_json(raw)
-    ns = argparse.Namespace(config=str(cfg_file), workers=None, tp=2)
+    ns = argparse.Namespace(config=str(cfg_file), workers=None, tp=2, backend="sim")
     assert config_from_args(ns) == want
     ns = argparse.Namespace(config=str(cfg_file), workers=None, tile=None, attn_split=None,
                             prompt_len=8, tokens=128)

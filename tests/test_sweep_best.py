@@ -27,7 +27,7 @@ def _row(ms, correct=True, **kw):
 
 def test_best_row_becomes_bench_flags(tmp_path, capsys):
     from amk.cli import build_parser
-    from amk.commands.bench import backend_options
+    from amk.bench import backend_options
 
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     a.write_text(json.dumps({"rows": [_row(1.30, correct=False), _row(1.40), {"error": "x"}]}))

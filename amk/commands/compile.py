@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.text import Text
 
     from amk import pipeline
-    from amk.commands.output import emit_json, human_console
+    from amk.output import emit_json, human_console
     from ground.files import finite
     from ir.jsonio import dumps
     from ir.text import format_program

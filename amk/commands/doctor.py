@@ -318,7 +318,7 @@ def _print_human(report: dict[str, Any]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run `amk doctor`; returns the exit code (see the module docstring)."""
-    from amk.commands.output import emit_json
+    from amk.output import emit_json
 
     report = collect()
     if args.json:

@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
     from amk import launch, pipeline
-    from amk.commands.output import emit_json
+    from amk.output import emit_json
 
     code, ctx = launch.tp_entry(args.tp, args.backend, args.colocate)
     if code is not None:

@@ -202,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
         raise AmkError(f"--max-tp must be >= 1, got {args.max_tp}")
     info = describe(args.model, args.max_tp)
     if args.json:
-        from amk.commands.output import emit_json
+        from amk.output import emit_json
 
         emit_json(info)
     else:

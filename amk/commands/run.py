@@ -385,7 +385,7 @@ def _json_safe(x: Any) -> Any:
 
 
 def _emit_json(obj: dict[str, Any]) -> None:
-    from amk.commands.output import emit_json
+    from amk.output import emit_json
 
     emit_json(_json_safe(obj))
 

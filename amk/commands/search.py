@@ -253,7 +253,7 @@ def run(args: argparse.Namespace) -> int:
         search = open_search(resume=args.resume, overrides=overrides)
     else:
         search = open_search(_settings_from_args(args))
-    from amk.commands.output import emit_json, json_mode
+    from amk.output import emit_json, json_mode
 
     view = LiveView(search, quiet=args.quiet, stderr=json_mode(args))
     search.console = view.console  # warnings (proposer fallbacks, ...) even with --quiet

@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markup import escape
 
-    from amk.commands.output import emit_json
+    from amk.output import emit_json
 
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     out = Console(highlight=False, soft_wrap=True)
@@ -130,7 +130,7 @@ def _check(args: argparse.Namespace, prog: Any, where: Callable[[int], str], loa
     verdict.stats["load_s"] = round(load_s, 4)
     locate = _locator(prog, where) if not verdict.ok else None
     if args.json:
-        from amk.commands.output import emit_json
+        from amk.output import emit_json
 
         obj = verdict.to_json()
         obj["file"] = args.file

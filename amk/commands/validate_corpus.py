@@ -79,7 +79,7 @@ def _table(report: dict):
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from amk.commands.output import check_writable_dir, emit_json, human_console
+    from amk.output import check_writable_dir, emit_json, human_console
     from validator import corpus
 
     console = human_console(args)
