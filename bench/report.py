@@ -100,7 +100,7 @@ call (`bench/suites/NAME.json`; [gpu-testing.md](gpu-testing.md)). Copy the suit
 - **Columns.** ms/token: median (p10-p90). "amk vs it": the baseline's time over the
   megakernel's (above 1: the megakernel is faster). Command: as recorded, with its output
   flag written `--out` and pointing at the result file. Date and commit: when the result was
-  recorded (the code measured is that commit's tree).
+  recorded (the commit that added the file, or the one `bench/suite.py` ran at).
 """
 
 
