@@ -41,7 +41,7 @@ REL_TOL = {"f32": 1e-4, "bf16": 5e-2}
 # to the fp32 logits may be at most this many times HF bf16's own distance to them. Two
 # bf16 implementations round differently; one "within bf16 tolerance" is no further from
 # the exact result than the reference implementation is (a fixed relative bound fails
-# large random models whose logits are small: llama-3.1-8b, docs/benchmarks.md).
+# large random models whose logits are small: llama-3.1-8b, docs/experiments.md).
 BF16_NOISE_FACTOR = 2.0
 
 

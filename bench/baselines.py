@@ -3,7 +3,7 @@ decode step in a CUDA graph, each with its correctness verdict against HF genera
 
 Usage (on a GPU machine, repo root on PYTHONPATH):
     python bench/baselines.py --model config:llama-3.2-1b --model config:smollm2-135m \
-        --tokens 64 --json bench/results/baselines.json
+        --tokens 64 --json out/baselines.json
 Prints a table and writes one JSON object (device, bandwidth, per-model results).
 """
 

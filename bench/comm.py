@@ -1,4 +1,4 @@
-"""Communication micro-benchmarks for amk's multi-GPU megakernel (issue 6): how fast one GPU
+"""Communication micro-benchmarks for amk's multi-GPU megakernel: how fast one GPU
 can signal another, and how fast an all-reduce runs *inside* a persistent Triton kernel,
 next to NCCL on the same GPUs.
 

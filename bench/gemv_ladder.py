@@ -2,7 +2,7 @@
 
 The megakernel streams a 64 KB weight tile at ~13-16 GB/s per SM, a plain persistent Triton
 kernel running the same device function (ops.gemv_ex) at ~24 GB/s per SM
-(docs/benchmarks.md). Each rung below adds one property of the megakernel to the plain
+(docs/experiments.md). Each rung below adds one property of the megakernel to the plain
 kernel, over the same W[rows, K] bf16 tiles of ``--tile`` rows, tile t on program t mod P:
 
   plain     ops.gemv_ex with kernel-argument pointers and sizes

@@ -1,6 +1,6 @@
 """How fast can one persistent Triton program per SM stream GEMV weight tiles?
 
-A micro-benchmark for the megakernel's GEMV (issue 5): each program walks tiles of
+A micro-benchmark for the megakernel's GEMV: each program walks tiles of
 ``--tile`` rows of a bf16 W[N, K] (N * K * 2 bytes well above L2) and computes y = W @ x
 with fp32 accumulation, no synchronisation between tiles. Sweeps block shape, warps, grid
 (programs per SM) and K blocks loaded per iteration, and prints the achieved HBM bandwidth

@@ -1,9 +1,9 @@
 """Can TMA copies into shared memory lift one persistent program per SM to the HBM roofline?
 
-A micro-benchmark for the megakernel's GEMV (issue 6, tp 2): the megakernel runs one 8-warp
+A micro-benchmark for the megakernel's GEMV: the megakernel runs one 8-warp
 program per SM at ~240 registers per thread, so its weight stream can keep only what the
 registers hold in flight (16 x 128 bf16 blocks unrolled 8 times: 32 KB per SM), and it streams
-at 1.7-2.6 TB/s of the H200's ~4.2 (docs/benchmarks.md). A tensor-memory-accelerator (TMA)
+at 1.7-2.6 TB/s of the H200's ~4.2 (docs/experiments.md). A tensor-memory-accelerator (TMA)
 copy lands in shared memory and holds no registers, so Triton's software pipeliner
 (``tl.range(..., num_stages=S)`` over ``tl.make_tensor_descriptor`` loads) can keep
 (S - 1) boxes in flight per SM whatever the register count.

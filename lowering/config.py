@@ -59,7 +59,7 @@ tile_reduce   columns per all-reduce reduce tile (0, the default: ``tile``). A r
               tile moves a few hundred bytes, so at ``tile`` 16 the reduce of a 4096-wide
               hidden state is 256 tasks, each a wait, a task header and a signal, and the
               next stage waits for all 256 signals (Llama-3.1-8B at tp 2: 7.5 us per
-              reduce stage, eleventh session); fewer, wider tiles cut that
+              reduce stage); fewer, wider tiles cut that
 late_append   with ``fuse`` (and no q/k norm): attention reads the current token's key and
               value straight from the k / v projections (``rope_attention_kv``, waiting on
               the q/k/v tiles only), and the rank's ``rope_append`` into the caches (one

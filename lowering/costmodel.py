@@ -13,10 +13,10 @@ kernel's queue loop (decode the table entry, wait, dispatch, release). ``sync_si
 number of cross-rank collectives (each all-reduce / argmax exchange costs at least one
 one-way signal latency, since the next stage waits for peers).
 
-Default constants (all labelled assumptions, overridable): ``hbm_bw`` 3.0e12 B/s (measured
-copy bandwidth of the lent H100, /work/shared/DEVICE_NOTES.md; published peak is 3.35 TB/s),
+Default constants (all labelled assumptions, overridable): ``hbm_bw`` 3.0e12 B/s (the copy
+bandwidth ``amk bench`` measures on an H100, docs/benchmarks.md; published peak is 3.35 TB/s),
 ``task_overhead`` 0.5 us, ``cross_rank_latency`` 3 us (published NVLink one-way latencies are
-1-3 us; the first measurement here, with read-modify-write polling, was ~10 us). These are
+1-3 us; bench/comm.py measures 1.35-1.6 us one-way on H200s, docs/comm.md). These are
 predictions for ranking configurations and for the roofline distance, never a measurement.
 """
 

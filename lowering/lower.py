@@ -45,11 +45,11 @@ from models.graph import GraphOp, ModelGraph
 
 SLOT = Range(Bound(0, 1), Bound(1, 1))  # s:s+1, the current receive slot
 #: Logits per LM-head argmax task (rounded down to whole GEMV tiles): one task over 128K
-#: logits took 221 us on an H200 (docs/benchmarks.md); chunks of 4K run in parallel, each
+#: logits takes 221 us on an H200 (docs/experiments.md); chunks of 4K run in parallel, each
 #: as soon as its tiles are done.
 ARGMAX_CHUNK = 4096
 #: The ``balanced`` policy's per-task fixed cost in bytes: ~3 us of per-task overhead
-#: (docs/benchmarks.md, profiles) at the ~32 GB/s share of HBM bandwidth one H200 SM has.
+#: (GPU profiles, docs/experiments.md) at the ~32 GB/s share of HBM bandwidth one H200 SM has.
 TASK_FIXED_BYTES = 96 * 1024
 
 
@@ -621,8 +621,8 @@ class _Lowerer:
         """late_append: rank r's one ``rope_append`` of all its KV heads, waiting on all of its
         attention tasks (``done``), on the worker with the fewest bytes so far. Emitted after
         the gate/up tiles, so it fills that worker's slack at the end of the gate/up stage
-        (H200 profile, tenth session: one append per KV head placed by the stage policy
-        lengthened the gate/up stage by its 3.8 us)."""
+        (one append per KV head placed by the stage policy lengthens the gate/up stage by its
+        3.8 us in an H200 profile)."""
         w = self.e.place(r, self.e.cost("rope_append", ins, outs), done, least_loaded=True)
         self.e.task(f"l{i}.rope_append.r{r}", r, w, "rope_append", ins, outs, {"head_dim": self.D}, ready=done)
 
@@ -911,9 +911,9 @@ class _Lowerer:
                                     None, c, stage_rows=v1 - v0, tile=self.cfg.tile_lm_head)
                 chunks.append((j, a, b, c, n))
             # Every argmax after every LM-head tile: a worker runs its queue in order, so an
-            # argmax queued between two of its tiles held the later tiles until the whole
-            # chunk was done (H200 profile, tenth session: the LM head spanned 282-349 us for
-            # about 170 us of tile time per worker).
+            # argmax queued between two of its tiles would hold the later tiles until the whole
+            # chunk is done (in an H200 profile the LM head then spans 282-349 us for about
+            # 170 us of tile time per worker).
             for j, a, b, c, n in chunks:
                 src = [Region(logits, r, (_r(a, b),))]
                 dst = [prow(r, off[r] + j, off[r] + j + 1)]

@@ -13,8 +13,8 @@ NVSHMEM is initialised through nvshmem4py (``nvshmem.core``) by unique id: rank 
 the id, the others receive it with ``broadcast_object_list``. Symmetric allocations must be
 the same size on every PE, and the symmetric heap must be large enough for the arena (it
 holds the weights too), so ``init_nvshmem`` sets ``NVSHMEM_SYMMETRIC_SIZE`` before
-initialising. Multicast (NVLS) stays off: ``NVSHMEM_DISABLE_NVLS=1`` (see
-../shared/DEVICE_NOTES.md).
+initialising. Multicast (NVLS) stays off: ``NVSHMEM_DISABLE_NVLS=1`` (the shared GPU
+machines must not use it; docs/gpu-testing.md).
 
 Shutdown: ``DistContext.close()`` frees symmetric tensors, finalises NVSHMEM and destroys the
 process group; it is idempotent and is registered with ``atexit``, so success, an exception

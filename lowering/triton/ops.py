@@ -70,9 +70,9 @@ def aligned(v, A: tl.constexpr):
     with that fact visible to Triton's alignment analysis, so loads through it can be
     16-byte vectors. The value is restated as ``(v // A) * A`` as well as hinted with
     ``tl.multiple_of``: on Triton 3.6 (the GPU machines' version) a bare ``multiple_of`` on
-    an offset loaded from the task table is lost, and the megakernel's GEMV weights were
-    loaded 2 bytes at a time (SASS: LDG.E.U16 only; Nsight Compute on the H200, sixth
-    session). The arithmetic costs a few integer instructions per task."""
+    an offset loaded from the task table is lost, and the megakernel's GEMV weights would be
+    loaded 2 bytes at a time (SASS: LDG.E.U16 only, in Nsight Compute on the H200). The
+    arithmetic costs a few integer instructions per task."""
     return tl.multiple_of((v // A) * A, A)
 
 
@@ -132,9 +132,9 @@ def l2_prefetch_lines(ptrs, mask):
     ``mask``: one ``prefetch.global.L2`` (PTX ISA "prefetch") per element, issued by the
     thread that holds it, so a tensor of one line per thread covers a [rows, bytes] slice in
     one instruction per thread (the GEMV's K-roll, gemv_ex ``KROLL``). Not
-    ``cp.async.bulk.prefetch``: its operands must be warp-uniform, and per-row addresses made
-    ptxas issue one bulk prefetch at a time in a loop ahead of warp 0's loads (ninth
-    session's SASS). A no-op under the interpreter."""
+    ``cp.async.bulk.prefetch``: its operands must be warp-uniform, and per-row addresses make
+    ptxas issue one bulk prefetch at a time in a loop ahead of warp 0's loads (seen in the
+    SASS). A no-op under the interpreter."""
     if not INTERPRET:
         tl.inline_asm_elementwise(
             "{ .reg .pred %kl_p; setp.ne.s32 %kl_p, $2, 0; @%kl_p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
@@ -345,7 +345,7 @@ def _gemv_rows(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2,
         if W_PRE > 0:
             if n0 == 0:
                 # at most K: an unrolled loop's remainder would start below a start above its
-                # end (the GPU build summed columns twice when W_PRE > K, eighth session)
+                # end (and sum columns twice when W_PRE > K)
                 kb = tl.minimum(K, W_PRE)
         if STAGES <= 1 and UNROLL == 2:
             for k0 in range(kb, K, 2 * BLOCK_K):
@@ -556,7 +556,7 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
     128-byte line per thread (W_CONTIG and W_ALIGN; off when a group is shorter than a line
     per row), so a tile of few long rows (the down projection: 16 x 8192) streams from L2
     too; ROLL cannot help a tile of one row block, and the task-ahead prefetch's byte cap
-    covers only its first rows. Measured slower on the H200 (ninth session, docs/triton.md).
+    covers only its first rows. Measured slower on the H200 (docs/triton.md).
 
     ``STAGES`` (weight-streaming pipeline depth, >= 1; the same arithmetic for every value,
     except that S >= 2 sums PRO_NORM's x^2 in chunks of BLOCK_N * BLOCK_K elements instead of
@@ -585,7 +585,7 @@ def gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2, ep
       issued by one thread and land in shared memory, so the S - 1 blocks in flight hold no
       registers: one 8-warp CTA per SM streamed a bf16 W at 3.3-3.9 TB/s on an H200 with
       64 x 128 blocks and S = 4-6, against 2.0-2.2 TB/s for 16 x 128 register loads unrolled
-      8-16 times (``bench/gemv_tma.py``, fifteenth session). Needs W_CONTIG, W_ALIGN with a
+      8-16 times (``bench/gemv_tma.py``). Needs W_CONTIG, W_ALIGN with a
       16-byte aligned W and row stride, W_PRE = 0, and, on a GPU, a global-scratch allocator
       for the descriptor (``triton.set_allocator``; megakernel runtime). Same arithmetic as
       the S >= 2 loop.
@@ -985,7 +985,7 @@ def copy(x, x_n1, x_n2, x_s0, x_s1, x_s2, y, y_n1, y_n2, y_s0, y_s1, y_s2, n, BL
     destination pointer may address a peer's memory. ``VEC`` > 0 (table flag ``vec``): both
     regions are contiguous, start on a multiple of ``VEC`` elements and ``n`` is one too, so
     the accesses are 16-byte vectors (the caller aligned the pointers). The generic strided
-    path moved 2 bytes per access: an 8 KB put to a peer took 8 us (eleventh session)."""
+    path moves 2 bytes per access: an 8 KB put to a peer takes 8 us at tp 2 on H200s."""
     if VEC > 0:
         n = aligned(n, VEC)
     for i0 in range(0, n, BLOCK):

@@ -130,7 +130,7 @@ class Blocks:
     variant would have asked for. Must be 0 or 24..255. ``x_stage`` (default on): norm_gemv and
     swiglu_gemv compute their prologue f(x) once per task into a per-worker scratch row and
     stream W against it (ops.gemv_ex ``X_STAGE``) instead of recomputing f inside the weight
-    loop (H200, Llama-3.2-1B shape: 2.35 -> 1.91 ms per token, sixth session). ``x_reuse``
+    loop (H200, Llama-3.2-1B shape: 2.35 -> 1.91 ms per token). ``x_reuse``
     (default on, with ``x_stage``): a GEMV whose f(x) the worker's previous staging task
     already left in the scratch skips the x pass (table.staged_x_reuse). ``x_chunk``: elements
     of x the staging pass loads at once (at least gemv_n x gemv_k; a power of two); an x that
@@ -148,7 +148,7 @@ class Blocks:
     columns, 0 = off; needs gemv_stages 1 and gemv_unroll >= 4): within each row block the
     GEMV prefetches the columns ``kroll`` groups ahead of its K loop into L2, row by row
     (ops.gemv_ex ``KROLL``), for tiles of few long rows such as the down projection's
-    (measured slower on the H200, ninth session: off by default).
+    (measured slower on the H200: off by default).
     ``relaxed_poll``:
     waits poll with relaxed loads and issue one acquire fence when satisfied
     (megakernel.wait_counter ``RELAXED``) instead of an acquire load per poll.
@@ -156,10 +156,9 @@ class Blocks:
     the CTA barrier, and signals each peer with a relaxed ``red`` (megakernel.finish_task
     ``LEAN``), instead of a fence in every thread and one ``red.release.sys`` per peer, each of
     which waits for the one before (the fused all-reduce's tiles at tp 4: about 8 us of
-    barrier + signals per tile, docs/benchmarks.md). On by default since the thirteenth session:
-    faster at tp 2 (fused all-reduce: 4.05 -> 3.94 ms) and tp 4 (one-shot 3.02 -> 2.91 ms, fused
-    3.30 -> 2.86 ms) on the H200s; the same ordering (a fence, then relaxed writes, is a release
-    in the PTX memory model).
+    barrier + signals per tile). On by default: faster at tp 2 (fused all-reduce: 4.05 -> 3.94
+    ms) and tp 4 (one-shot 3.02 -> 2.91 ms, fused 3.30 -> 2.86 ms) on the H200s; the same
+    ordering (a fence, then relaxed writes, is a release in the PTX memory model).
     ``gemv_tma`` (needs gemv_stages >= 2 and w_preload 0; gemv_n and gemv_k at most 256, the
     TMA box limit): every GEMV variant whose W is contiguous and 16-byte aligned streams its
     [gemv_n, gemv_k] blocks through a tensor descriptor, TMA copies into gemv_stages - 1
@@ -733,9 +732,9 @@ class TritonExecutor:
         if not self.interpret and self.compiled is None:
             self._check_coresidency()  # compiles the kernel (seconds) before its first launch
             if self.dist is not None:
-                # every rank launches only once all have compiled: a rank whose compile ran
-                # 2 s longer than a peer's left that peer's first waits past the watchdog
-                # bound (a tp 2 sweep row failed so, eleventh session)
+                # every rank launches only once all have compiled: a rank whose compile runs
+                # 2 s longer than a peer's would leave that peer's first waits past the
+                # watchdog bound
                 self.dist.barrier()
         self._kernel[(self.workers,)](*self._args(), **self._launch_kw)
         rec = self._err.to("cpu")
