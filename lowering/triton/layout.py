@@ -247,7 +247,7 @@ def starts_aligned(d: Desc, vec: int, slots: int) -> bool:
 def rows_vec_aligned(p: Desc, flat: Sequence[Desc], vec: int, slots: int) -> bool:
     """Partials ``p`` viewed as [KP, n] whose rows are contiguous, n elements long and a
     multiple of ``vec``, at a row stride that is one too and starting aligned in every slot,
-    and every operand in ``flat`` _flat_aligned: what the kernels' 16-byte row sums need
+    and every operand in ``flat`` flat_aligned: what the kernels' 16-byte row sums need
     (reduce's ``vec`` flag, reduce_norm_gemv)."""
     return (p.n[0] == 1 and (p.s[2] == 1 or p.n[2] == 1) and p.n[2] % vec == 0
             and (p.n[1] == 1 or p.s[1] % vec == 0) and starts_aligned(p, vec, slots)
@@ -257,7 +257,8 @@ def rows_vec_aligned(p: Desc, flat: Sequence[Desc], vec: int, slots: int) -> boo
 def flat_aligned(d: Desc, vec: int, slots: int) -> bool:
     """The region's flat index i addresses element off + i (every axis of extent > 1 at its
     row-major stride), and its extent and every slot's start are multiples of ``vec``
-    elements (buffer bases and peer deltas are 16-byte aligned: build_layout, build_table)."""
+    elements (buffer bases and peer deltas are 16-byte aligned: table.build_layout,
+    table.build_table)."""
     (n0, n1, n2), (s0, s1, s2) = d.n, d.s
     flat = (n2 == 1 or s2 == 1) and (n1 == 1 or s1 == n2) and (n0 == 1 or s0 == n1 * n2)
     return flat and d.numel % vec == 0 and starts_aligned(d, vec, slots)

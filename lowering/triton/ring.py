@@ -6,7 +6,7 @@ non-GEMV task. With the ring (``Blocks.ring`` = S pages), each worker CTA keeps 
 ``PR x PC`` bf16 weights (``PAGE`` bytes each) in a ring of shared-memory buffers, filled by
 bulk asynchronous copies (``cp.async.bulk`` global -> shared, completing on one mbarrier per
 page; PTX ISA "cp.async.bulk", "mbarrier") in the order the worker's queue will consume them.
-Weights depend on nothing (table.FLAG_W_CONST: no task of the program writes them), so pages
+Weights depend on nothing (layout.FLAG_W_CONST: no task of the program writes them), so pages
 are issued *before* the waits of the task that uses them, across task boundaries: the stream
 stops only when all S pages are full, never because a counter is not yet signalled. The
 GEMV (``gemv_ring``) waits on its page's mbarrier, multiplies the page by the staged f(x),

@@ -136,7 +136,7 @@ class TritonExecutor:
     count; cast to its dtype) or None (poison: NaN / INT_POISON). ``check=True`` validates
     first (TritonRefused if rejected); ``check=False`` runs unvalidated programs, whose
     deadlocks end in TritonWatchdogError. Structural problems that could make the kernel
-    touch memory outside the arena are refused always (table.TableError).
+    touch memory outside the arena are refused always (layout.TableError).
 
     ``linear``: run one worker over ``linearize(program)`` (default under the interpreter)
     instead of the program's W queues (default on a GPU; under the interpreter, which runs
