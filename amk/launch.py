@@ -117,7 +117,7 @@ def tp_entry(ranks: int, backend: str, colocate: bool = False) -> tuple[int | No
     """
     if ranks <= 1 or backend != "triton":
         return None, None
-    from lowering.triton.ops import interpreting
+    from lowering.triton.lang import interpreting
     if interpreting() or colocate:
         return None, None
     from lowering.triton.dist import init_distributed

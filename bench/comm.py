@@ -61,9 +61,9 @@ if str(ROOT) not in sys.path:  # run as `python bench/comm.py` from a source che
 from ground.errors import AmkError  # noqa: E402
 # lowering.triton chooses Triton's CPU interpreter on a machine without a GPU; it must be
 # imported before `triton` (see conftest.py).
-from lowering.triton import ops as K  # noqa: E402
-from lowering.triton.megakernel import cta_all, cta_max, global_timer  # noqa: E402
-from lowering.triton.ops import INTERPRET, device, thread0_asm  # noqa: E402
+from lowering.triton import lang as K  # noqa: E402
+from lowering.triton.lang import INTERPRET, device, global_timer, thread0_asm  # noqa: E402
+from lowering.triton.vm import cta_all, cta_max  # noqa: E402
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402

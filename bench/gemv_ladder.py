@@ -1,11 +1,11 @@
 """Bisect the gap between a plain persistent GEMV and the megakernel's GEMV tasks.
 
 The megakernel streams a 64 KB weight tile at ~13-16 GB/s per SM, a plain persistent Triton
-kernel running the same device function (ops.gemv_ex) at ~24 GB/s per SM
+kernel running the same device function (ops/gemv.py gemv_ex) at ~24 GB/s per SM
 (docs/experiments.md). Each rung below adds one property of the megakernel to the plain
 kernel, over the same W[rows, K] bf16 tiles of ``--tile`` rows, tile t on program t mod P:
 
-  plain     ops.gemv_ex with kernel-argument pointers and sizes
+  plain     ops/gemv.py gemv_ex with kernel-argument pointers and sizes
   table     W / x / y offsets, N and K loaded per tile from an int64 table, all operands in
             one bf16 arena (the megakernel's operand decoding)
   dispatch  ``table`` inside a data-dependent opcode switch whose other branch (never taken)
@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from gemv_stream import time_back_to_back
-from lowering.triton import ops as K
+from lowering.triton.ops import gemv as K
 
 RUNGS = ("plain", "table", "dispatch", "stamps", "table_n", "table_nk", "table_pf", "regs")
 
@@ -96,9 +96,9 @@ def _ladder(A, TAB, PROF, ntiles, Kc, RUNG: tl.constexpr, BN: tl.constexpr, BK: 
         if RUNG == 3:
             tl.store(PROF + t * 2, K.global_timer())
         if op == 0:
-            K.gemv_ex(A + xo, 1, k, 0, 0, 1, A + xo, 1, k, 0, 0, 1, 0.0,
-                      A + wo, k, 1, A + yo, 1, n, 0, 0, 1,
-                      A + yo, 1, n, 0, 0, 1, n, k,
+            K.gemv_ex((A + xo, 1, k, 0, 0, 1), (A + xo, 1, k, 0, 0, 1), 0.0,
+                      (A + wo, k, 1), (A + yo, 1, n, 0, 0, 1),
+                      (A + yo, 1, n, 0, 0, 1), n, k,
                       K.PRO_PLAIN, False, True, True, 8, BN, BK, 1, None, False, 8, UNROLL)
         elif RUNG == 2 or RUNG == 3 or RUNG == 7:
             # never taken (op is 0 everywhere): register pressure like the attention variant

@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
 
     from ground.timing import time_per_call
-    from lowering.triton import megakernel as MK
+    from lowering.triton import vm as MK
     from lowering.triton import table as T
     from lowering.triton.runtime import Blocks, TritonExecutor
 

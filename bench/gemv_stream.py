@@ -5,7 +5,7 @@ A micro-benchmark for the megakernel's GEMV: each program walks tiles of
 with fp32 accumulation, no synchronisation between tiles. Sweeps block shape, warps, grid
 (programs per SM) and K blocks loaded per iteration, and prints the achieved HBM bandwidth
 per config next to a device-to-device copy and torch's own GEMV (cuBLAS) in the same run.
-Then the megakernel's own GEMV device function (``ops.gemv_ex``) in the same persistent
+Then the megakernel's own GEMV device function (``ops/gemv.py gemv_ex``) in the same persistent
 loop: plain, with the RMSNorm prologue, and with the megakernel's per-task acquire poll,
 bar.sync and release ("sync").
 
@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lowering.triton import ops as K
+from lowering.triton.ops import gemv as K
 
 
 @triton.jit
@@ -60,7 +60,7 @@ def _stream(W, X, Y, ntiles, K, TILE_N: tl.constexpr, BN: tl.constexpr, BK: tl.c
 @triton.jit
 def _stream_ex(W, X, A, Y, FLAG, ntiles, K_, TILE_N: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                PRO: tl.constexpr, SYNC: tl.constexpr):
-    """The megakernel's own GEMV device function (ops.gemv_ex: x loaded with its runtime
+    """The megakernel's own GEMV device function (ops/gemv.py gemv_ex: x loaded with its runtime
     stride, masks, PRO prologue) over the same tiles; SYNC adds the megakernel's per-task
     synchronisation: an acquire poll of an already-satisfied counter, bar.sync, and a
     release atomic after the tile's stores."""
@@ -71,9 +71,9 @@ def _stream_ex(W, X, A, Y, FLAG, ntiles, K_, TILE_N: tl.constexpr, BN: tl.conste
                                           dtype=tl.int32, is_pure=False, pack=1)
             if tl.max(tl.full([256], 0, dtype=tl.int32) + v, axis=0) < 0:
                 tl.store(Y, 0.0)
-        K.gemv_ex(X, 1, K_, 0, 0, 1, A, 1, K_, 0, 0, 1, 1e-5,
-                  W + tile * TILE_N * K_, K_, 1, Y, 1, TILE_N, 0, 0, 1,
-                  Y + tile * TILE_N, 1, TILE_N, 0, 0, 1, TILE_N, K_,
+        K.gemv_ex((X, 1, K_, 0, 0, 1), (A, 1, K_, 0, 0, 1), 1e-5,
+                  (W + tile * TILE_N * K_, K_, 1), (Y, 1, TILE_N, 0, 0, 1),
+                  (Y + tile * TILE_N, 1, TILE_N, 0, 0, 1), TILE_N, K_,
                   PRO, False, True, True, 8, BN, BK)
         if SYNC:
             tl.debug_barrier()

@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     from amk import pipeline
     from amk.bench import cuda_target
     from lowering.config import LoweringConfig
-    from lowering.triton import megakernel as MK
+    from lowering.triton import vm as MK
     from lowering.triton.runtime import Blocks
     from models.sources import resolve_model
 
@@ -151,9 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         out["ops"][op] = {"tasks": d["n"], "op_us_mean": float(a.mean()),
                           "op_us_p90": float(np.percentile(a, 90)), "op_us_sum": float(a.sum()),
                           "wait_us_mean": float(wt.mean())}
-    # GEMV tasks: where the op time goes (stamps 3-6, megakernel.PROF_W). A GEMV decodes its
-    # operands before its waits (megakernel.t_gemv), so "decode" (waits done -> operands
-    # decoded) is ~0 and the decode shows in the wait time instead.
+    # GEMV tasks: where the op time goes (stamps 3-6, vm.PROF_W). A GEMV decodes its operands
+    # before its waits (ops/gemv.py t_gemv), so "decode" (waits done -> operands decoded) is ~0
+    # and the decode shows in the wait time instead.
     gem = [r for r, op in enumerate(ops) if prof[r, 3] > 0]
     if gem:
         g = prof[gem].astype(np.float64)

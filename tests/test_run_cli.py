@@ -197,7 +197,7 @@ def test_unsafe_race_mismatch_is_exit_1(capsys, tmp_path):
     interpreter the kernel runs the reader first (linearized in worker order) and reads
     poison; the sim's random interleaving sometimes runs the writer first. Every run's exit
     code follows its verdict, and some seed shows `matches sim: no`."""
-    from lowering.triton.ops import interpreting
+    from lowering.triton.lang import interpreting
 
     if not interpreting():
         pytest.skip("the kernel's interleaving is only fixed under the interpreter")
@@ -270,7 +270,7 @@ def test_backend_limit_is_a_usage_error(capsys, tmp_path):
 # ------------------------------------------------------------------ GPU
 @pytest.mark.gpu
 def test_gpu_deadlock_unsafe_triton_ends_within_10s(capsys):
-    from lowering.triton.ops import interpreting
+    from lowering.triton.lang import interpreting
 
     if interpreting():
         pytest.skip("TRITON_INTERPRET=1: this test is for compiled Triton on a GPU")

@@ -32,9 +32,10 @@ from lowering.triton import (
     LinearizeError, TableError, TritonError, TritonExecutor, TritonTaskError, TritonWatchdogError,
     build_layout, build_table, linearize,
 )
-from lowering.triton import megakernel as MK
 from lowering.triton import table as T
-from lowering.triton.ops import interpreting
+from lowering.triton.codegen import generate_source
+from lowering.triton.lang import interpreting
+from lowering.triton.ops.gemv import ROLES as GEMV
 
 INTERP = interpreting()
 ROOT = Path(__file__).resolve().parents[1]
@@ -470,7 +471,7 @@ def test_offline_compile_for_sm90(tmp_path, name, dtype, fuse):
     ex = TritonExecutor(prog, init, check=False)
     src = ex.emit_source(tmp_path / "kernel.py")
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(ROOT), TRITON_DEFAULT_FP_FUSION="1")
-    code = "import sys; from lowering.triton.megakernel import _main; sys.exit(_main(sys.argv[1:]))"
+    code = "import sys; from lowering.triton.offline import main; sys.exit(main(sys.argv[1:]))"
     res = subprocess.run([sys.executable, "-c", code, str(src), "--arch", "90"], capture_output=True,
                          text=True, env=env, cwd=ROOT, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -481,6 +482,26 @@ def test_offline_compile_for_sm90(tmp_path, name, dtype, fuse):
         assert rep["regs"] <= 255 and rep["local_bytes"] == 0, rep
 
 
+def test_offline_compile_command_refuses_bad_input_in_one_line(tmp_path):
+    """``python -m lowering.triton.offline``: an unreadable source, a --constexprs that is not
+    a JSON object and the interpreter left on are each one line on stderr (the command's
+    name, the problem) and exit code 2, before any compile."""
+    src = tmp_path / "kernel.py"
+    src.write_text("# not compiled\n")
+    cases = [([str(tmp_path / "missing.py")], "0", "cannot read " + str(tmp_path / "missing.py")),
+             ([str(src), "--constexprs", "[1, 2]"], "0", "is not a JSON object"),
+             ([str(src), "--constexprs", "{bad"], "0", "is not a JSON object"),
+             ([str(src)], "1", "needs TRITON_INTERPRET=0")]
+    for args, interp, needle in cases:
+        env = dict(os.environ, TRITON_INTERPRET=interp, PYTHONPATH=str(ROOT))
+        res = subprocess.run([sys.executable, "-m", "lowering.triton.offline", *args], capture_output=True,
+                             text=True, env=env, cwd=ROOT, timeout=300)
+        lines = res.stderr.strip().splitlines()
+        assert res.returncode == 2 and len(lines) == 1, (args, res.stderr)
+        assert lines[0].startswith("python -m lowering.triton.offline: error: ") and needle in lines[0], lines
+        assert res.stdout == ""
+
+
 @cpu_only
 def test_offline_compile_with_l2_prefetch_and_sys_waits(tmp_path):
     """PREFETCH > 0 emits the weight tiles' L2 bulk prefetch; a multi-rank program polls
@@ -489,11 +510,11 @@ def test_offline_compile_with_l2_prefetch_and_sys_waits(tmp_path):
     prog, init, _ = lowered("tiny-llama", workers=2, dtype="bf16", fuse=True, ranks=2)
     ex = TritonExecutor(prog, init, check=False, blocks=None)
     rows = ex.table.rows
-    gemv = [i for i, op in enumerate(ex.table.task_ops) if op in T.GEMV_OPS]
+    gemv = [i for i, op in enumerate(ex.table.task_ops) if op in GEMV]
     assert gemv and all(rows[i, T.F_PFN] > 0 and rows[i, T.F_PFN] % 16 == 0 for i in gemv)
-    assert all(rows[i, T.F_PFN] == 0 for i, op in enumerate(ex.table.task_ops) if op not in T.GEMV_OPS)
+    assert all(rows[i, T.F_PFN] == 0 for i, op in enumerate(ex.table.task_ops) if op not in GEMV)
     for i in gemv:  # the range covers the W operand's bytes
-        k = T.GEMV_OPS[ex.table.task_ops[i]][2]
+        k = GEMV[ex.table.task_ops[i]].w
         f = rows[i, T.F_OPND + k * T.OPND_W:T.F_OPND + (k + 1) * T.OPND_W]
         lo, hi = rows[i, T.F_PFO] * 4, rows[i, T.F_PFO] * 4 + rows[i, T.F_PFN]
         assert lo <= f[0] * 2 and f[0] * 2 + f[3] * f[4] * 2 <= hi, (lo, hi, f)
@@ -510,14 +531,14 @@ def test_offline_compile_with_l2_prefetch_and_sys_waits(tmp_path):
         for i in range(a, b - 1):
             op = ex.table.task_ops[i + 1]
             n, full = int(rows[i, T.F_APFN]), int(rows[i + 1, T.F_PFN])
-            if op in T.GEMV_OPS and full:
-                k = T.GEMV_OPS[op][2]
+            if op in GEMV and full:
+                k = GEMV[op].w
                 tile_rows = int(rows[i + 1, T.F_OPND + k * T.OPND_W + 3])
                 want = full if tile_rows <= 4 else -(-full * 4 // tile_rows // 16) * 16
                 assert n == want and n % 16 == 0 and rows[i, T.F_APFO] == rows[i + 1, T.F_PFO], (i, n, want)
     src = ex.emit_source(tmp_path / "kernel.py")
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(ROOT), TRITON_DEFAULT_FP_FUSION="1")
-    code = "import sys; from lowering.triton.megakernel import _main; sys.exit(_main(sys.argv[1:]))"
+    code = "import sys; from lowering.triton.offline import main; sys.exit(main(sys.argv[1:]))"
     res = subprocess.run([sys.executable, "-c", code, str(src), "--arch", "90", "--constexprs",
                           json.dumps({"PREFETCH": 2})], capture_output=True, text=True, env=env,
                          cwd=ROOT, timeout=600)
@@ -540,7 +561,7 @@ def test_offline_compile_relaxed_polls(tmp_path, ranks):
     ex = TritonExecutor(prog, init, check=False, blocks=Blocks(relaxed_poll=True))
     src = ex.emit_source(tmp_path / "kernel.py")
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(ROOT), TRITON_DEFAULT_FP_FUSION="1")
-    code = "import sys; from lowering.triton.megakernel import _main; sys.exit(_main(sys.argv[1:]))"
+    code = "import sys; from lowering.triton.offline import main; sys.exit(main(sys.argv[1:]))"
     res = subprocess.run([sys.executable, "-c", code, str(src), "--arch", "90"], capture_output=True, text=True,
                          env=env, cwd=ROOT, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -561,8 +582,8 @@ def _device_triton_compile(ex, tmp_path) -> tuple[str, dict]:
     src = ex.emit_source(tmp_path / "kernel.py")
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1",
                PYTHONPATH=os.pathsep.join([os.environ["AMK_DEVICE_TRITON"], str(ROOT)]))
-    code = ("import sys, json, triton; from lowering.triton.megakernel import _main; "
-            "print(json.dumps({'triton': triton.__version__})); sys.exit(_main(sys.argv[1:]))")
+    code = ("import sys, json, triton; from lowering.triton.offline import main; "
+            "print(json.dumps({'triton': triton.__version__})); sys.exit(main(sys.argv[1:]))")
     res = subprocess.run([sys.executable, "-c", code, str(src), "--arch", "90"], capture_output=True, text=True,
                          env=env, cwd=ROOT, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -759,7 +780,7 @@ def test_gpu_bf16_model_close_to_sim():
 def test_generated_source_lists_only_used_variants():
     p = pipeline_program()
     tab = build_table(p, 0, [linearize(p)])
-    src = MK.generate_source(tab, p.name)
+    src = generate_source(tab, p.name)
     assert src.count("st = t_") == len(tab.variants) == 5
     assert "t_attention(" not in src and "t_gemv(" in src
 
@@ -866,7 +887,7 @@ def test_x_reuse_is_bit_identical_and_honoured():
     for (lg, nt), (lr, nr) in zip(got, want):
         assert torch.equal(lg, lr) and nt == nr
     bad = TritonExecutor(prog, init, check=False, blocks=Blocks(**blk, x_reuse=True))
-    staging = [i for i, op in enumerate(bad.table.task_ops) if op in T.STAGED_PROLOGUE_OPS]
+    staging = [i for i, op in enumerate(bad.table.task_ops) if GEMV.get(op) and GEMV[op].staged]
     bad._rows[staging, T.F_FLAGS] |= T.FLAG_X_READY
     assert not torch.equal(run_decode(bad, TOKENS[:1])[0][0], want[0][0])
 
@@ -885,7 +906,7 @@ def test_w_preload_keeps_results(name, w_preload):
     blk = dict(gemv_n=16, gemv_k=32, x_stage=True)
     want = run_decode(TritonExecutor(prog, init, check=False, blocks=Blocks(**blk)), TOKENS[:2])
     ex = TritonExecutor(prog, init, check=False, blocks=Blocks(**blk, w_preload=w_preload))
-    gemv = [i for i, op in enumerate(ex.table.task_ops) if op in T.GEMV_OPS]
+    gemv = [i for i, op in enumerate(ex.table.task_ops) if op in GEMV]
     assert gemv and all(int(ex.table.rows[i, T.F_FLAGS]) & T.FLAG_W_CONST for i in gemv)
     late = TritonExecutor(prog, init, check=False, blocks=Blocks(**blk, w_preload=w_preload))
     late._rows[:, T.F_FLAGS] &= ~T.FLAG_W_CONST
@@ -902,7 +923,6 @@ def test_attention_variants_load_kv_in_16_byte_vectors():
     ex = TritonExecutor(prog, init, check=False)
     att = [v for v in ex.table.variants if v.op in ("attention", "rope_attention")]
     assert att and all(v.flag("kvaligned") for v in att)
-    from lowering.triton.megakernel import generate_source
 
     assert "ATT_T, ATT_D, ATT_Q, ATT_DOT, 8)" in generate_source(ex.table, "t")
 
@@ -915,8 +935,8 @@ def test_w_const_flag_only_for_weights_no_task_writes():
     from lowering.triton.table import build_layout, build_table, linearize
 
     prog, _, _ = lowered("tiny-llama", workers=3, dtype="bf16", fuse=True)
-    gemv = [t for t in prog.tasks if t.op in T.GEMV_OPS]
-    wreg = lambda t: t.ins[T.GEMV_OPS[t.op][2]]  # noqa: E731
+    gemv = [t for t in prog.tasks if t.op in GEMV]
+    wreg = lambda t: t.ins[GEMV[t.op].w]  # noqa: E731
     target = next(t for t in gemv if any(wreg(u).buffer == wreg(t).buffer and wreg(u) != wreg(t)
                                          and wreg(u).numel() == wreg(t).numel() for u in gemv))
     twin = next(u for u in gemv if wreg(u).buffer == wreg(target).buffer and wreg(u) != wreg(target)
@@ -926,7 +946,7 @@ def test_w_const_flag_only_for_weights_no_task_writes():
     for p, poked in ((prog, False), (p2, True)):
         tab = build_table(p, 0, [linearize(p, 0)], build_layout(p, 0))
         for tid, op, row in zip(tab.task_ids, tab.task_ops, tab.rows):
-            if op in T.GEMV_OPS:
+            if op in GEMV:
                 hit = wreg(p.task_map()[tid]).buffer == wreg(target).buffer
                 assert bool(int(row[T.F_FLAGS]) & T.FLAG_W_CONST) == (not (poked and hit)), tid
 

@@ -18,7 +18,10 @@ from ir.examples import allreduce
 from lowering.sim import SimExecutor
 from lowering.triton import TritonExecutor, TritonWatchdogError
 from lowering.triton import table as T
-from lowering.triton.ops import interpreting
+from lowering.triton import layout as L
+from lowering.triton.lang import interpreting
+from lowering.triton.ops.gemv import ROLES as GEMV
+from lowering.triton.ops.gemv import gemv_mirrors
 
 INTERP = interpreting()
 DEV = "cpu" if INTERP else "cuda"
@@ -137,18 +140,18 @@ def _assert_vector_moves(ex) -> None:
 
 
 def test_vec_flag_needs_flat_aligned_regions():
-    """table._flat_aligned: a region gets the 16-byte vector path only when its flat index is
+    """layout.flat_aligned: a region gets the 16-byte vector path only when its flat index is
     its element offset and every slot start and the extent are multiples of the vector."""
-    from lowering.triton.table import Desc, _flat_aligned
+    from lowering.triton.layout import Desc, flat_aligned
 
     row = Desc(off=64, coef=128, n=(1, 1, 64), s=(0, 0, 1))
-    assert _flat_aligned(row, 8, 2)
-    assert not _flat_aligned(Desc(off=68, coef=128, n=(1, 1, 64), s=(0, 0, 1)), 8, 2)  # start
-    assert not _flat_aligned(Desc(off=64, coef=132, n=(1, 1, 64), s=(0, 0, 1)), 8, 2)  # slot 1's start
-    assert not _flat_aligned(Desc(off=64, coef=128, n=(1, 1, 60), s=(0, 0, 1)), 8, 2)  # extent
-    assert not _flat_aligned(Desc(off=64, coef=128, n=(1, 1, 64), s=(0, 0, 2)), 8, 2)  # strided
-    assert not _flat_aligned(Desc(off=0, coef=0, n=(1, 4, 16), s=(0, 32, 1)), 8, 1)  # rows with gaps
-    assert _flat_aligned(Desc(off=0, coef=0, n=(1, 4, 16), s=(0, 16, 1)), 8, 1)
+    assert flat_aligned(row, 8, 2)
+    assert not flat_aligned(Desc(off=68, coef=128, n=(1, 1, 64), s=(0, 0, 1)), 8, 2)  # start
+    assert not flat_aligned(Desc(off=64, coef=132, n=(1, 1, 64), s=(0, 0, 1)), 8, 2)  # slot 1's start
+    assert not flat_aligned(Desc(off=64, coef=128, n=(1, 1, 60), s=(0, 0, 1)), 8, 2)  # extent
+    assert not flat_aligned(Desc(off=64, coef=128, n=(1, 1, 64), s=(0, 0, 2)), 8, 2)  # strided
+    assert not flat_aligned(Desc(off=0, coef=0, n=(1, 4, 16), s=(0, 32, 1)), 8, 1)  # rows with gaps
+    assert flat_aligned(Desc(off=0, coef=0, n=(1, 4, 16), s=(0, 16, 1)), 8, 1)
 
 
 @needs_device
@@ -162,7 +165,7 @@ def test_bf16_tensor_parallel_vector_moves_keep_results(monkeypatch):
         ex = TritonExecutor(prog, init, check=False, device=DEV)
         _assert_vector_moves(ex)
         with monkeypatch.context() as m:
-            m.setattr(T, "_flat_aligned", lambda *a: False)
+            m.setattr(L, "flat_aligned", lambda *a: False)
             gen = TritonExecutor(prog, init, check=False, device=DEV)
         assert not any(v.flag("vec") for v in gen.table.variants)
         for (lg, nt), (lr, nr) in zip(_decode(ex, ranks, [5, 17]), _decode(gen, ranks, [5, 17])):
@@ -205,7 +208,7 @@ def test_table_refuses_an_unaligned_reduce_norm_gemv(monkeypatch):
     from tests.test_triton_megakernel import lowered
 
     prog, init, _ = lowered("tiny-llama", 2, tile=16, fuse=True, ranks=2, fuse_reduce=True)
-    monkeypatch.setattr(T, "_flat_aligned", lambda *a: False)
+    monkeypatch.setattr(L, "flat_aligned", lambda *a: False)
     with pytest.raises(T.TableError, match="reduce_norm_gemv kernel needs contiguous"):
         TritonExecutor(prog, init, check=False, device=DEV)
 
@@ -228,13 +231,13 @@ def test_fused_allreduce_stores_peers_from_the_gemv(ranks, dtype, fuse):
         # fused: also with Blocks.lean_release (one thread-0 fence, relaxed peer signals)
         ex = TritonExecutor(prog, init, check=False, device=DEV, blocks=Blocks(lean_release=algo == "fused"))
         puts = [t.id for t in prog.tasks if t.op == "put"]
-        mirrored = [t for t in prog.tasks if t.op in T.GEMV_OPS and len(t.outs) > 1]
+        mirrored = [t for t in prog.tasks if t.op in GEMV and len(t.outs) > 1]
         if algo == "fused":
             assert all(i.startswith("lm.") for i in puts), puts
             assert mirrored and all(len(t.outs) == ranks for t in mirrored)
             assert all({m.rank for m in t.outs} == set(range(ranks)) for t in mirrored)
-            var = [v for v in ex.table.variants if v.op in T.GEMV_OPS and v.flag("mirror")]
-            assert var and all(T.gemv_mirrors(v) == ranks - 1 for v in var), var
+            var = [v for v in ex.table.variants if v.op in GEMV and v.flag("mirror")]
+            assert var and all(gemv_mirrors(v) == ranks - 1 for v in var), var
         else:
             assert not mirrored and any(not i.startswith("lm.") for i in puts)
         runs[algo] = _decode(ex, ranks, [5, 17, 33])
@@ -251,7 +254,7 @@ def test_table_refuses_a_mirror_that_is_not_the_output_on_a_peer():
     from tests.test_triton_megakernel import lowered
 
     prog, _, _ = lowered("tiny-llama", 2, tile=16, ranks=2, allreduce="fused")
-    t = next(t for t in prog.tasks if t.rank == 0 and t.op in T.GEMV_OPS and len(t.outs) == 2)
+    t = next(t for t in prog.tasks if t.rank == 0 and t.op in GEMV and len(t.outs) == 2)
     y, m = t.outs
     cols = m.ranges[-1]
     shifted = Range.of(cols.start.const + 16, cols.stop.const + 16)
@@ -283,7 +286,7 @@ def test_allreduce_moves_compile_to_16_byte_vectors(tmp_path, triton_path):
     src = ex.emit_source(tmp_path / "kernel.py")
     path = [os.environ["AMK_DEVICE_TRITON"]] if triton_path == "device" else []
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([*path, str(root)]))
-    code = "import sys; from lowering.triton.megakernel import _main; sys.exit(_main(sys.argv[1:]))"
+    code = "import sys; from lowering.triton.offline import main; sys.exit(main(sys.argv[1:]))"
     res = subprocess.run([sys.executable, "-c", code, str(src), "--arch", "90"], capture_output=True,
                          text=True, env=env, cwd=root, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -310,7 +313,7 @@ def test_lean_release_compiles_to_one_fence_and_relaxed_peer_signals(tmp_path, t
     root = Path(__file__).resolve().parents[1]
     path = [os.environ["AMK_DEVICE_TRITON"]] if triton_path == "device" else []
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([*path, str(root)]))
-    code = "import sys; from lowering.triton.megakernel import _main; sys.exit(_main(sys.argv[1:]))"
+    code = "import sys; from lowering.triton.offline import main; sys.exit(main(sys.argv[1:]))"
     for lean in (True, False):
         ex = TritonExecutor(allreduce(ranks=2, n=256, workers=2, dtype="bf16"), None, check=False, device=DEV,
                             blocks=Blocks(lean_release=lean))

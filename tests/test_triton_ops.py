@@ -22,9 +22,10 @@ import torch
 
 import lowering.triton  # noqa: F401  (sets TRITON_INTERPRET=1 without a GPU)
 from lowering.reference import INT_POISON, apply_op
-from lowering.triton import ops as O
+from lowering.triton import standalone as O
+from lowering.triton.lang import interpreting
 
-INTERP = O.interpreting()
+INTERP = interpreting()
 DEVICES = [
     pytest.param("cpu", marks=pytest.mark.skipif(not INTERP, reason="interpreter mode not active")),
     pytest.param("cuda", marks=[pytest.mark.gpu,
@@ -481,7 +482,7 @@ import json, os, re, subprocess, sys, tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from lowering.triton import ops as O
+from lowering.triton import standalone as O
 
 stages, bn, bk, warps = (int(v) for v in sys.argv[1:5])
 fn = O._k_gemv_ex
@@ -602,7 +603,7 @@ def test_blocks_gemv_tma_rules():
 _COMPILE_MEGAKERNEL = r"""
 import json, re, sys
 import triton
-from lowering.triton import megakernel as M
+from lowering.triton import offline as M
 
 seen = {}
 _compile = triton.compile

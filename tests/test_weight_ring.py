@@ -20,6 +20,7 @@ from lowering.sim import SimExecutor
 from lowering.triton import TritonExecutor, TritonError
 from lowering.triton import ring as RG
 from lowering.triton import table as T
+from lowering.triton.ops.gemv import ROLES as GEMV
 from lowering.triton.runtime import Blocks
 from tests.test_triton_megakernel import ROOT, TOKENS, cpu_only, gpu, lowered, run_decode
 
@@ -67,7 +68,7 @@ def test_stream_list_lists_every_ring_gemv_in_queue_order():
         for i in range(int(tab.qstart[w]), int(tab.qstart[w + 1])):
             if int(tab.rows[i, T.F_OP]) not in ring_ops:
                 continue
-            wi = T.GEMV_OPS[tab.task_ops[i]][2]
+            wi = GEMV[tab.task_ops[i]].w
             f = tab.rows[i, T.F_OPND + wi * T.OPND_W:T.F_OPND + (wi + 1) * T.OPND_W]
             off, rs, nk, _ = (int(x) for x in streams[k])
             n, kk = nk >> 32, nk & 0xFFFFFFFF
@@ -85,16 +86,17 @@ def test_staged_x_reuse_keeps_ring_and_register_stagers_apart():
     the scratch of a task of its own kind (same op and inputs otherwise)."""
     prog, _ = _table(True)
     q = prog.queues()[(0, 0)]
-    stagers = [t for t in q if t.op in T.STAGED_PROLOGUE_OPS]
+    staged = {op for op, g in GEMV.items() if g.staged}
+    stagers = [t for t in q if t.op in staged]
     assert stagers
-    gemvs = [t for t in q if t.op in T.GEMV_OPS]
+    gemvs = [t for t in q if t.op in GEMV]
     ids = frozenset(t.id for t in gemvs)
     mixed = frozenset(t.id for t in gemvs[1::2])  # every other GEMV on the ring
     plain, all_ring, half = (T.staged_x_reuse(q, 1, r) for r in (frozenset(), ids, mixed))
     assert any(plain) and any(all_ring)
     for i, t in enumerate(q):
         if half[i]:  # reused: the last staging task before it is of the same kind
-            prev = next(u for u in reversed(q[:i]) if u.op in T.STAGED_PROLOGUE_OPS or u.id in mixed)
+            prev = next(u for u in reversed(q[:i]) if u.op in staged or u.id in mixed)
             assert (prev.id in mixed) == (t.id in mixed)
 
 
@@ -124,7 +126,7 @@ def test_device_triton_compiles_the_ring(tmp_path):
     src = ex.emit_source(tmp_path / "kernel.py")
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1",
                PYTHONPATH=os.pathsep.join([os.environ["AMK_DEVICE_TRITON"], str(ROOT)]))
-    code = ("import sys, json; from lowering.triton.megakernel import compile_offline, launch_meta; "
+    code = ("import sys, json; from lowering.triton.offline import compile_offline, launch_meta; "
             "src = open(sys.argv[1]).read(); cx, warps, _ = launch_meta(src); "
             "print(json.dumps(compile_offline(src, cx, 90, warps)))")
     res = subprocess.run([sys.executable, "-c", code, str(src)], capture_output=True, text=True, env=env,

@@ -1,7 +1,15 @@
-"""The ``triton`` backend: an instruction library of ``@triton.jit`` device functions (ops.py),
-a device task table built from a ScheduleProgram (table.py), a generated persistent
-megakernel with counter waits, opcode dispatch, release signals and a watchdog
-(megakernel.py), and ``TritonExecutor`` with the sim's interface (runtime.py).
+"""The ``triton`` backend: a ScheduleProgram run as one persistent Triton kernel per decode step.
+
+* ops/: the op registry and one module per op family (device functions, row decoders,
+  table encoding and dispatch); lang.py: the device helpers they share;
+* layout.py: the task table's format; table.py: ScheduleProgram -> task table;
+* vm.py: the kernel's queue loop steps, counter waits, release signals and watchdog;
+  codegen.py: the kernel source per program; cache.py: its module; offline.py: an sm_90
+  compile without a GPU;
+* ring.py: the weight ring; runtime.py: ``TritonExecutor`` with the sim's interface;
+  blocks.py: its launch knobs; errors.py; standalone.py: one op alone (tests);
+  graph.py: CUDA-graph decoding; dist.py: the multi-GPU bootstrap.
+
 See docs/triton.md.
 
 Importing this package on a machine without a CUDA GPU sets ``TRITON_INTERPRET=1`` (unless
@@ -30,13 +38,13 @@ def _default_interpret() -> None:
 
 _default_interpret()
 
-from lowering.triton.table import (  # noqa: E402
-    LinearizeError, TableError, TaskTable, Variant, build_layout, build_table, linearize,
+from lowering.triton.blocks import Blocks  # noqa: E402
+from lowering.triton.errors import (  # noqa: E402
+    TritonError, TritonRefused, TritonTaskError, TritonWatchdogError,
 )
-from lowering.triton.runtime import (  # noqa: E402
-    Blocks, TritonError, TritonExecutor, TritonRefused, TritonStats, TritonTaskError,
-    TritonWatchdogError,
-)
+from lowering.triton.layout import TableError, Variant  # noqa: E402
+from lowering.triton.runtime import TritonExecutor, TritonStats  # noqa: E402
+from lowering.triton.table import LinearizeError, TaskTable, build_layout, build_table, linearize  # noqa: E402
 
 __all__ = [
     "Blocks", "LinearizeError", "TableError", "TaskTable", "TritonError", "TritonExecutor",

@@ -6,7 +6,7 @@ non-GEMV task. With the ring (``Blocks.ring`` = S pages), each worker CTA keeps 
 ``PR x PC`` bf16 weights (``PAGE`` bytes each) in a ring of shared-memory buffers, filled by
 bulk asynchronous copies (``cp.async.bulk`` global -> shared, completing on one mbarrier per
 page; PTX ISA "cp.async.bulk", "mbarrier") in the order the worker's queue will consume them.
-Weights depend on nothing (table.FLAG_W_CONST: no task of the program writes them), so pages
+Weights depend on nothing (layout.FLAG_W_CONST: no task of the program writes them), so pages
 are issued *before* the waits of the task that uses them, across task boundaries: the stream
 stops only when all S pages are full, never because a counter is not yet signalled. The
 GEMV (``gemv_ring``) waits on its page's mbarrier, multiplies the page by the staged f(x),
@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import triton.language as tl
 
-from lowering.triton.ops import INTERPRET, device, global_timer, store, thread0_asm, flat_off
+from lowering.triton.lang import INTERPRET, device, flat_off, global_timer, store, thread0_asm
 
 #: Fields of one stream-list entry (int64): the weight tile's byte offset in the arena, its row
 #: stride in bytes, its rows N << 32 | its columns K, and one unused field.
@@ -268,10 +268,10 @@ def gemv_ring(xs, wp, w_rs, b, b_n1, b_n2, b_s0, b_s1, b_s2, y, y_n1, y_n2, y_s0
     (fp32), fp32 accumulation. Pages are consumed in ``page_order``; each page's xs slice is
     loaded before its wait, and after each page one CTA barrier (which also decides, for
     every thread alike, whether a page timed out) frees its slot and the ring is topped up
-    (ring_issue). The epilogue is ops.gemv_ex's: ``b`` (HAS_BIAS) added, y stored rounded to
+    (ring_issue). The epilogue is ops/gemv.py gemv_epilogue's: ``b`` (HAS_BIAS) added, y stored rounded to
     its dtype, and at ``y + m1`` .. ``m3`` (MIRRORS, peer copies of y).
     ``PROFILE``: store at ``PROF + 7`` / ``+ 8`` / ``+ 9`` the ns this task spent waiting for
-    pages, the ns spent issuing copies, and its page count (megakernel.PROF_W).
+    pages, the ns spent issuing copies, and its page count (vm.PROF_W).
     Returns (status: 0, or 1 when a page never arrived; the ring state)."""
     PAGE: tl.constexpr = PR * PC * 2
     VC: tl.constexpr = PC // 8

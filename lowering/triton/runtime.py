@@ -18,7 +18,7 @@ exchange host values themselves (amk.pipeline.Decoder does).
   weights are copied in at construction, never again; counters start at 0 and are never
   reset (epoch-relative waits), so a step is exactly one kernel launch;
 * the task table is built once; the kernel source is generated for the program's variants
-  (megakernel.py) and compiled by Triton on first launch;
+  (codegen.py, cache.py) and compiled by Triton on first launch;
 * after each launch the host reads the per-worker error records and raises
   ``TritonWatchdogError`` (a stuck wait: names the tasks, counters, values seen and needed)
   or ``TritonTaskError`` (a position or token out of range), and checks that every worker
@@ -42,52 +42,21 @@ from typing import Any, Callable
 
 import torch
 
-from ground.errors import AmkError
 from ir.program import FLOAT_DTYPES, Buffer, ScheduleProgram
-from lowering.triton import megakernel as MK
 from lowering.triton import table as T
-from lowering.triton.ops import interpreting
+from lowering.triton import vm as VM
+from lowering.triton.blocks import Blocks
+from lowering.triton.cache import load_kernel
+from lowering.triton.codegen import generate_source
+from lowering.triton.errors import TritonError, TritonRefused, TritonTaskError, TritonWatchdogError
+from lowering.triton.lang import interpreting
+from lowering.triton.ops import REGISTRY, scratch_elems
 
 InitFn = Callable[[Buffer, int], "torch.Tensor | None"]
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32, "i32": torch.int32}
 #: Unwritten int32 memory (lowering/reference.py's INT_POISON); unwritten floats are NaN.
 INT_POISON = -(2**31)
-
-
-class TritonError(AmkError):
-    """A failure of the Triton backend (exit code 1: the run failed)."""
-
-    def __init__(self, message: str, exit_code: int = 1):
-        super().__init__(message, exit_code)
-
-
-class TritonRefused(TritonError):
-    """The validator rejected the program (construct with ``check=False`` to run it anyway)."""
-
-    def __init__(self, verdict: Any):
-        self.verdict = verdict
-        classes = ", ".join(sorted(getattr(verdict, "classes", []) or [])) or "unknown"
-        super().__init__(f"the validator rejected the schedule ({classes}); refusing to run it "
-                         "on the triton backend", exit_code=2)
-
-
-class TritonWatchdogError(TritonError):
-    """A wait exceeded the watchdog bound. ``stuck`` lists one dict per failed worker:
-    worker, task, op, queue_index, counter, seen, needed, kind ("timeout" | "aborted")."""
-
-    def __init__(self, message: str, stuck: list[dict[str, Any]]):
-        super().__init__(message)
-        self.stuck = stuck
-
-
-class TritonTaskError(TritonError):
-    """An op refused its operands at run time (position or token out of range)."""
-
-    def __init__(self, message: str, task: str, epoch: int):
-        super().__init__(message)
-        self.task = task
-        self.epoch = epoch
 
 
 @dataclass
@@ -105,154 +74,6 @@ class TritonStats:
     @property
     def tasks_per_s(self) -> float:
         return self.tasks / self.seconds if self.seconds > 0 else float("inf")
-
-
-@dataclass
-class Blocks:
-    """Compile-time block sizes of the megakernel (elements). ``attention_d`` and
-    ``attention_q`` are raised to cover the program's head_dim and GQA group if smaller.
-    ``gemv_stages``: the GEMV weight pipeline depth (ops.gemv_ex ``STAGES``: 1 = one
-    [gemv_n, gemv_k] block in flight; S >= 2 = S - 1 blocks in flight through cp.async into
-    S - 1 shared-memory buffers). Raises TritonError (exit code 2) if it is not 1..8.
-    ``prefetch``: L2 prefetch look-ahead in tasks (0 = off; D: at the start of task i the
-    worker starts an L2 bulk prefetch of task i + D's GEMV weight tile, so weight streaming
-    overlaps waits and other tasks; megakernel.l2_prefetch). Must be 0..8. ``row_prefetch``:
-    at the start of each task, prefetch the next task's table row into L1
-    (megakernel.row_prefetch), so its decode does not wait on L2 or DRAM.
-    ``attention_dot``: attention's scores and value update as fp32 ``tl.dot`` products
-    (ops.attention ``DOT``), allowing larger ``attention_t``. ``gemv_unroll``: the GEMV's K loop unrolled 1, 2, 4, 8 or 16
-    times (STAGES = 1 only), so that many weight blocks can be in flight. ``elide_waits`` / ``coalesce_signals``: table options (table.elide_waits,
-    table.coalesced_signals): skip a wait an earlier task of the same worker already did;
-    release several consecutive tiles' signals with one atomic. ``maxnreg``: ptxas's register
-    cap per thread; 0 (the default) = automatic: none while the workers fit one CTA per SM,
-    else the most that lets ceil(workers / SMs) CTAs share an SM's 64K registers
-    (``regs_for_ctas``), so a grid of two workers per SM fits whatever the largest op
-    variant would have asked for. Must be 0 or 24..255. ``x_stage`` (default on): norm_gemv and
-    swiglu_gemv compute their prologue f(x) once per task into a per-worker scratch row and
-    stream W against it (ops.gemv_ex ``X_STAGE``) instead of recomputing f inside the weight
-    loop (H200, Llama-3.2-1B shape: 2.35 -> 1.91 ms per token). ``x_reuse``
-    (default on, with ``x_stage``): a GEMV whose f(x) the worker's previous staging task
-    already left in the scratch skips the x pass (table.staged_x_reuse). ``x_chunk``: elements
-    of x the staging pass loads at once (at least gemv_n x gemv_k; a power of two); an x that
-    fits is loaded once, RMSNorm's sum of squares included. ``w_preload`` (elements, 0 = off;
-    a power of two, at least gemv_k, 2 x gemv_k when gemv_unroll is 2): a GEMV task loads
-    the first ``w_preload`` columns of its first row block before its waits (weights only,
-    table.FLAG_W_CONST) and runs its waits inside the op, after decoding its operands
-    (megakernel.t_gemv), so the wait, the decode and the x pass overlap that part of the
-    weight stream. ``prefetch_cap`` (bytes, a multiple of 16; 0 = whole tile): the task-ahead
-    L2 prefetch covers at most the tile's first ``prefetch_cap`` bytes; ``prefetch_rows`` (0 =
-    no limit): at most its first ``prefetch_rows`` weight rows (table.prefetch_ahead; unlike a
-    byte cap it still covers a wide tile's whole first row block). ``roll`` (row blocks,
-    0 = off): a GEMV tile of several row blocks prefetches row block j + roll into L2 while
-    it streams row block j (ops.gemv_ex ``ROLL``). ``kroll`` (groups of gemv_unroll x gemv_k
-    columns, 0 = off; needs gemv_stages 1 and gemv_unroll >= 4): within each row block the
-    GEMV prefetches the columns ``kroll`` groups ahead of its K loop into L2, row by row
-    (ops.gemv_ex ``KROLL``), for tiles of few long rows such as the down projection's
-    (measured slower on the H200: off by default).
-    ``relaxed_poll``:
-    waits poll with relaxed loads and issue one acquire fence when satisfied
-    (megakernel.wait_counter ``RELAXED``) instead of an acquire load per poll.
-    ``lean_release``: a task that signals a peer fences at system scope once, on thread 0 after
-    the CTA barrier, and signals each peer with a relaxed ``red`` (megakernel.finish_task
-    ``LEAN``), instead of a fence in every thread and one ``red.release.sys`` per peer, each of
-    which waits for the one before (the fused all-reduce's tiles at tp 4: about 8 us of
-    barrier + signals per tile). On by default: faster at tp 2 (fused all-reduce: 4.05 -> 3.94
-    ms) and tp 4 (one-shot 3.02 -> 2.91 ms, fused 3.30 -> 2.86 ms) on the H200s; the same
-    ordering (a fence, then relaxed writes, is a release in the PTX memory model).
-    ``gemv_tma`` (needs gemv_stages >= 2 and w_preload 0; gemv_n and gemv_k at most 256, the
-    TMA box limit): every GEMV variant whose W is contiguous and 16-byte aligned streams its
-    [gemv_n, gemv_k] blocks through a tensor descriptor, TMA copies into gemv_stages - 1
-    shared-memory buffers that hold no registers (ops.gemv_ex ``W_TMA``); the launch then
-    gets a global-scratch allocator for the descriptors (``tma_scratch``).
-    ``ring`` (pages per worker, 0 = off): GEMV tasks whose bf16 weights no task writes stream
-    them through a ring of ``ring`` shared-memory pages of ``ring_rows`` x ``ring_cols``
-    elements, copied ahead of the tasks that use them, across their waits (ring.py); the launch
-    gets ``ring x (page + 8)`` bytes of dynamic shared memory beyond the kernel's own."""
-
-    elementwise: int = 1024
-    gemv_n: int = 16
-    gemv_k: int = 256
-    rope: int = 64
-    attention_t: int = 32
-    attention_d: int = 64
-    attention_q: int = 1
-    pairs: int = 64
-    gemv_stages: int = 1
-    gemv_unroll: int = 1
-    attention_dot: bool = False
-    prefetch: int = 0
-    row_prefetch: bool = True
-    elide_waits: bool = True
-    coalesce_signals: bool = True
-    maxnreg: int = 0
-    x_stage: bool = True
-    x_reuse: bool = True
-    x_chunk: int = 8192
-    w_preload: int = 0
-    prefetch_cap: int = 0
-    prefetch_rows: int = 0
-    roll: int = 0
-    kroll: int = 0
-    relaxed_poll: bool = False
-    lean_release: bool = True
-    gemv_tma: bool = False
-    ring: int = 0
-    ring_rows: int = 4
-    ring_cols: int = 2048
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.maxnreg, int) or not (self.maxnreg == 0 or 24 <= self.maxnreg <= 255):
-            raise TritonError(f"maxnreg must be 0 (automatic) or an integer in 24..255, got {self.maxnreg!r}",
-                              exit_code=2)
-        if not isinstance(self.gemv_stages, int) or not 1 <= self.gemv_stages <= 8:
-            raise TritonError(f"gemv_stages must be an integer in 1..8, got {self.gemv_stages!r}", exit_code=2)
-        if self.gemv_unroll not in (1, 2, 4, 8, 16):
-            raise TritonError(f"gemv_unroll must be 1, 2, 4, 8 or 16, got {self.gemv_unroll!r}", exit_code=2)
-        if not isinstance(self.x_chunk, int) or self.x_chunk < 1 or self.x_chunk & (self.x_chunk - 1):
-            raise TritonError(f"x_chunk must be a power of two, got {self.x_chunk!r}", exit_code=2)
-        wp = self.w_preload
-        if not isinstance(wp, int) or isinstance(wp, bool) or wp < 0 or wp & (wp - 1) or (
-                wp and wp < self.gemv_k * (2 if self.gemv_unroll == 2 else 1)):
-            raise TritonError(f"w_preload must be 0 or a power of two of at least gemv_k = {self.gemv_k} "
-                              f"({2 * self.gemv_k} with gemv_unroll 2), got {wp!r}", exit_code=2)
-        if not isinstance(self.prefetch_cap, int) or self.prefetch_cap < 0 or self.prefetch_cap % 16:
-            raise TritonError(f"prefetch_cap must be 0 or a positive multiple of 16 bytes, got "
-                              f"{self.prefetch_cap!r}", exit_code=2)
-        if not isinstance(self.prefetch_rows, int) or self.prefetch_rows < 0:
-            raise TritonError(f"prefetch_rows must be a non-negative integer, got {self.prefetch_rows!r}",
-                              exit_code=2)
-        if not isinstance(self.roll, int) or not 0 <= self.roll <= 8:
-            raise TritonError(f"roll must be an integer in 0..8, got {self.roll!r}", exit_code=2)
-        if not isinstance(self.kroll, int) or isinstance(self.kroll, bool) or not 0 <= self.kroll <= 8:
-            raise TritonError(f"kroll must be an integer in 0..8, got {self.kroll!r}", exit_code=2)
-        if self.kroll and (self.gemv_stages != 1 or self.gemv_unroll < 4):
-            raise TritonError(f"kroll needs gemv_stages 1 and gemv_unroll 4, 8 or 16 (its groups are the "
-                              f"unrolled K loop's), got gemv_stages {self.gemv_stages}, gemv_unroll "
-                              f"{self.gemv_unroll}", exit_code=2)
-        if not isinstance(self.prefetch, int) or not 0 <= self.prefetch <= 8:
-            raise TritonError(f"prefetch must be an integer in 0..8, got {self.prefetch!r}", exit_code=2)
-        if self.gemv_tma:
-            if self.gemv_stages < 2:
-                raise TritonError(f"gemv_tma needs gemv_stages 2..8 (its copies are pipelined), got "
-                                  f"gemv_stages {self.gemv_stages}", exit_code=2)
-            if self.w_preload:
-                raise TritonError(f"gemv_tma needs w_preload 0 (the first block would be loaded twice), "
-                                  f"got w_preload {self.w_preload}", exit_code=2)
-            if self.gemv_n > 256 or self.gemv_k > 256:
-                raise TritonError(f"gemv_tma needs gemv_n and gemv_k of at most 256 (a TMA box's limit), "
-                                  f"got gemv_n {self.gemv_n}, gemv_k {self.gemv_k}", exit_code=2)
-        if not isinstance(self.ring, int) or isinstance(self.ring, bool) or not 0 <= self.ring <= 32:
-            raise TritonError(f"ring must be an integer in 0..32 (weight pages per worker), got {self.ring!r}",
-                              exit_code=2)
-        for name, lo, hi in (("ring_rows", 1, 64), ("ring_cols", 8, 8192)):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi or v & (v - 1):
-                raise TritonError(f"{name} must be a power of two in {lo}..{hi}, got {v!r}", exit_code=2)
-
-    @property
-    def ring_page(self) -> int:
-        """Bytes of one weight-ring page (ring_rows x ring_cols bf16)."""
-        return self.ring_rows * self.ring_cols * 2
 
 
 #: Global-scratch buffers handed to Triton launches, by (device index, bytes): kept for the
@@ -301,15 +122,6 @@ def register_cap(maxnreg: int, workers: int, sms: int, threads: int) -> int | No
     return regs_for_ctas(-(-workers // sms), threads)
 
 
-def _gemv_k(task, slots: int) -> int:
-    """The longest input vector x (elements, over the slots) of a GEMV-family task; 0 for
-    other ops."""
-    if task.op not in T.GEMV_OPS:
-        return 0
-    x = task.ins[1 if task.op == "reduce_norm_gemv" else T.GEMV_OPS[task.op][0]]  # its residual: K
-    return max(x.numel(s) for s in range(slots))
-
-
 def _pow2(x: int) -> int:
     p = 1
     while p < x:
@@ -324,7 +136,7 @@ class TritonExecutor:
     count; cast to its dtype) or None (poison: NaN / INT_POISON). ``check=True`` validates
     first (TritonRefused if rejected); ``check=False`` runs unvalidated programs, whose
     deadlocks end in TritonWatchdogError. Structural problems that could make the kernel
-    touch memory outside the arena are refused always (table.TableError).
+    touch memory outside the arena are refused always (layout.TableError).
 
     ``linear``: run one worker over ``linearize(program)`` (default under the interpreter)
     instead of the program's W queues (default on a GPU; under the interpreter, which runs
@@ -411,8 +223,8 @@ class TritonExecutor:
             # Keep attention's [Q, T, D] fp32 product within ~64 registers per thread.
             while b.attention_t > 1 and b.attention_q * b.attention_t * b.attention_d > 64 * 32 * max(4, self.num_warps):
                 b.attention_t //= 2
-        self.source = MK.generate_source(self.table, program.name, sys_waits=program.ranks > 1)
-        self._kernel = MK.load_kernel(self.source)
+        self.source = generate_source(self.table, program.name, sys_waits=program.ranks > 1)
+        self._kernel = load_kernel(self.source)
 
         self._alloc(init_fn)
         dev = self.device
@@ -425,17 +237,17 @@ class TritonExecutor:
         self._streams = torch.from_numpy(streams).to(dev)
         self._sstart = torch.from_numpy(sstart).to(dev)
         self._rbase = 1024  # the ring's shared-memory offset: set after the compile (_check_coresidency)
-        self._err = torch.zeros(self.workers * MK.ERR_W + 1, dtype=torch.int64, device=dev)
+        self._err = torch.zeros(self.workers * VM.ERR_W + 1, dtype=torch.int64, device=dev)
         # Profile: per task row, %globaltimer (ns) at wait start, op start and end (GPU only).
         self.profile = bool(profile) and not self.interpret
-        self._prof = torch.zeros(max(1, self.table.n_tasks) * MK.PROF_W if self.profile else 1,
+        self._prof = torch.zeros(max(1, self.table.n_tasks) * VM.PROF_W if self.profile else 1,
                                  dtype=torch.int64, device=dev)
         self._epoch = torch.zeros(1, dtype=torch.int64, device=dev)
         # one GEMV f(x) scratch row per worker (Blocks.x_stage): the longest GEMV input,
         # rounded up to 16 elements of 4 bytes (64-byte aligned rows; any x dtype fits)
-        self._xs_w = -(-max([_gemv_k(t, self.slots) for t in program.tasks] + [1]) // 16) * 16
+        self._xs_w = -(-max([scratch_elems(t, self.slots) for t in program.tasks] + [1]) // 16) * 16
         staged = (b.x_stage or self.ring_pages > 0  # ring GEMVs always stage f(x)
-                  or any(t.op == "reduce_norm_gemv" for t in program.tasks))  # always staged
+                  or any(g.always_staged for g in (REGISTRY[t.op].gemv for t in program.tasks) if g))
         self._xs = torch.zeros(self.workers * self._xs_w if staged else 16, dtype=torch.float32, device=dev)
         self._qlen = [int(self.table.qstart[w + 1] - self.table.qstart[w]) for w in range(self.workers)]
         self._next_epoch = 0
@@ -696,7 +508,7 @@ class TritonExecutor:
     def emit_source(self, path: str | Path) -> Path:
         """Write the generated kernel source (the module Triton compiles) to ``path``, with a
         last comment line ``# amk-launch: {json}`` holding the launch's constexprs, num_warps
-        and grid (read by ``megakernel.compile_offline``'s command line). Raises AmkError
+        and grid (read by ``offline.compile_offline``'s command line). Raises AmkError
         (exit 2) when the file cannot be written."""
         path = Path(path)
         launch = {k: v for k, v in self._launch_kw.items() if k.isupper()}
@@ -742,10 +554,10 @@ class TritonExecutor:
 
     def _report(self, epoch: int, rec: torch.Tensor) -> None:
         W = self.workers
-        r = rec[: W * MK.ERR_W].view(W, MK.ERR_W).tolist()
+        r = rec[: W * VM.ERR_W].view(W, VM.ERR_W).tolist()
         stuck, task_err = [], None
         for w, (kind, row, a, b, c, ep, done, _) in enumerate(r):
-            if kind == MK.KIND_OK:
+            if kind == VM.KIND_OK:
                 if done != self._qlen[w]:
                     raise TritonError(f"epoch {epoch}: worker {w} completed {done} of its "
                                       f"{self._qlen[w]} tasks without reporting an error")
@@ -754,20 +566,20 @@ class TritonExecutor:
             if self.program.ranks > 1:
                 tid = f"{tid} (rank {self.table.task_ranks[row]})"
             qi = row - int(self.table.qstart[w])
-            if kind in (MK.KIND_TIMEOUT, MK.KIND_ABORTED):
+            if kind in (VM.KIND_TIMEOUT, VM.KIND_ABORTED):
                 # wait index -1: a weight-ring page (b consumed, c issued) that never arrived
                 counter = self.table.wait_counters[a] if a >= 0 else f"weight page {b} (of {c} issued)"
                 stuck.append(dict(worker=w, task=tid, op=op, queue_index=qi, counter=counter, seen=b, needed=c,
-                                  kind="timeout" if kind == MK.KIND_TIMEOUT else "aborted"))
-            elif kind in (MK.KIND_POS, MK.KIND_TOKEN) and task_err is None:
+                                  kind="timeout" if kind == VM.KIND_TIMEOUT else "aborted"))
+            elif kind in (VM.KIND_POS, VM.KIND_TOKEN) and task_err is None:
                 where = f"epoch {epoch}: task {tid} ({op}, worker {w})"
-                if kind == MK.KIND_TOKEN:
+                if kind == VM.KIND_TOKEN:
                     task_err = (f"{where}: token {a} outside the embedding table [0, {b})", tid)
                 elif b:
                     task_err = (f"{where}: position {a} outside the KV cache [0, {b})", tid)
                 else:
                     task_err = (f"{where}: negative position {a}", tid)
-            elif kind in (MK.KIND_POS, MK.KIND_TOKEN):
+            elif kind in (VM.KIND_POS, VM.KIND_TOKEN):
                 continue
             else:
                 raise TritonError(f"epoch {epoch}: worker {w} reported unknown error kind {kind}")

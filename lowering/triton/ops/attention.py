@@ -1,0 +1,446 @@
+"""The attention family: ``rope``, ``kv_append``, ``rope_append``, ``attention``,
+``rope_attention``, ``rope_attention_kv``.
+
+RoPE is HF's rotate-half convention (LlamaRotaryEmbedding, apply_rotary_pos_emb): angle
+``float(pos) * inv_freq[j]`` in fp32, cos / sin from libdevice on the GPU (accurate for large
+angles) and numpy under the interpreter. Caches are ``[G, S, D]`` operands (layout.py's
+``cache`` view); a position operand is range-checked by the row decoder before it is used
+as an address (vm.fail_position). Attention is decode GQA with an online softmax
+(``attention``); the fused ops rotate q (rope_attention) or also take the current token's
+key and value from k and v instead of the caches (rope_attention_kv).
+"""
+
+from __future__ import annotations
+
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from ir.ops import OPS
+from ir.program import DTYPE_BYTES
+from lowering.triton import layout as L
+from lowering.triton.lang import INTERPRET, aligned, device, flat_off, round_as, store
+from lowering.triton.layout import DECODER_ARGS, OpLowering, TableError, Variant, tl_dtypes
+from lowering.triton.vm import arena_ptr, fail_position, operand, param_f, param_i, status_ok
+
+
+@device
+def _cos_sin(a):
+    if INTERPRET:
+        c = tl.cos(a)
+        s = tl.sin(a)
+    else:
+        c = libdevice.cos(a)
+        s = libdevice.sin(a)
+    return c, s
+
+
+@device
+def rope_cs(f, f_n1, f_n2, f_s0, f_s1, f_s2, j, m, p):
+    """cos and sin of ``p * inv_freq[j]`` (fp32; p = float(pos)), HF LlamaRotaryEmbedding."""
+    fr = tl.load(f + flat_off(j, f_n1, f_n2, f_s0, f_s1, f_s2), mask=m, other=0).to(tl.float32)
+    return _cos_sin(p * fr)
+
+
+@device
+def rope(x, x_n1, x_n2, x_s0, x_s1, x_s2, f, f_n1, f_n2, f_s0, f_s1, f_s2, pos,
+         y, y_n1, y_n2, y_s0, y_s1, y_s2, n, head_dim, BLOCK: tl.constexpr):
+    """Rotate-half RoPE of each ``head_dim`` slice of x (n elements) at position ``pos``:
+    a = float(pos) * inv_freq[j] (fp32), c = cos(a), s = sin(a);
+    y[j] = x[j] * c - x[j + d/2] * s, y[j + d/2] = x[j + d/2] * c + x[j] * s
+    (HF apply_rotary_pos_emb; reference.py). In place is safe."""
+    half = head_dim // 2
+    p = pos.to(tl.float32)
+    for h in range(0, n // head_dim):
+        base = h * head_dim
+        for j0 in range(0, half, BLOCK):
+            j = j0 + tl.arange(0, BLOCK)
+            m = j < half
+            c, s = rope_cs(f, f_n1, f_n2, f_s0, f_s1, f_s2, j, m, p)
+            i1 = base + j
+            i2 = i1 + half
+            x1 = tl.load(x + flat_off(i1, x_n1, x_n2, x_s0, x_s1, x_s2), mask=m, other=0).to(tl.float32)
+            x2 = tl.load(x + flat_off(i2, x_n1, x_n2, x_s0, x_s1, x_s2), mask=m, other=0).to(tl.float32)
+            store(y + flat_off(i1, y_n1, y_n2, y_s0, y_s1, y_s2), x1 * c + (-x2) * s, m)
+            store(y + flat_off(i2, y_n1, y_n2, y_s0, y_s1, y_s2), x2 * c + x1 * s, m)
+
+
+@device
+def _append_rows(k, k_n1, k_n2, k_s0, k_s1, k_s2, dst, d_g, d_d, G, D, BLOCK: tl.constexpr):
+    """dst[g, :] = k[g*D:(g+1)*D] for g < G (dst already points at the cache row pos)."""
+    for g in range(0, G):
+        for d0 in range(0, D, BLOCK):
+            d = d0 + tl.arange(0, BLOCK)
+            m = d < D
+            kv = tl.load(k + flat_off(g * D + d, k_n1, k_n2, k_s0, k_s1, k_s2), mask=m, other=0)
+            store(dst + (g * d_g + d * d_d), kv, m)
+
+
+@device
+def kv_append(k, k_n1, k_n2, k_s0, k_s1, k_s2, v, v_n1, v_n2, v_s0, v_s1, v_s2, pos,
+              kc, kc_g, kc_t, kc_d, vc, vc_g, vc_t, vc_d, G, D, BLOCK: tl.constexpr):
+    """kc[g, pos, :] = k[g*D:(g+1)*D], vc[g, pos, :] = v[g*D:(g+1)*D] for g < G.
+    ``pos`` is range-checked by the caller."""
+    p = pos.to(tl.int64)
+    _append_rows(k, k_n1, k_n2, k_s0, k_s1, k_s2, kc + p * kc_t, kc_g, kc_d, G, D, BLOCK)
+    _append_rows(v, v_n1, v_n2, v_s0, v_s1, v_s2, vc + p * vc_t, vc_g, vc_d, G, D, BLOCK)
+
+
+@device
+def rope_append(k, k_n1, k_n2, k_s0, k_s1, k_s2, v, v_n1, v_n2, v_s0, v_s1, v_s2,
+                f, f_n1, f_n2, f_s0, f_s1, f_s2, pos,
+                kc, kc_g, kc_t, kc_d, vc, vc_g, vc_t, vc_d, G, D, BLOCK: tl.constexpr):
+    """kc[g, pos, :] = rope(k[g*D:(g+1)*D], pos), vc[g, pos, :] = v[g*D:(g+1)*D] for g < G
+    (rope as in ``rope``, rounded once, to the cache dtype). ``pos`` is range-checked by the
+    caller; D is even."""
+    p = pos.to(tl.int64)
+    pf = pos.to(tl.float32)
+    half = D // 2
+    kr = kc + p * kc_t
+    for g in range(0, G):
+        for j0 in range(0, half, BLOCK):
+            j = j0 + tl.arange(0, BLOCK)
+            m = j < half
+            c, s = rope_cs(f, f_n1, f_n2, f_s0, f_s1, f_s2, j, m, pf)
+            i1 = g * D + j
+            x1 = tl.load(k + flat_off(i1, k_n1, k_n2, k_s0, k_s1, k_s2), mask=m, other=0).to(tl.float32)
+            x2 = tl.load(k + flat_off(i1 + half, k_n1, k_n2, k_s0, k_s1, k_s2), mask=m, other=0).to(tl.float32)
+            store(kr + (g * kc_g + j * kc_d), x1 * c + (-x2) * s, m)
+            store(kr + (g * kc_g + (j + half) * kc_d), x2 * c + x1 * s, m)
+    _append_rows(v, v_n1, v_n2, v_s0, v_s1, v_s2, vc + p * vc_t, vc_g, vc_d, G, D, BLOCK)
+
+
+@device
+def _kv_block(kb, kc_t, kc_d, vb, vc_t, vc_d, t, dd, m, KV_ALIGN: tl.constexpr):
+    """One [positions, head dim] block of the K and V caches in their own dtype (attention)."""
+    if KV_ALIGN > 1:
+        kt = tl.load(kb + t[:, None] * kc_t + dd[None, :], mask=m, other=0)
+        vt = tl.load(vb + t[:, None] * vc_t + dd[None, :], mask=m, other=0)
+    else:
+        kt = tl.load(kb + t[:, None] * kc_t + dd[None, :] * kc_d, mask=m, other=0)
+        vt = tl.load(vb + t[:, None] * vc_t + dd[None, :] * vc_d, mask=m, other=0)
+    return kt, vt
+
+
+@device
+def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, vc_t, vc_d, pos,
+              o, o_n1, o_n2, o_s0, o_s1, o_s2, HQ, G, D, scale,
+              f, f_n1, f_n2, f_s0, f_s1, f_s2, ROPE: tl.constexpr,
+              BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, DOT: tl.constexpr = False,
+              KV_ALIGN: tl.constexpr = 0,
+              k=None, k_n1=1, k_n2=1, k_s0=0, k_s1=0, k_s2=1, v=None, v_n1=1, v_n2=1, v_s0=0, v_s1=0, v_s2=1,
+              KV_NEW: tl.constexpr = False):
+    """Decode GQA attention over cache positions 0..pos (inclusive), fp32:
+    for query head h < HQ (q is [HQ, D]) and g = h // (HQ / G):
+    o[h] = softmax(q[h] . kc[g, :pos+1]^T * scale) @ vc[g, :pos+1].
+
+    ``ROPE`` (rope_attention): q is first rotated by RoPE at ``pos`` with frequencies
+    ``f`` (inv_freq[D/2]) and rounded to q's dtype, the value the unfused rope op would
+    have stored; otherwise ``f`` is unused.
+
+    ``KV_NEW`` (rope_attention_kv; needs ``ROPE``): position ``pos`` takes its key from
+    rope(k[g*D:(g+1)*D]) rounded to the K cache's dtype and its value from v[g*D:(g+1)*D]
+    rounded to the V cache's dtype (what rope_append stores in row pos); the caches are
+    read at positions 0 .. pos-1 only.
+
+    The HQ/G query heads of one kv head are processed together (the cache is read once per
+    kv head), with an online softmax (running max and sum) over BLOCK_T positions at a time.
+    Requires D <= BLOCK_D and HQ/G <= BLOCK_Q; ``pos`` is range-checked by the caller.
+
+    ``DOT``: the scores q . K^T and the update p @ V are ``tl.dot`` products in full fp32
+    (``input_precision="ieee"``) instead of broadcast products reduced over a [Q, T, D]
+    tensor: the same fp32 arithmetic in another summation order, with registers for
+    [Q, T] and [T, D] tiles only, so BLOCK_T can be 4x larger at the same register cost
+    (fewer serial position blocks on long contexts). Needs BLOCK_Q, BLOCK_T, BLOCK_D >= 16
+    (tl.dot's minimum; padded lanes are masked).
+
+    The K and V blocks of positions t0 + BLOCK_T .. are loaded (in the cache dtype) before
+    the block t0 is reduced, so each block's load latency overlaps the previous block's
+    arithmetic instead of adding up over the context (the same values, bit-identical).
+    ``KV_ALIGN`` (0 or elements per 16 bytes): the caches have unit head-dim stride and
+    ``kc``, ``vc``, their head and position strides are multiples of it (the table's
+    ``kvaligned`` flag), so the loads are 16-byte vectors."""
+    grp = HQ // G
+    T = pos + 1
+    qh = tl.arange(0, BLOCK_Q)
+    dd = tl.arange(0, BLOCK_D)
+    qm = qh < grp
+    dm = dd < D
+    if ROPE:
+        half = D // 2
+        lo = dd < half
+        pd = tl.where(lo, dd + half, dd - half)  # the rotate-half partner of each lane
+        c, s = rope_cs(f, f_n1, f_n2, f_s0, f_s1, f_s2, tl.where(lo, dd, dd - half), dm, pos.to(tl.float32))
+        s = tl.where(lo, -s, s)
+    if KV_NEW:
+        TC = pos  # cache rows read; row pos comes from k and v
+    else:
+        TC = T
+    for g in range(0, G):
+        qi = (g * grp + qh)[:, None] * D + dd[None, :]
+        qmask = qm[:, None] & dm[None, :]
+        qv = tl.load(q + flat_off(qi, q_n1, q_n2, q_s0, q_s1, q_s2), mask=qmask, other=0).to(tl.float32)
+        if ROPE:
+            qpi = (g * grp + qh)[:, None] * D + pd[None, :]
+            qp = tl.load(q + flat_off(qpi, q_n1, q_n2, q_s0, q_s1, q_s2), mask=qmask, other=0).to(tl.float32)
+            qv = round_as(qv * c[None, :] + qp * s[None, :], q.dtype.element_ty)
+        if KV_NEW:
+            kl = tl.load(k + flat_off(g * D + dd, k_n1, k_n2, k_s0, k_s1, k_s2), mask=dm, other=0).to(tl.float32)
+            kp = tl.load(k + flat_off(g * D + pd, k_n1, k_n2, k_s0, k_s1, k_s2), mask=dm, other=0).to(tl.float32)
+            knew = round_as(kl * c + kp * s, kc.dtype.element_ty)
+            vl = tl.load(v + flat_off(g * D + dd, v_n1, v_n2, v_s0, v_s1, v_s2), mask=dm, other=0).to(tl.float32)
+            vnew = round_as(vl, vc.dtype.element_ty)
+        m_i = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_Q], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_Q, BLOCK_D], dtype=tl.float32)
+        if KV_ALIGN > 1:
+            kc_g = aligned(kc_g, KV_ALIGN)
+            kc_t = aligned(kc_t, KV_ALIGN)
+            vc_g = aligned(vc_g, KV_ALIGN)
+            vc_t = aligned(vc_t, KV_ALIGN)
+            kc_d = 1
+            vc_d = 1
+        kb = kc + g * kc_g
+        vb = vc + g * vc_g
+        # V issued with K (before the score reductions' barriers): one round trip, not two
+        tn = tl.arange(0, BLOCK_T)
+        knext, vnext = _kv_block(kb, kc_t, kc_d, vb, vc_t, vc_d, tn, dd, (tn < TC)[:, None] & dm[None, :], KV_ALIGN)
+        for t0 in range(0, T, BLOCK_T):
+            t = t0 + tl.arange(0, BLOCK_T)
+            tm = t < T
+            kt = knext.to(tl.float32)
+            vt = vnext.to(tl.float32)
+            if KV_NEW:
+                cur = (t == pos)[:, None]
+                kt = tl.where(cur, knew[None, :], kt)
+                vt = tl.where(cur, vnew[None, :], vt)
+            tn = t + BLOCK_T  # the next block's loads (all masked off after the last: no traffic)
+            knext, vnext = _kv_block(kb, kc_t, kc_d, vb, vc_t, vc_d, tn, dd, (tn < TC)[:, None] & dm[None, :],
+                                     KV_ALIGN)
+            if DOT:
+                sc = tl.dot(qv, tl.trans(kt), input_precision="ieee") * scale  # [BQ, BT]
+            else:
+                sc = tl.sum(qv[:, None, :] * kt[None, :, :], axis=2) * scale  # [BQ, BT]
+            sc = tl.where(tm[None, :], sc, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+            alpha = tl.exp(m_i - m_new)
+            pr = tl.exp(sc - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(pr, axis=1)
+            if DOT:
+                acc = acc * alpha[:, None] + tl.dot(pr, vt, input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.sum(pr[:, :, None] * vt[None, :, :], axis=1)
+            m_i = m_new
+        out = acc / l_i[:, None]
+        store(o + flat_off(qi, o_n1, o_n2, o_s0, o_s1, o_s2), out, qmask)
+
+
+# ---------------------------------------------------------------- row decoders
+@device
+def t_rope(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DF: tl.constexpr,
+           DP: tl.constexpr, DY: tl.constexpr, BLOCK: tl.constexpr):
+    """rope (x, inv_freq, pos, y; param head_dim); a negative position is refused."""
+    xo, xn0, xn1, xn2, xs0, xs1, xs2 = operand(row, 0, slot)
+    fo, fn0, fn1, fn2, fs0, fs1, fs2 = operand(row, 1, slot)
+    po, pn0, pn1, pn2, ps0, ps1, ps2 = operand(row, 2, slot)
+    yo, yn0, yn1, yn2, ys0, ys1, ys2 = operand(row, 3, slot)
+    pos = tl.load(arena_ptr(A_BF16, A_F16, A_F32, A_I32, DP) + po).to(tl.int32)
+    if pos < 0:
+        st = fail_position(err, pos, pos * 0)
+    else:
+        rope(arena_ptr(A_BF16, A_F16, A_F32, A_I32, DX) + xo, xn1, xn2, xs0, xs1, xs2,
+             arena_ptr(A_BF16, A_F16, A_F32, A_I32, DF) + fo, fn1, fn2, fs0, fs1, fs2, pos,
+             arena_ptr(A_BF16, A_F16, A_F32, A_I32, DY) + yo, yn1, yn2, ys0, ys1, ys2,
+             xn0 * xn1 * xn2, param_i(row, 0), BLOCK)
+        st = status_ok()
+    return st
+
+
+@device
+def t_kv_append(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DK: tl.constexpr, DV: tl.constexpr,
+                DF: tl.constexpr, DP: tl.constexpr, DKC: tl.constexpr, DVC: tl.constexpr,
+                ROPE: tl.constexpr, BLOCK: tl.constexpr):
+    """kv_append (operands k, v, pos, kc, vc) or, with ROPE, rope_append (k, v, inv_freq,
+    pos, kc, vc)."""
+    ko, kn0, kn1, kn2, ks0, ks1, ks2 = operand(row, 0, slot)
+    vo, vn0, vn1, vn2, vs0, vs1, vs2 = operand(row, 1, slot)
+    if ROPE:
+        fo, fn0, fn1, fn2, fs0, fs1, fs2 = operand(row, 2, slot)
+        PI: tl.constexpr = 3
+    else:
+        PI: tl.constexpr = 2
+    po, pn0, pn1, pn2, ps0, ps1, ps2 = operand(row, PI, slot)
+    co, cg, cs, cd, cgs, css, cds = operand(row, PI + 1, slot)
+    uo, ug, us, ud, ugs, uss, uds = operand(row, PI + 2, slot)
+    pos = tl.load(arena_ptr(A_BF16, A_F16, A_F32, A_I32, DP) + po).to(tl.int32)
+    if (pos < 0) | (pos >= cs):
+        st = fail_position(err, pos, cs)
+    else:
+        if ROPE:
+            rope_append(arena_ptr(A_BF16, A_F16, A_F32, A_I32, DK) + ko, kn1, kn2, ks0, ks1, ks2,
+                        arena_ptr(A_BF16, A_F16, A_F32, A_I32, DV) + vo, vn1, vn2, vs0, vs1, vs2,
+                        arena_ptr(A_BF16, A_F16, A_F32, A_I32, DF) + fo, fn1, fn2, fs0, fs1, fs2, pos,
+                        arena_ptr(A_BF16, A_F16, A_F32, A_I32, DKC) + co, cgs, css, cds,
+                        arena_ptr(A_BF16, A_F16, A_F32, A_I32, DVC) + uo, ugs, uss, uds, cg, cd, BLOCK)
+        else:
+            kv_append(arena_ptr(A_BF16, A_F16, A_F32, A_I32, DK) + ko, kn1, kn2, ks0, ks1, ks2,
+                      arena_ptr(A_BF16, A_F16, A_F32, A_I32, DV) + vo, vn1, vn2, vs0, vs1, vs2, pos,
+                      arena_ptr(A_BF16, A_F16, A_F32, A_I32, DKC) + co, cgs, css, cds,
+                      arena_ptr(A_BF16, A_F16, A_F32, A_I32, DVC) + uo, ugs, uss, uds, cg, cd, BLOCK)
+        st = status_ok()
+    return st
+
+
+@device
+def t_attention(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DQ: tl.constexpr, DKC: tl.constexpr,
+                DVC: tl.constexpr, DP: tl.constexpr, DF: tl.constexpr, DO: tl.constexpr, ROPE: tl.constexpr,
+                BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, DOT: tl.constexpr = False,
+                KV_ALIGN: tl.constexpr = 0, DK: tl.constexpr = None, DV: tl.constexpr = None,
+                KV_NEW: tl.constexpr = False):
+    """attention (q, kc, vc, pos, o) or, with ROPE, rope_attention (q, kc, vc, pos,
+    inv_freq, o) or, with ROPE and KV_NEW, rope_attention_kv (q, k, v, kc, vc, pos, inv_freq,
+    o; DK, DV: the dtypes of k and v). ``KV_ALIGN``: the table's ``kvaligned`` flag
+    (attention)."""
+    qo, qn0, qn1, qn2, qs0, qs1, qs2 = operand(row, 0, slot)
+    if KV_NEW:
+        CI: tl.constexpr = 3  # the caches follow q, k, v
+    else:
+        CI: tl.constexpr = 1
+    co, cg, cs, cd, cgs, css, cds = operand(row, CI, slot)
+    uo, ug, us, ud, ugs, uss, uds = operand(row, CI + 1, slot)
+    po, pn0, pn1, pn2, ps0, ps1, ps2 = operand(row, CI + 2, slot)
+    if ROPE:
+        fo, fn0, fn1, fn2, fs0, fs1, fs2 = operand(row, CI + 3, slot)
+        oo, on0, on1, on2, os0, os1, os2 = operand(row, CI + 4, slot)
+        fp = arena_ptr(A_BF16, A_F16, A_F32, A_I32, DF) + fo
+    else:
+        oo, on0, on1, on2, os0, os1, os2 = operand(row, CI + 3, slot)
+        fo, fn1, fn2, fs0, fs1, fs2 = oo, on1, on2, os0, os1, os2
+        fp = arena_ptr(A_BF16, A_F16, A_F32, A_I32, DO) + fo
+    if KV_NEW:
+        ko, kn0, kn1, kn2, ks0, ks1, ks2 = operand(row, 1, slot)
+        vo, vn0, vn1, vn2, vs0, vs1, vs2 = operand(row, 2, slot)
+        kp = arena_ptr(A_BF16, A_F16, A_F32, A_I32, DK) + ko
+        vp = arena_ptr(A_BF16, A_F16, A_F32, A_I32, DV) + vo
+    else:  # unused
+        kn1, kn2, ks0, ks1, ks2 = qn1, qn2, qs0, qs1, qs2
+        vn1, vn2, vs0, vs1, vs2 = qn1, qn2, qs0, qs1, qs2
+        kp = arena_ptr(A_BF16, A_F16, A_F32, A_I32, DQ) + qo
+        vp = kp
+    if KV_ALIGN > 1:
+        co = aligned(co, KV_ALIGN)
+        uo = aligned(uo, KV_ALIGN)
+    pos = tl.load(arena_ptr(A_BF16, A_F16, A_F32, A_I32, DP) + po).to(tl.int32)
+    if (pos < 0) | (pos >= cs):
+        st = fail_position(err, pos, cs)
+    else:
+        hq = (qn0 * qn1 * qn2) // cd
+        attention(arena_ptr(A_BF16, A_F16, A_F32, A_I32, DQ) + qo, qn1, qn2, qs0, qs1, qs2,
+                  arena_ptr(A_BF16, A_F16, A_F32, A_I32, DKC) + co, cgs, css, cds,
+                  arena_ptr(A_BF16, A_F16, A_F32, A_I32, DVC) + uo, ugs, uss, uds, pos,
+                  arena_ptr(A_BF16, A_F16, A_F32, A_I32, DO) + oo, on1, on2, os0, os1, os2,
+                  hq, cg, cd, param_f(row, 1), fp, fn1, fn2, fs0, fs1, fs2, ROPE,
+                  BLOCK_T, BLOCK_D, BLOCK_Q, DOT, KV_ALIGN,
+                  kp, kn1, kn2, ks0, ks1, ks2, vp, vn1, vn2, vs0, vs1, vs2, KV_NEW)
+        st = status_ok()
+    return st
+
+
+# ---------------------------------------------------------------- table encoding and dispatch
+def _kc(task) -> int:
+    """The operand index of the task's K cache (the V cache follows)."""
+    return OPS[task.op].operand_index("kc", len(task.ins))
+
+
+def _call_rope(v: Variant) -> str:
+    d = tl_dtypes(v)
+    return f"t_rope({DECODER_ARGS}, {d[0]}, {d[1]}, {d[2]}, {d[3]}, ROPE_BLOCK)"
+
+
+def _call_kv_append(v: Variant) -> str:
+    d = tl_dtypes(v)
+    return f"t_kv_append({DECODER_ARGS}, {d[0]}, {d[1]}, tl.float32, {d[2]}, {d[3]}, {d[4]}, False, ROPE_BLOCK)"
+
+
+def _call_rope_append(v: Variant) -> str:
+    d = tl_dtypes(v)
+    return f"t_kv_append({DECODER_ARGS}, {d[0]}, {d[1]}, {d[2]}, {d[3]}, {d[4]}, {d[5]}, True, ROPE_BLOCK)"
+
+
+def _call_attention(v: Variant) -> str:
+    d = tl_dtypes(v)
+    kva = 16 // DTYPE_BYTES[v.dtypes[1]] if v.flag("kvaligned") else 0
+    rope = v.op == "rope_attention"
+    return (f"t_attention({DECODER_ARGS}, {d[0]}, {d[1]}, {d[2]}, {d[3]}, {d[4]}, {d[5] if rope else d[4]}, "
+            f"{rope}, ATT_T, ATT_D, ATT_Q, ATT_DOT, {kva})")
+
+
+def _call_attention_kv(v: Variant) -> str:  # q, k, v, kc, vc, pos, inv_freq, o
+    d = tl_dtypes(v)
+    kva = 16 // DTYPE_BYTES[v.dtypes[3]] if v.flag("kvaligned") else 0
+    return (f"t_attention({DECODER_ARGS}, {d[0]}, {d[3]}, {d[4]}, {d[5]}, {d[6]}, {d[7]}, "
+            f"True, ATT_T, ATT_D, ATT_Q, ATT_DOT, {kva}, {d[1]}, {d[2]}, True)")
+
+
+def _flags_attention(task, dtypes, descs, slots) -> dict[str, bool]:
+    """``kvaligned``: the K and V caches ([G, T, D]) have unit head-dim stride and every row
+    starts on a 16-byte boundary, so the kernel loads them as 16-byte vectors (attention's
+    KV_ALIGN)."""
+    ci = _kc(task)
+    vec = 16 // DTYPE_BYTES[dtypes[ci]]
+    return {"kvaligned": DTYPE_BYTES[dtypes[ci]] == DTYPE_BYTES[dtypes[ci + 1]] and all(
+        d.s[2] == 1 and d.s[1] % vec == 0 and d.s[0] % vec == 0 and L.starts_aligned(d, vec, slots)
+        for d in descs[ci:ci + 2])}
+
+
+def _check(task, descs, where) -> None:
+    """The caches viewed as [G, S, head_dim], alike; the sources hold G heads (appends) or
+    whole query heads that split over G (attention); RoPE needs an even head_dim."""
+    op = task.op
+    hd = int(task.params["head_dim"])
+    ci = _kc(task)
+    caches = descs[ci:ci + 2]
+    if op.startswith("rope_") and hd % 2:
+        raise TableError(f"{where}: head_dim={hd} must be even for RoPE")
+    for c in caches:
+        if c.n[2] != hd:
+            raise TableError(f"{where}: cache head axis has {c.n[2]} elements, head_dim={hd}")
+    if caches[0].n[:2] != caches[1].n[:2]:
+        raise TableError(f"{where}: k and v cache regions differ: {caches[0].n} vs {caches[1].n}")
+    src = descs[0]
+    g = caches[0].n[0]
+    if op in ("kv_append", "rope_append"):
+        for d in descs[:2]:
+            if d.numel != g * hd:
+                raise TableError(f"{where}: cache holds {g} heads, source has {d.numel} elements")
+    else:
+        if src.numel % hd or (src.numel // hd) % g:
+            raise TableError(f"{where}: {src.numel // hd} query heads do not split over {g} kv heads")
+        if op == "rope_attention_kv":
+            for d in descs[1:3]:
+                if d.numel != g * hd:
+                    raise TableError(f"{where}: caches hold {g} heads, current k / v has {d.numel} elements")
+
+
+def _dims(task, descs) -> dict[str, int]:
+    """The head_dim and the GQA group (query heads per kv head) the kernel's attention
+    blocks must cover (ATT_D, ATT_Q)."""
+    hd = int(task.params["head_dim"])
+    return {"head_dim": hd, "group": descs[0].numel // hd // descs[_kc(task)].n[0]}
+
+
+_HD = (("head_dim", "i"),)
+_HD_SCALE = (("head_dim", "i"), ("scale", "f"))
+
+LOWERINGS = (
+    OpLowering("rope", ("flat", "flat", "flat", "flat"), t_rope, _call_rope, params=_HD, in_place="same"),
+    OpLowering("kv_append", ("flat", "flat", "flat", "cache", "cache"), t_kv_append, _call_kv_append,
+               params=_HD, check=_check),
+    OpLowering("rope_append", ("flat", "flat", "flat", "flat", "cache", "cache"), t_kv_append, _call_rope_append,
+               params=_HD, check=_check),
+    OpLowering("attention", ("flat", "cache", "cache", "flat", "flat"), t_attention, _call_attention,
+               params=_HD_SCALE, flags=_flags_attention, check=_check, dims=_dims),
+    OpLowering("rope_attention", ("flat", "cache", "cache", "flat", "flat", "flat"), t_attention, _call_attention,
+               params=_HD_SCALE, flags=_flags_attention, check=_check, dims=_dims),
+    OpLowering("rope_attention_kv", ("flat", "flat", "flat", "cache", "cache", "flat", "flat", "flat"), t_attention,
+               _call_attention_kv, params=_HD_SCALE, flags=_flags_attention, check=_check, dims=_dims),
+)
