@@ -401,6 +401,25 @@ def test_structure_index_same_for_shared_and_fresh_objects():
     assert all(np.array_equal(want[k], got[k]) for k in want)
 
 
+@pytest.mark.parametrize("reuse,counters,digest", [("credit", 72, "2e1a0a3ebfe9e6f3"),
+                                                    ("slots", 56, "5f2897846a4da9ec")])
+def test_synthetic_schedule_is_pinned(reuse, counters, digest):
+    """validator/synth.py builds the same program, byte for byte in the text form, as when
+    the benchmark numbers in docs/validator.md were taken; it validates."""
+    import hashlib
+
+    from ir.text import format_program
+
+    small = dict(hidden=256, inter=512, q_heads=8, kv_heads=4, seq=16, qkv_tiles=8, o_tiles=8,
+                 gu_tiles=8, act_tiles=4, down_tiles=8, chunks=2)
+    p = transformer_schedule(2, 4, 2, reuse=reuse, **small)
+    assert (len(p.tasks), len(p.buffers), len(p.counters)) == (232, 90, counters)
+    assert hashlib.sha256(format_program(p).encode()).hexdigest()[:16] == digest
+    ok(p)
+    with pytest.raises(ValueError, match="do not split evenly"):
+        transformer_schedule(8, 4, 1, **small)  # 4 KV heads over 8 ranks
+
+
 def test_structure_findings_in_program_order():
     """Every task problem is reported, task by task in program order and within a task in
     the order of the checks (head, arity, regions, dtypes, params, waits, signals), with
