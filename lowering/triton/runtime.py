@@ -44,6 +44,7 @@ import torch
 
 from ground.errors import AmkError
 from ir.program import FLOAT_DTYPES, Buffer, ScheduleProgram
+from lowering.executors import StepThroughput, TaskFailure, check_steps
 from lowering.triton import megakernel as MK
 from lowering.triton import table as T
 from lowering.triton.ops import interpreting
@@ -81,17 +82,12 @@ class TritonWatchdogError(TritonError):
         self.stuck = stuck
 
 
-class TritonTaskError(TritonError):
+class TritonTaskError(TaskFailure, TritonError):
     """An op refused its operands at run time (position or token out of range)."""
-
-    def __init__(self, message: str, task: str, epoch: int):
-        super().__init__(message)
-        self.task = task
-        self.epoch = epoch
 
 
 @dataclass
-class TritonStats:
+class TritonStats(StepThroughput):
     """One ``step`` / ``run_steps`` call: epochs run, tasks executed (sum over workers), wall
     seconds including the launch and the error-record readback, kernel launches."""
 
@@ -101,10 +97,6 @@ class TritonStats:
     launches: int = 0
     workers: int = 1
     device: str = "cpu"
-
-    @property
-    def tasks_per_s(self) -> float:
-        return self.tasks / self.seconds if self.seconds > 0 else float("inf")
 
 
 @dataclass
@@ -665,14 +657,8 @@ class TritonExecutor:
                   on_end: Callable[[int, int], None] | None = None) -> TritonStats:
         """Run ``count`` consecutive epochs (one launch each); ``on_start(epoch, rank)`` before
         and ``on_end(epoch, rank)`` after each (write inputs / read outputs there)."""
-        if self._broken:
-            raise TritonError(f"the executor is unusable after an earlier failure: {self._broken}")
-        if count < 1:
-            raise ValueError(f"count must be >= 1, got {count}")
         first = self._next_epoch
-        if first + count > self.program.max_epochs:
-            raise TritonError(f"epoch {first + count - 1} exceeds the program's max_epochs "
-                              f"{self.program.max_epochs}")
+        check_steps(self._broken, count, first, self.program.max_epochs, TritonError)
         stats = TritonStats(epochs=list(range(first, first + count)), workers=self.workers,
                             device=str(self.device))
         t0 = time.perf_counter()
