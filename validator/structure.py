@@ -215,18 +215,28 @@ def _check_target(target: Any, be: Any, workers: Any, out: _Collector) -> None:
                 witness={"workers": workers, "max_workers": mw, "sms": sms, "backend": be})
 
 
+def _new_name(obj: Any, what: str, seen: dict, out: _Collector, where) -> str | None:
+    """The name of a buffer or counter (``what``), or None after a fatal Bad<what> (not a
+    non-empty string) or Duplicate<what> (in ``seen``) finding; ``where(name)``: the
+    duplicate finding's buffers or witness."""
+    name = getattr(obj, "name", None)
+    if not isinstance(name, str) or not name:
+        out.add(f"Bad{what}", f"{what.lower()} name must be a non-empty string, got {name!r}",
+                fatal=True)
+        return None
+    if name in seen:
+        out.add(f"Duplicate{what}", f"{what.lower()} {name} is declared twice", fatal=True,
+                **where(name))
+        return None
+    return name
+
+
 def _check_buffers(buffers: list, R: int, decl: Declared, out: _Collector) -> None:
     """Names (non-empty, unique), kind, dtype, shape, placement and weight source of every
     buffer; the sound ones are numbered into ``decl``."""
     for b in buffers:
-        name = getattr(b, "name", None)
-        if not isinstance(name, str) or not name:
-            out.add("BadBuffer", f"buffer name must be a non-empty string, got {name!r}",
-                    fatal=True)
-            continue
-        if name in decl.buf_id:
-            out.add("DuplicateBuffer", f"buffer {name} is declared twice", buffers=[name],
-                    fatal=True)
+        name = _new_name(b, "Buffer", decl.buf_id, out, lambda n: {"buffers": [n]})
+        if name is None:
             continue
         bad = _buffer_problems(b, R)
         if bad:
@@ -274,14 +284,8 @@ def _check_counters(counters: list, R: int, decl: Declared, out: _Collector) -> 
     """Names (non-empty, unique), owner rank and width of every counter; the sound ones are
     numbered into ``decl``."""
     for c in counters:
-        name = getattr(c, "name", None)
-        if not isinstance(name, str) or not name:
-            out.add("BadCounter", f"counter name must be a non-empty string, got {name!r}",
-                    fatal=True)
-            continue
-        if name in decl.ctr_id:
-            out.add("DuplicateCounter", f"counter {name} is declared twice", fatal=True,
-                    witness={"counter": name})
+        name = _new_name(c, "Counter", decl.ctr_id, out, lambda n: {"witness": {"counter": n}})
+        if name is None:
             continue
         crank, width = getattr(c, "rank", None), getattr(c, "width", None)
         if not is_int(crank) or not 0 <= crank < R:

@@ -921,6 +921,14 @@ def _sync_column(tk: _Tasks, seqs: list, fields: tuple[str, ...]):
         _attr_lists(elems, fields), idx
 
 
+def _flagged(tk: _Tasks, task: np.ndarray, k: np.ndarray, idx, phase: int, mask: np.ndarray):
+    """Per flagged wait or signal ``j``: ``(j, e, i, task id, finding key)`` with ``e`` its
+    index in the values read (``idx``: _sync_column) and ``i`` its task."""
+    for j in np.flatnonzero(mask).tolist():
+        i = int(task[j])
+        yield j, (j if idx is None else int(idx[j])), i, tk.ids[i], tk.key(i, phase, int(k[j]))
+
+
 def _check_waits(tk: _Tasks, decl: Declared, rep: _Report) -> dict[str, Any]:
     """Step 5: every wait; returns the Index's wait arrays (thresholds clamped to the
     int64-safe range, ``w_thr_src`` as written)."""
@@ -933,10 +941,8 @@ def _check_waits(tk: _Tasks, decl: Declared, rep: _Report) -> dict[str, Any]:
     keep = (ci >= 0) & form
     ctr_rank = np.asarray(list(decl.ctr_rank) + [-1], dtype=np.int64)
     remote = keep & (ctr_rank[ci] != tk.rank[w_task])
-    for j in np.flatnonzero(~keep | remote).tolist():
-        e = j if idx is None else int(idx[j])
-        i, c = int(w_task[j]), cname[e]
-        tid, key = tk.ids[i], tk.key(i, WAIT, int(k[j]))
+    for j, e, i, tid, key in _flagged(tk, w_task, k, idx, WAIT, ~keep | remote):
+        c = cname[e]
         if ci[j] < 0:
             rep.add(key, "UnknownCounter", f"task {tid}: waits on unknown counter {c!r}",
                     tasks=[tid], witness={"counter": c}, fatal=True)
@@ -968,10 +974,8 @@ def _check_signals(tk: _Tasks, decl: Declared, rep: _Report) -> dict[str, Any]:
     amt_v, amt_int = _exact_ints(amt)
     amt_v, amt_int = _take(amt_v, idx), _take(amt_int, idx)
     keep = (ci >= 0) & amt_int & (amt_v > 0)
-    for j in np.flatnonzero(~keep).tolist():
-        e = j if idx is None else int(idx[j])
-        i, c, a = int(s_task[j]), cname[e], amt[e]
-        tid, key = tk.ids[i], tk.key(i, SIGNAL, int(k[j]))
+    for j, e, _, tid, key in _flagged(tk, s_task, k, idx, SIGNAL, ~keep):
+        c, a = cname[e], amt[e]
         if ci[j] < 0:
             rep.add(key, "UnknownCounter", f"task {tid}: signals unknown counter {c!r}",
                     tasks=[tid], witness={"counter": c}, fatal=True)
