@@ -94,9 +94,10 @@ def config_sets(args: argparse.Namespace, field: str) -> bool:
 
 
 HELP = "lower a model to a validated schedule and check it against HF"
-DESCRIPTION = ("Import MODEL, lower it to a tensor-parallel schedule, validate it, write "
-               "DIR/schedule.amk, DIR/schedule.json and DIR/report.json, and check its "
-               "logits against HF eager at positions 0, 7 and 31 on the backend.")
+DESCRIPTION = """\
+Import MODEL, lower it to a tensor-parallel schedule, validate it, write DIR/schedule.amk,
+DIR/schedule.json and DIR/report.json, and check its logits against HF eager at positions 0, 7
+and 31 on the backend."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

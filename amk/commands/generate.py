@@ -24,9 +24,9 @@ from ground.errors import AmkError
 
 
 HELP = "greedy decoding through the compiled schedule"
-DESCRIPTION = ("Compile MODEL (as amk compile does, without writing files), then decode "
-               "greedily through the schedule on the backend. --verify compares the "
-               "tokens with HF generate.")
+DESCRIPTION = """\
+Compile MODEL (as amk compile does, without writing files), then decode greedily through the
+schedule on the backend. --verify compares the tokens with HF generate."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

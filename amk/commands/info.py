@@ -23,10 +23,10 @@ TP_MAX = 8
 
 
 HELP = "describe a model: shapes, parameters, support, TP degrees"
-DESCRIPTION = ("Describe a model before compiling: family, shapes, parameter count and "
-               "weight bytes, unsupported features, and even tensor-parallel degrees. "
-               "MODEL is a local HF directory, a .gguf file, the alias smollm2-135m, or "
-               "config:NAME (a built-in random-weight recipe).")
+DESCRIPTION = """\
+Describe a model before compiling: family, shapes, parameter count and weight bytes, unsupported
+features, and even tensor-parallel degrees. MODEL is a local HF directory, a .gguf file, the
+alias smollm2-135m, or config:NAME (a built-in random-weight recipe)."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

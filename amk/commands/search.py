@@ -40,10 +40,10 @@ def _positions(text: str) -> list[int]:
 
 
 HELP = "search the lowering's knobs for a faster schedule"
-DESCRIPTION = ("Autoresearch over the lowering config: propose -> lower -> validate -> "
-               "correctness gate against HF eager -> timing (sim: predicted by the cost "
-               "model; triton: measured A/B vs the incumbent) -> keep or revert. Results "
-               "go to DIR/results.tsv (one verdict per row) and DIR/results.jsonl.")
+DESCRIPTION = """\
+Autoresearch over the lowering config: propose -> lower -> validate -> correctness gate against
+HF eager -> timing (sim: predicted by the cost model; triton: measured A/B vs the incumbent) ->
+keep or revert. Results go to DIR/results.tsv (one verdict per row) and DIR/results.jsonl."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -26,10 +26,10 @@ LARGE = 10_000  # tasks: show stage progress for programs at least this big
 
 
 HELP = "statically check a schedule for deadlocks and races"
-DESCRIPTION = ("Check a schedule program (text .amk or .json): structure, deadlock "
-               "(cycle witness, exact simulation), races (coverage, unordered writes, "
-               "remote delivery, cross-step reuse). Exit 0 accepted, 1 rejected, "
-               "2 unreadable input.")
+DESCRIPTION = """\
+Check a schedule program (text .amk or .json): structure, deadlock (cycle witness, exact
+simulation), races (coverage, unordered writes, remote delivery, cross-step reuse). Exit 0
+accepted, 1 rejected, 2 unreadable input."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

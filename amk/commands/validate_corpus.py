@@ -24,10 +24,10 @@ from ground.errors import AmkError
 
 
 HELP = "measure the validator against the oracle on a mutated corpus"
-DESCRIPTION = ("Generate COUNT schedules by mutating valid multi-rank schedules, label "
-               "each with the independent dynamic oracle, validate each with the static "
-               "validator, and report false accepts (must be 0) and false rejects "
-               "(each attributed to a named reason).")
+DESCRIPTION = """\
+Generate COUNT schedules by mutating valid multi-rank schedules, label each with the independent
+dynamic oracle, validate each with the static validator, and report false accepts (must be 0)
+and false rejects (each attributed to a named reason)."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
