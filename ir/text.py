@@ -700,13 +700,16 @@ _BUFFER_RE = re.compile(
     rf"(?: @r({_I}))?(?: src=({_SS})(?:\[((?:{_I}:{_I}(?:, ?{_I}:{_I})*)?)\])?)?"
 )
 _INT_RE = re.compile(_I)
-# canonical header lines (what format_program writes); anything else goes to lark
-_AMK_RE = re.compile(r"amk ([0-9]+)")
-_PROGRAM_RE = re.compile(rf"program ({_SS})")
-_RANKS_RE = re.compile(rf"ranks ({_I}) workers ({_I})")
-_TARGET_RE = re.compile(rf"target ({_N}) (sms)=({_I}) (max_workers)=({_I}) (backend)=({_N})")
-_EPOCHS_RE = re.compile(rf"epochs (max)=({_I}) (slots)=({_I})")
-_CONFIG_RE = re.compile(rf"config((?: {_KV})*)")
+# canonical header lines (what format_program writes), by their first word; anything else
+# goes to lark
+_HEADER_RE = {
+    "amk": re.compile(r"amk ([0-9]+)"),
+    "program": re.compile(rf"program ({_SS})"),
+    "ranks": re.compile(rf"ranks ({_I}) workers ({_I})"),
+    "target": re.compile(rf"target ({_N}) (sms)=({_I}) (max_workers)=({_I}) (backend)=({_N})"),
+    "epochs": re.compile(rf"epochs (max)=({_I}) (slots)=({_I})"),
+    "config": re.compile(rf"config((?: {_KV})*)"),
+}
 _KV_POS_RE = re.compile(rf" ({_N})=({_VAL})")
 _KEYWORD_VALUES = {"true": True, "false": False, "null": None, "inf": math.inf,
                    "-inf": -math.inf, "nan": math.nan}
@@ -829,30 +832,26 @@ class _FastParser:
         or None. Importing and building the lark parser costs ~70 ms, more than parsing
         a small program, so a canonical file never needs it."""
         head = line[:line.find(" ")]
+        rx = _HEADER_RE.get(head)
+        m = rx.fullmatch(line) if rx is not None else None
+        if m is None:
+            return None
         if head == "amk":
-            m = _AMK_RE.fullmatch(line)
-            return m and ("amk", _Pos(int(m.group(1)), m.start(1) + 1))
+            return ("amk", _Pos(int(m.group(1)), m.start(1) + 1))
         if head == "program":
-            m = _PROGRAM_RE.fullmatch(line)
-            return m and ("program", m.group(1)[1:-1])
+            return ("program", m.group(1)[1:-1])
         if head == "ranks":
-            m = _RANKS_RE.fullmatch(line)
-            return m and ("ranks", (int(m.group(1)), int(m.group(2))))
+            return ("ranks", (int(m.group(1)), int(m.group(2))))
         if head == "target":
-            m = _TARGET_RE.fullmatch(line)
-            if m is None or m.group(1) in _RESERVED or m.group(7) in _RESERVED:
+            if m.group(1) in _RESERVED or m.group(7) in _RESERVED:
                 return None
             return ("target", (m.group(1), [
                 (_Pos(m.group(k), m.start(k) + 1), conv(m.group(k + 1)), m.start(k + 1) + 1)
                 for k, conv in ((2, int), (4, int), (6, str))]))
         if head == "epochs":
-            m = _EPOCHS_RE.fullmatch(line)
-            return m and ("epochs", [(_Pos(m.group(k), m.start(k) + 1), int(m.group(k + 1)),
-                                      m.start(k + 1) + 1) for k in (1, 3)])
+            return ("epochs", [(_Pos(m.group(k), m.start(k) + 1), int(m.group(k + 1)),
+                                m.start(k + 1) + 1) for k in (1, 3)])
         if head == "config":
-            m = _CONFIG_RE.fullmatch(line)
-            if m is None:
-                return None
             out: dict[str, Any] = {}
             for k, v in _KV_POS_RE.findall(m.group(1)):
                 if k in out or k in _RESERVED:
