@@ -961,10 +961,12 @@ def _check_waits(tk: _Tasks, decl: Declared, rep: _Report) -> dict[str, Any]:
         src = src.tolist()
         clamped = np.asarray([min(max(t, -THR_CLAMP_LOW), THR_CLAMP_HIGH) for t in src],
                              dtype=np.int64)
-    else:
+    elif (src > THR_CLAMP_HIGH).any() or (src < -THR_CLAMP_LOW).any():
         clamped = np.clip(src, -THR_CLAMP_LOW, THR_CLAMP_HIGH)
+    else:
+        clamped = src
     return dict(w_task=w_task[sel], w_ctr=ci[sel], w_thr=clamped,
-                w_off=_take(off_v, idx)[sel].astype(np.int64), w_thr_src=src)
+                w_off=np.asarray(_take(off_v, idx)[sel], dtype=np.int64), w_thr_src=src)
 
 
 def _check_signals(tk: _Tasks, decl: Declared, rep: _Report) -> dict[str, Any]:
@@ -987,4 +989,4 @@ def _check_signals(tk: _Tasks, decl: Declared, rep: _Report) -> dict[str, Any]:
                     f"are monotone, an amount <= 0 is a reset or decrement", tasks=[tid],
                     witness={"counter": c, "amount": a}, fatal=True)
     sel = slice(None) if keep.all() else keep
-    return dict(s_task=s_task[sel], s_ctr=ci[sel], s_amt=amt_v[sel].astype(np.int64))
+    return dict(s_task=s_task[sel], s_ctr=ci[sel], s_amt=np.asarray(amt_v[sel], dtype=np.int64))
