@@ -479,7 +479,7 @@ def _check_regions(tk: _Tasks, geo: Geometry, decl: Declared, rep: _Report) -> _
     cand = (rg.buf < nb) & (rg.rank >= 0) & (nr == ndim[rg.buf])
     code = np.zeros(len(rranges), dtype=np.int64)  # 1 not bounds, 2 not ints (fatal)
     if cand.any():
-        _read_bounds(rg, rranges, cand, nr, decl.axes, code)
+        _read_bounds(rg, rranges, cand, nr, code)
     sound = cand & (code == 0)
     bad_axis = _axis_problems(rg, sound, decl, geo.slots)
     rg.ok = sound & ~bad_axis
@@ -519,7 +519,7 @@ def _lengths(seqs: list) -> np.ndarray:
     return np.fromiter((len(s) if isinstance(s, _SEQ) else -1 for s in seqs), np.int64, n)
 
 
-def _read_bounds(rg: _Regions, rranges: list, cand: np.ndarray, nr: np.ndarray, A: int,
+def _read_bounds(rg: _Regions, rranges: list, cand: np.ndarray, nr: np.ndarray,
                  code: np.ndarray) -> None:
     """The bounds of the candidate regions into ``rg.lo_c/lo_k/hi_c/hi_k`` (object arrays
     of Python ints when a bound is large); ``code[j]`` = 1 where a range of region ``j`` is
