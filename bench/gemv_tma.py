@@ -162,10 +162,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from ground.errors import AmkError
+    from ground.errors import run_main
 
-    try:
-        sys.exit(main())
-    except AmkError as err:  # e.g. the result file cannot be written: one line, exit 2
-        print(f"bench/gemv_tma.py: error: {err}", file=sys.stderr)
-        raise SystemExit(err.exit_code)
+    run_main(main, "bench/gemv_tma.py")  # an AmkError: one line, its exit code

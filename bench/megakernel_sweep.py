@@ -55,54 +55,60 @@ BLOCKS_AXES = {"gemv_stages": ("gemv_stages", ints), "prefetch": ("prefetch", in
                "ring": ("ring", ints), "ring_rows": ("ring_rows", ints), "ring_cols": ("ring_cols", ints)}
 
 
+#: the flags after MODEL, in --help order: (flag, default, help); an int default makes an
+#: int flag, every other knob takes a comma list (the sweep runs their product)
+FLAGS = (
+    ("--workers", "32,66,132", None),
+    ("--tile", "64,128", None),
+    ("--policy", "balanced,round_robin", None),
+    ("--warps", "4,8", None),
+    ("--gemv-block", "16x256,32x512", None),
+    ("--gemv-stages", "1", "comma list of GEMV pipeline depths (Blocks.gemv_stages), e.g. 1,2,3"),
+    ("--fuse", "0", "comma list of 0/1 for the fuse knob"),
+    ("--wave", "0", "comma list of 0/1 for the wave knob"),
+    ("--prefetch", "0", "comma list of L2 prefetch look-aheads (Blocks.prefetch)"),
+    ("--att-t", "32", "comma list of attention blocks (Blocks.attention_t)"),
+    ("--att-dot", "0", "comma list of 0/1 (Blocks.attention_dot)"),
+    ("--unroll", "1", "comma list of GEMV unroll factors (Blocks.gemv_unroll)"),
+    ("--attn-split", "1", "comma list of the attn_split lowering knob"),
+    ("--row-prefetch", "1", "comma list of 0/1 (Blocks.row_prefetch)"),
+    ("--x-stage", "1", "comma list of 0/1 (Blocks.x_stage)"),
+    ("--x-reuse", "1", "comma list of 0/1 (Blocks.x_reuse)"),
+    ("--x-chunk", "8192", "comma list of powers of two (Blocks.x_chunk)"),
+    ("--w-preload", "0", "comma list of Blocks.w_preload (0 = off)"),
+    ("--prefetch-cap", "0", "comma list of Blocks.prefetch_cap (bytes; 0 = whole tile)"),
+    ("--prefetch-rows", "0", "comma list of Blocks.prefetch_rows (0 = no limit)"),
+    ("--roll", "0", "comma list of Blocks.roll (row blocks; 0 = off)"),
+    ("--tile-gate-up", "0", "comma list of the tile_gate_up lowering knob (0 = tile)"),
+    ("--tile-qkv", "0", "comma list of the tile_qkv lowering knob (0 = tile)"),
+    ("--kroll", "0", "comma list of Blocks.kroll (unrolled K groups; 0 = off)"),
+    ("--tile-lm-head", "0", "comma list of the tile_lm_head lowering knob (0 = tile)"),
+    ("--tp", 1, "ranks: one process per GPU over NVSHMEM (R GPUs needed), as amk bench --tp R"),
+    ("--tile-reduce", "0", "comma list of the tile_reduce lowering knob (0 = tile)"),
+    ("--allreduce", "oneshot", "comma list of the allreduce lowering knob"),
+    ("--fuse-reduce", "0", "comma list of 0/1 for the fuse_reduce knob"),
+    ("--late-reduce", "0", "comma list of 0/1 for the late_reduce knob"),
+    ("--relaxed-poll", "0", "comma list of 0/1 (Blocks.relaxed_poll)"),
+    ("--lean-release", "1", "comma list of 0/1 (Blocks.lean_release)"),
+    ("--gemv-tma", "0", "comma list of 0/1 (Blocks.gemv_tma; needs --gemv-stages >= 2)"),
+    ("--maxnreg", "0", "comma list of register caps (Blocks.maxnreg; 0 = automatic)"),
+    ("--ring", "0", "comma list of weight-ring pages per worker (Blocks.ring; 0 = off)"),
+    ("--ring-rows", "4", "comma list of weight-ring page rows (Blocks.ring_rows)"),
+    ("--ring-cols", "2048", "comma list of weight-ring page columns (Blocks.ring_cols)"),
+    ("--sync-opt", "1", "comma list of 0/1: Blocks.elide_waits and Blocks.coalesce_signals together"),
+    ("--late-append", "0", "comma list of 0/1 for the late_append knob"),
+    ("--tokens", 64, None),
+    ("--prompt-len", 8, None),
+    ("--json", None, None),
+)
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
-    ap.add_argument("--workers", default="32,66,132")
-    ap.add_argument("--tile", default="64,128")
-    ap.add_argument("--policy", default="balanced,round_robin")
-    ap.add_argument("--warps", default="4,8")
-    ap.add_argument("--gemv-block", default="16x256,32x512")
-    ap.add_argument("--gemv-stages", default="1",
-                    help="comma list of GEMV pipeline depths (Blocks.gemv_stages), e.g. 1,2,3")
-    ap.add_argument("--fuse", default="0", help="comma list of 0/1 for the fuse knob")
-    ap.add_argument("--wave", default="0", help="comma list of 0/1 for the wave knob")
-    ap.add_argument("--prefetch", default="0", help="comma list of L2 prefetch look-aheads (Blocks.prefetch)")
-    ap.add_argument("--att-t", default="32", help="comma list of attention blocks (Blocks.attention_t)")
-    ap.add_argument("--att-dot", default="0", help="comma list of 0/1 (Blocks.attention_dot)")
-    ap.add_argument("--unroll", default="1", help="comma list of GEMV unroll factors (Blocks.gemv_unroll)")
-    ap.add_argument("--attn-split", default="1", help="comma list of the attn_split lowering knob")
-    ap.add_argument("--row-prefetch", default="1", help="comma list of 0/1 (Blocks.row_prefetch)")
-    ap.add_argument("--x-stage", default="1", help="comma list of 0/1 (Blocks.x_stage)")
-    ap.add_argument("--x-reuse", default="1", help="comma list of 0/1 (Blocks.x_reuse)")
-    ap.add_argument("--x-chunk", default="8192", help="comma list of powers of two (Blocks.x_chunk)")
-    ap.add_argument("--w-preload", default="0", help="comma list of Blocks.w_preload (0 = off)")
-    ap.add_argument("--prefetch-cap", default="0", help="comma list of Blocks.prefetch_cap (bytes; 0 = whole tile)")
-    ap.add_argument("--prefetch-rows", default="0", help="comma list of Blocks.prefetch_rows (0 = no limit)")
-    ap.add_argument("--roll", default="0", help="comma list of Blocks.roll (row blocks; 0 = off)")
-    ap.add_argument("--tile-gate-up", default="0", help="comma list of the tile_gate_up lowering knob (0 = tile)")
-    ap.add_argument("--tile-qkv", default="0", help="comma list of the tile_qkv lowering knob (0 = tile)")
-    ap.add_argument("--kroll", default="0", help="comma list of Blocks.kroll (unrolled K groups; 0 = off)")
-    ap.add_argument("--tile-lm-head", default="0", help="comma list of the tile_lm_head lowering knob (0 = tile)")
-    ap.add_argument("--tp", type=int, default=1,
-                    help="ranks: one process per GPU over NVSHMEM (R GPUs needed), as amk bench --tp R")
-    ap.add_argument("--tile-reduce", default="0", help="comma list of the tile_reduce lowering knob (0 = tile)")
-    ap.add_argument("--allreduce", default="oneshot", help="comma list of the allreduce lowering knob")
-    ap.add_argument("--fuse-reduce", default="0", help="comma list of 0/1 for the fuse_reduce knob")
-    ap.add_argument("--late-reduce", default="0", help="comma list of 0/1 for the late_reduce knob")
-    ap.add_argument("--relaxed-poll", default="0", help="comma list of 0/1 (Blocks.relaxed_poll)")
-    ap.add_argument("--lean-release", default="1", help="comma list of 0/1 (Blocks.lean_release)")
-    ap.add_argument("--gemv-tma", default="0", help="comma list of 0/1 (Blocks.gemv_tma; needs --gemv-stages >= 2)")
-    ap.add_argument("--maxnreg", default="0", help="comma list of register caps (Blocks.maxnreg; 0 = automatic)")
-    ap.add_argument("--ring", default="0", help="comma list of weight-ring pages per worker (Blocks.ring; 0 = off)")
-    ap.add_argument("--ring-rows", default="4", help="comma list of weight-ring page rows (Blocks.ring_rows)")
-    ap.add_argument("--ring-cols", default="2048", help="comma list of weight-ring page columns (Blocks.ring_cols)")
-    ap.add_argument("--sync-opt", default="1", help="comma list of 0/1: Blocks.elide_waits and "
-                                                    "Blocks.coalesce_signals together")
-    ap.add_argument("--late-append", default="0", help="comma list of 0/1 for the late_append knob")
-    ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--prompt-len", type=int, default=8)
-    ap.add_argument("--json", default=None)
+    for flag, default, help_ in FLAGS:
+        ap.add_argument(flag, default=default, help=help_,
+                        **({"type": int} if isinstance(default, int) else {}))
     return ap
 
 
@@ -238,10 +244,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from ground.errors import AmkError
+    from ground.errors import run_main
 
-    try:
-        raise SystemExit(main())
-    except AmkError as err:  # e.g. the result file cannot be written: one line, exit 2
-        print(f"bench/megakernel_sweep.py: error: {err}", file=sys.stderr)
-        raise SystemExit(err.exit_code)
+    run_main(main, "bench/megakernel_sweep.py")  # an AmkError: one line, its exit code

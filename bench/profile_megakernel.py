@@ -186,7 +186,6 @@ def main(argv: list[str] | None = None) -> int:
 
         atomic_write_text(path, json.dumps(out, indent=1))
     if ctx is not None and ctx.rank != 0:
-        import sys
         spans = out.get("layer_span_us")
         print(f"rank {ctx.rank}: last step span {span_us:.1f} us"
               + (f"; layer spans mean {np.mean(spans):.1f} us" if spans else ""), file=sys.stderr)
@@ -257,10 +256,6 @@ def layers_mean(tab, prof, n_layers: int) -> tuple[list[dict], list[float]]:
 
 
 if __name__ == "__main__":
-    from ground.errors import AmkError
+    from ground.errors import run_main
 
-    try:
-        raise SystemExit(main())
-    except AmkError as err:  # e.g. the result file cannot be written: one line, exit 2
-        print(f"bench/profile_megakernel.py: error: {err}", file=sys.stderr)
-        raise SystemExit(err.exit_code)
+    run_main(main, "bench/profile_megakernel.py")  # an AmkError: one line, its exit code

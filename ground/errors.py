@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from typing import Callable, NoReturn
+
 
 class AmkError(Exception):
     """A problem caused by the user's input (bad file, unknown model, unsupported feature).
@@ -13,3 +16,15 @@ class AmkError(Exception):
     def __init__(self, message: str, exit_code: int = 2):
         super().__init__(message)
         self.exit_code = exit_code
+
+
+def run_main(main: Callable[[], int | None], name: str) -> NoReturn:
+    """Run a script's ``main()`` and exit with what it returns. An AmkError (e.g. a result
+    file that cannot be written) ends it with one line ``NAME: error: MESSAGE`` on stderr
+    and the error's exit code, never a traceback."""
+    try:
+        code = main()
+    except AmkError as err:
+        print(f"{name}: error: {err}", file=sys.stderr)
+        raise SystemExit(err.exit_code) from None
+    raise SystemExit(code)

@@ -183,18 +183,28 @@ class _Bad(Exception):
         self.message = message
 
 
-def _type_name(v) -> str:
+def json_type(v) -> str:
+    """The JSON-schema type of a value: ``null``, ``boolean``, ``integer``, ``number``,
+    ``string``, ``array`` or ``object`` (anything else)."""
     if v is None:
         return "null"
     if isinstance(v, bool):
         return "boolean"
-    if isinstance(v, (int, float)):
+    if isinstance(v, int):
+        return "integer"
+    if isinstance(v, float):
         return "number"
     if isinstance(v, str):
         return "string"
     if isinstance(v, list):
         return "array"
     return "object"
+
+
+def _type_name(v) -> str:
+    """The value's JSON type as a message names it (an integer is a number)."""
+    t = json_type(v)
+    return "number" if t == "integer" else t
 
 
 def _want(v, what: str) -> str:
@@ -207,13 +217,19 @@ def _want(v, what: str) -> str:
     return f"expected {what}, got {_type_name(v)} {shown}"
 
 
-def _get_int(d: dict, key: str, default=...):
+def _get_typed(d: dict, key: str, typ: type, what: str, default=...):
+    """``d[key]``, exactly of type ``typ`` (``what``: its name in messages); ``default``
+    when absent, which ``...`` makes a missing-field error."""
     v = d.get(key, default)
     if v is ...:
-        raise _Bad(key, "missing field (an integer)")
-    if type(v) is not int:
-        raise _Bad(key, _want(v, "an integer"))
+        raise _Bad(key, f"missing field ({what})")
+    if type(v) is not typ:
+        raise _Bad(key, _want(v, what))
     return v
+
+
+def _get_int(d: dict, key: str, default=...):
+    return _get_typed(d, key, int, "an integer", default)
 
 
 def _get_opt_int(d: dict, key: str, default):
@@ -226,12 +242,7 @@ def _get_opt_int(d: dict, key: str, default):
 
 
 def _get_str(d: dict, key: str, default=...):
-    v = d.get(key, default)
-    if v is ...:
-        raise _Bad(key, "missing field (a string)")
-    if type(v) is not str:
-        raise _Bad(key, _want(v, "a string"))
-    return v
+    return _get_typed(d, key, str, "a string", default)
 
 
 def _get_opt_str(d: dict, key: str):

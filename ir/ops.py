@@ -193,10 +193,15 @@ def _check_rmsnorm(ins, ind, outs, outd, p):
         errs.append(f"rmsnorm: input has {_n(x)} elements, not a multiple of dim={dim}")
     if _n(outs[0]) != _n(x):
         errs.append(f"rmsnorm: output has {_n(outs[0])} elements, input {_n(x)}")
+    return errs + _eps_errors("rmsnorm", p)
+
+
+def _eps_errors(op: str, p) -> list[str]:
+    """The RMSNorm epsilon param: a number in (0, 1)."""
     eps = p.get("eps")
     if not isinstance(eps, (int, float)) or not (0 < eps < 1):
-        errs.append(f"rmsnorm: param eps must be in (0, 1), got {eps!r}")
-    return errs
+        return [f"{op}: param eps must be in (0, 1), got {eps!r}"]
+    return []
 
 
 def _check_gemv(ins, ind, outs, outd, p):
@@ -352,10 +357,7 @@ def _check_norm_gemv(ins, ind, outs, outd, p):
     errs = [e.replace("gemv:", "norm_gemv:") for e in errs]
     if _n(nw) != _n(x):
         errs.append(f"norm_gemv: norm weight has {_n(nw)} elements, input {_n(x)}")
-    eps = p.get("eps")
-    if not isinstance(eps, (int, float)) or not (0 < eps < 1):
-        errs.append(f"norm_gemv: param eps must be in (0, 1), got {eps!r}")
-    return errs
+    return errs + _eps_errors("norm_gemv", p)
 
 
 def _check_reduce_norm_gemv(ins, ind, outs, outd, p):

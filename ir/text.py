@@ -305,185 +305,207 @@ def _format_program(prog: ScheduleProgram) -> str:
 # lark path: the grammar is the definition of the language
 # ------------------------------------------------------------------------------------
 
+def _col(tok) -> int:
+    """A token's 1-based column (1 when lark gives none)."""
+    return getattr(tok, "column", None) or 1
+
+
+class _AtomRules:
+    """Transformer rules of the atoms: names, numbers, strings, keywords, lists and maps."""
+
+    def ident(self, c):
+        tok = c[0]
+        return _Pos(json.loads(tok) if tok.type == "STRING" else str(tok), _col(tok))
+
+    def int(self, c):
+        return _Pos(int(c[0]), _col(c[0]))
+
+    def float(self, c):
+        return float(c[0])
+
+    def string(self, c):
+        return json.loads(c[0])
+
+    def true(self, c):
+        return True
+
+    def false(self, c):
+        return False
+
+    def null(self, c):
+        return _NULL  # not None: lark uses None for an absent optional item
+
+    def pos_inf(self, c):
+        return math.inf
+
+    def neg_inf(self, c):
+        return -math.inf
+
+    def nan(self, c):
+        return math.nan
+
+    def list(self, c):
+        return [] if c == [None] else [_plain(v) for v in c]
+
+    def kv(self, c):
+        return (c[0], _plain(c[1]))
+
+    def map(self, c):
+        return _kv_dict([kv for kv in c if kv is not None])
+
+
+class _RegionRules:
+    """Transformer rules of regions, bounds, params, waits and signals."""
+
+    def const_bound(self, c):
+        return Bound(c[0].value)
+
+    def sym_bound(self, c):
+        coef = 1 if c[0] is None else c[0].value
+        return Bound(c[1] or 0, coef)
+
+    def neg_sym_bound(self, c):
+        return Bound(c[0] or 0, -1)
+
+    def plus_offset(self, c):
+        return int(c[0])
+
+    def minus_offset(self, c):
+        return -int(c[0])
+
+    def neg_offset(self, c):
+        return int(c[0])
+
+    def range(self, c):
+        return Range(c[0], c[1])
+
+    def region(self, c):
+        name, rank, *ranges = c
+        ranges = tuple(r for r in ranges if r is not None)
+        return (name.value, None if rank is None else int(rank[2:]), ranges)
+
+    def regions(self, c):
+        return [r for r in c if r is not None]
+
+    def outs(self, c):
+        return c[0]
+
+    def params(self, c):
+        return _kv_dict([kv for kv in c if kv is not None])
+
+    def prev_epoch(self, c):
+        return -1
+
+    def epoch_offset(self, c):
+        return int(c[0][2:])
+
+    def wait(self, c):
+        return Wait(c[0].value, c[1].value, 0 if c[2] is None else c[2])
+
+    def waits(self, c):
+        return tuple(w for w in c if w is not None)
+
+    def signal(self, c):
+        return Signal(c[0].value, c[1].value)
+
+    def signals(self, c):
+        return tuple(s for s in c if s is not None)
+
+    def group(self, c):
+        return c[0].value
+
+
+class _TaskRules:
+    """The transformer rule of a task line."""
+
+    def task_line(self, c):
+        tid, loc, op, ins, outs, params, waits, signals, group = c
+        rank_s, worker_s = loc[2:].split(".w")
+        rank = int(rank_s)
+        return ("task", Task(
+            id=tid.value, rank=rank, worker=int(worker_s), op=op.value,
+            ins=tuple(_region(r, rank) for r in ins),
+            outs=tuple(_region(r, rank) for r in (outs or ())),
+            params=params or {}, waits=waits or (), signals=signals or (),
+            group=group))
+
+
+class _DeclarationRules:
+    """Transformer rules of buffer and counter lines."""
+
+    def shape(self, c):
+        return tuple(d.value for d in c if d is not None)
+
+    def local(self, c):
+        return "local"
+
+    def symmetric(self, c):
+        return "symmetric"
+
+    def other_placement(self, c):
+        return json.loads(c[0])
+
+    def src_range(self, c):
+        return (c[0].value, c[1].value)
+
+    def src_ranges(self, c):
+        return tuple(r for r in c if r is not None)
+
+    def source(self, c):
+        return WeightSource(json.loads(c[0]), c[1] or ())
+
+    def buffer_line(self, c):
+        name, kind, dtype, shape, placement, rank, source = c
+        return ("buffer", Buffer(
+            name=name.value, kind=kind.value, dtype=dtype.value, shape=shape,
+            placement=placement or "local",
+            rank=None if rank is None else int(rank[2:]), source=source))
+
+    def width(self, c):
+        return c[0].value
+
+    def counter_line(self, c):
+        name, rank, width = c
+        return ("counter", Counter(name.value, int(rank[2:]), 32 if width is None else width))
+
+
+class _HeaderRules:
+    """Transformer rules of the header lines (amk, program, target, ranks, epochs, config)."""
+
+    def version_line(self, c):
+        return ("amk", _Pos(int(c[0]), _col(c[0])))
+
+    def program_line(self, c):
+        return ("program", c[0].value)
+
+    def setting(self, c):
+        key, val = c
+        if hasattr(val, "type"):  # a bare NAME token is a string here
+            val = str(val)
+        return (_Pos(str(key), _col(key)), _plain(val), _value_col(c[1], key))
+
+    def target_line(self, c):
+        return ("target", (c[0].value, c[1:]))
+
+    def ranks_line(self, c):
+        return ("ranks", (c[0].value, c[1].value))
+
+    def epochs_line(self, c):
+        return ("epochs", c)
+
+    def config_line(self, c):
+        return ("config", _kv_dict(c))
+
+
 def _build_transformer():
+    """The lark Transformer that builds one line's item from its parse tree: the rule
+    classes above, on lark's Transformer (imported here: lark loads only when a line is not
+    in the canonical spelling the fast path reads)."""
     from lark import Transformer
 
-    def col(tok) -> int:
-        return getattr(tok, "column", None) or 1
-
-    class LineTransformer(Transformer):
+    class LineTransformer(_AtomRules, _RegionRules, _TaskRules, _DeclarationRules,
+                          _HeaderRules, Transformer):
         """Builds one line's item: ``(kind, payload)``, or None for a blank/comment line."""
-
-        # -- atoms --
-        def ident(self, c):
-            tok = c[0]
-            return _Pos(json.loads(tok) if tok.type == "STRING" else str(tok), col(tok))
-
-        def int(self, c):
-            return _Pos(int(c[0]), col(c[0]))
-
-        def float(self, c):
-            return float(c[0])
-
-        def string(self, c):
-            return json.loads(c[0])
-
-        def true(self, c):
-            return True
-
-        def false(self, c):
-            return False
-
-        def null(self, c):
-            return _NULL  # not None: lark uses None for an absent optional item
-
-        def pos_inf(self, c):
-            return math.inf
-
-        def neg_inf(self, c):
-            return -math.inf
-
-        def nan(self, c):
-            return math.nan
-
-        def list(self, c):
-            return [] if c == [None] else [_plain(v) for v in c]
-
-        def kv(self, c):
-            return (c[0], _plain(c[1]))
-
-        def map(self, c):
-            return _kv_dict([kv for kv in c if kv is not None])
-
-        # -- regions --
-        def const_bound(self, c):
-            return Bound(c[0].value)
-
-        def sym_bound(self, c):
-            coef = 1 if c[0] is None else c[0].value
-            return Bound(c[1] or 0, coef)
-
-        def neg_sym_bound(self, c):
-            return Bound(c[0] or 0, -1)
-
-        def plus_offset(self, c):
-            return int(c[0])
-
-        def minus_offset(self, c):
-            return -int(c[0])
-
-        def neg_offset(self, c):
-            return int(c[0])
-
-        def range(self, c):
-            return Range(c[0], c[1])
-
-        def region(self, c):
-            name, rank, *ranges = c
-            ranges = tuple(r for r in ranges if r is not None)
-            return (name.value, None if rank is None else int(rank[2:]), ranges)
-
-        def regions(self, c):
-            return [r for r in c if r is not None]
-
-        def outs(self, c):
-            return c[0]
-
-        def params(self, c):
-            return _kv_dict([kv for kv in c if kv is not None])
-
-        def prev_epoch(self, c):
-            return -1
-
-        def epoch_offset(self, c):
-            return int(c[0][2:])
-
-        def wait(self, c):
-            return Wait(c[0].value, c[1].value, 0 if c[2] is None else c[2])
-
-        def waits(self, c):
-            return tuple(w for w in c if w is not None)
-
-        def signal(self, c):
-            return Signal(c[0].value, c[1].value)
-
-        def signals(self, c):
-            return tuple(s for s in c if s is not None)
-
-        def group(self, c):
-            return c[0].value
-
-        def task_line(self, c):
-            tid, loc, op, ins, outs, params, waits, signals, group = c
-            rank_s, worker_s = loc[2:].split(".w")
-            rank = int(rank_s)
-            return ("task", Task(
-                id=tid.value, rank=rank, worker=int(worker_s), op=op.value,
-                ins=tuple(_region(r, rank) for r in ins),
-                outs=tuple(_region(r, rank) for r in (outs or ())),
-                params=params or {}, waits=waits or (), signals=signals or (),
-                group=group))
-
-        # -- declarations --
-        def shape(self, c):
-            return tuple(d.value for d in c if d is not None)
-
-        def local(self, c):
-            return "local"
-
-        def symmetric(self, c):
-            return "symmetric"
-
-        def other_placement(self, c):
-            return json.loads(c[0])
-
-        def src_range(self, c):
-            return (c[0].value, c[1].value)
-
-        def src_ranges(self, c):
-            return tuple(r for r in c if r is not None)
-
-        def source(self, c):
-            return WeightSource(json.loads(c[0]), c[1] or ())
-
-        def buffer_line(self, c):
-            name, kind, dtype, shape, placement, rank, source = c
-            return ("buffer", Buffer(
-                name=name.value, kind=kind.value, dtype=dtype.value, shape=shape,
-                placement=placement or "local",
-                rank=None if rank is None else int(rank[2:]), source=source))
-
-        def width(self, c):
-            return c[0].value
-
-        def counter_line(self, c):
-            name, rank, width = c
-            return ("counter", Counter(name.value, int(rank[2:]), 32 if width is None else width))
-
-        # -- headers --
-        def version_line(self, c):
-            return ("amk", _Pos(int(c[0]), col(c[0])))
-
-        def program_line(self, c):
-            return ("program", c[0].value)
-
-        def setting(self, c):
-            key, val = c
-            if hasattr(val, "type"):  # a bare NAME token is a string here
-                val = str(val)
-            return (_Pos(str(key), col(key)), _plain(val), _value_col(c[1], key))
-
-        def target_line(self, c):
-            return ("target", (c[0].value, c[1:]))
-
-        def ranks_line(self, c):
-            return ("ranks", (c[0].value, c[1].value))
-
-        def epochs_line(self, c):
-            return ("epochs", c)
-
-        def config_line(self, c):
-            return ("config", _kv_dict(c))
 
         def empty(self, c):
             return None
@@ -678,13 +700,16 @@ _BUFFER_RE = re.compile(
     rf"(?: @r({_I}))?(?: src=({_SS})(?:\[((?:{_I}:{_I}(?:, ?{_I}:{_I})*)?)\])?)?"
 )
 _INT_RE = re.compile(_I)
-# canonical header lines (what format_program writes); anything else goes to lark
-_AMK_RE = re.compile(r"amk ([0-9]+)")
-_PROGRAM_RE = re.compile(rf"program ({_SS})")
-_RANKS_RE = re.compile(rf"ranks ({_I}) workers ({_I})")
-_TARGET_RE = re.compile(rf"target ({_N}) (sms)=({_I}) (max_workers)=({_I}) (backend)=({_N})")
-_EPOCHS_RE = re.compile(rf"epochs (max)=({_I}) (slots)=({_I})")
-_CONFIG_RE = re.compile(rf"config((?: {_KV})*)")
+# canonical header lines (what format_program writes), by their first word; anything else
+# goes to lark
+_HEADER_RE = {
+    "amk": re.compile(r"amk ([0-9]+)"),
+    "program": re.compile(rf"program ({_SS})"),
+    "ranks": re.compile(rf"ranks ({_I}) workers ({_I})"),
+    "target": re.compile(rf"target ({_N}) (sms)=({_I}) (max_workers)=({_I}) (backend)=({_N})"),
+    "epochs": re.compile(rf"epochs (max)=({_I}) (slots)=({_I})"),
+    "config": re.compile(rf"config((?: {_KV})*)"),
+}
 _KV_POS_RE = re.compile(rf" ({_N})=({_VAL})")
 _KEYWORD_VALUES = {"true": True, "false": False, "null": None, "inf": math.inf,
                    "-inf": -math.inf, "nan": math.nan}
@@ -807,30 +832,26 @@ class _FastParser:
         or None. Importing and building the lark parser costs ~70 ms, more than parsing
         a small program, so a canonical file never needs it."""
         head = line[:line.find(" ")]
+        rx = _HEADER_RE.get(head)
+        m = rx.fullmatch(line) if rx is not None else None
+        if m is None:
+            return None
         if head == "amk":
-            m = _AMK_RE.fullmatch(line)
-            return m and ("amk", _Pos(int(m.group(1)), m.start(1) + 1))
+            return ("amk", _Pos(int(m.group(1)), m.start(1) + 1))
         if head == "program":
-            m = _PROGRAM_RE.fullmatch(line)
-            return m and ("program", m.group(1)[1:-1])
+            return ("program", m.group(1)[1:-1])
         if head == "ranks":
-            m = _RANKS_RE.fullmatch(line)
-            return m and ("ranks", (int(m.group(1)), int(m.group(2))))
+            return ("ranks", (int(m.group(1)), int(m.group(2))))
         if head == "target":
-            m = _TARGET_RE.fullmatch(line)
-            if m is None or m.group(1) in _RESERVED or m.group(7) in _RESERVED:
+            if m.group(1) in _RESERVED or m.group(7) in _RESERVED:
                 return None
             return ("target", (m.group(1), [
                 (_Pos(m.group(k), m.start(k) + 1), conv(m.group(k + 1)), m.start(k + 1) + 1)
                 for k, conv in ((2, int), (4, int), (6, str))]))
         if head == "epochs":
-            m = _EPOCHS_RE.fullmatch(line)
-            return m and ("epochs", [(_Pos(m.group(k), m.start(k) + 1), int(m.group(k + 1)),
-                                      m.start(k + 1) + 1) for k in (1, 3)])
+            return ("epochs", [(_Pos(m.group(k), m.start(k) + 1), int(m.group(k + 1)),
+                                m.start(k + 1) + 1) for k in (1, 3)])
         if head == "config":
-            m = _CONFIG_RE.fullmatch(line)
-            if m is None:
-                return None
             out: dict[str, Any] = {}
             for k, v in _KV_POS_RE.findall(m.group(1)):
                 if k in out or k in _RESERVED:

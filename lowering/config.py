@@ -126,18 +126,15 @@ class LoweringConfig:
         def bad(field: str, why: str) -> AmkError:
             return AmkError(f"{source}: field {field!r}: {why}")
 
-        for name in ("tile", "workers", "max_seq", "attn_split"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise bad(name, f"expected an integer, got {v!r}")
-            if v < 1:
-                raise bad(name, f"must be >= 1, got {v}")
-        for name in ("tile_qkv", "tile_gate_up", "tile_lm_head", "tile_reduce"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise bad(name, f"expected an integer, got {v!r}")
-            if v < 0:
-                raise bad(name, f"must be >= 0 (0: the same as tile), got {v}")
+        for names, low, note in ((("tile", "workers", "max_seq", "attn_split"), 1, ""),
+                                 (("tile_qkv", "tile_gate_up", "tile_lm_head", "tile_reduce"), 0,
+                                  " (0: the same as tile)")):
+            for name in names:
+                v = getattr(self, name)
+                if isinstance(v, bool) or not isinstance(v, int):
+                    raise bad(name, f"expected an integer, got {v!r}")
+                if v < low:
+                    raise bad(name, f"must be >= {low}{note}, got {v}")
         for name in ("fuse", "wave", "late_append", "fuse_reduce", "late_reduce"):
             if not isinstance(getattr(self, name), bool):
                 raise bad(name, f"expected true or false, got {getattr(self, name)!r}")

@@ -472,16 +472,7 @@ class _Lowerer:
             q_in = bufs["q"][3]
             qr = self.act(f"qr.l{i}", r, nq)
             cqr = e.counter(f"c.l{i}.qr.r{r}", r)
-            chain = []
-            if "q_norm" in plan:
-                qn = self.act(f"qn.l{i}", r, nq)
-                wqn = self.weight(f"w.l{i}.q_norm", r, plan["q_norm"].weights["w"].key, (D,))
-                chain.append(("rmsnorm", [Region(q_in, r, (_r(0, nq),)), Region(wqn, r, (_r(0, D),))],
-                              [Region(qn, r, (_r(0, nq),))], {"dim": D, "eps": self.spec.eps}, "q_norm"))
-                q_in = qn
-            chain.append(("rope", [Region(q_in, r, (_r(0, nq),)), Region(self.inv[r], r, (_r(0, D // 2),)),
-                                   Region(self.pos[r], r, (_r(0, 1),))],
-                          [Region(qr, r, (_r(0, nq),))], {"head_dim": D}, "rope_q"))
+            chain = self.norm_rope(i, r, plan, "q", q_in, nq, qr)
             self.chain(i, r, chain, [self.ready(cq, nt["q"])], cqr)
             # kv chain: [k_norm] -> rope -> kv_append, on one worker
             k_in, v_b = bufs["k"][3], bufs["v"][3]
@@ -489,16 +480,7 @@ class _Lowerer:
             kc = e.buffer(f"kc.l{i}.r{r}", "kv_cache", self.dt, (sh.n_kv, S, D), r)
             vc = e.buffer(f"vc.l{i}.r{r}", "kv_cache", self.dt, (sh.n_kv, S, D), r)
             ckc = e.counter(f"c.l{i}.kvc.r{r}", r)
-            chain = []
-            if "k_norm" in plan:
-                kn = self.act(f"kn.l{i}", r, nkv)
-                wkn = self.weight(f"w.l{i}.k_norm", r, plan["k_norm"].weights["w"].key, (D,))
-                chain.append(("rmsnorm", [Region(k_in, r, (_r(0, nkv),)), Region(wkn, r, (_r(0, D),))],
-                              [Region(kn, r, (_r(0, nkv),))], {"dim": D, "eps": self.spec.eps}, "k_norm"))
-                k_in = kn
-            chain.append(("rope", [Region(k_in, r, (_r(0, nkv),)), Region(self.inv[r], r, (_r(0, D // 2),)),
-                                   Region(self.pos[r], r, (_r(0, 1),))],
-                          [Region(kr, r, (_r(0, nkv),))], {"head_dim": D}, "rope_k"))
+            chain = self.norm_rope(i, r, plan, "k", k_in, nkv, kr)
             cache = (_r(0, sh.n_kv), _r(0, S), _r(0, D))
             chain.append(("kv_append", [Region(kr, r, (_r(0, nkv),)), Region(v_b, r, (_r(0, nkv),)),
                                         Region(self.pos[r], r, (_r(0, 1),))],
@@ -526,6 +508,24 @@ class _Lowerer:
                     n_att += 1
             out[r] = Loc(a, r, 0, nq, (self.ready(ca, n_att),))
         return out
+
+    def norm_rope(self, i: int, r: int, plan: dict[str, GraphOp], role: str, src: str, n: int,
+                  out: str) -> list:
+        """The chain steps ``[<role>_norm ->] rope`` of the ``n`` elements of rank ``r``'s
+        ``src`` into ``out`` (``role``: ``q`` or ``k``; the norm when the layer has one)."""
+        D = self.D
+        steps = []
+        if f"{role}_norm" in plan:
+            nb = self.act(f"{role}n.l{i}", r, n)
+            wn = self.weight(f"w.l{i}.{role}_norm", r, plan[f"{role}_norm"].weights["w"].key, (D,))
+            steps.append(("rmsnorm", [Region(src, r, (_r(0, n),)), Region(wn, r, (_r(0, D),))],
+                          [Region(nb, r, (_r(0, n),))], {"dim": D, "eps": self.spec.eps},
+                          f"{role}_norm"))
+            src = nb
+        steps.append(("rope", [Region(src, r, (_r(0, n),)), Region(self.inv[r], r, (_r(0, D // 2),)),
+                               Region(self.pos[r], r, (_r(0, 1),))],
+                      [Region(out, r, (_r(0, n),))], {"head_dim": D}, f"rope_{role}"))
+        return steps
 
     def attn_head_groups(self, r: int, g: int) -> list[tuple[int, int]]:
         """Rank r's global query heads of KV head g as ``attn_split`` contiguous [lo, hi)

@@ -83,21 +83,15 @@ class RankShard:
     cols: tuple[int, int]
     vocab: tuple[int, int]
 
-    @property
-    def n_q(self) -> int:
-        return self.q_heads[1] - self.q_heads[0]
+    n_q = property(lambda self: _width(self.q_heads), doc="query heads of this rank")
+    n_kv = property(lambda self: _width(self.kv_heads), doc="KV heads this rank needs")
+    n_cols = property(lambda self: _width(self.cols), doc="MLP intermediate columns")
+    n_vocab = property(lambda self: _width(self.vocab), doc="vocabulary rows of the LM head")
 
-    @property
-    def n_kv(self) -> int:
-        return self.kv_heads[1] - self.kv_heads[0]
 
-    @property
-    def n_cols(self) -> int:
-        return self.cols[1] - self.cols[0]
-
-    @property
-    def n_vocab(self) -> int:
-        return self.vocab[1] - self.vocab[0]
+def _width(span: tuple[int, int]) -> int:
+    """The length of a half-open ``[start, stop)`` span."""
+    return span[1] - span[0]
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,7 @@ import torch
 
 from ir.ops import OPS
 from ir.program import FLOAT_DTYPES, Buffer, Region, ScheduleProgram
+from lowering.executors import StepThroughput, TaskFailure, check_steps
 from lowering.reference import INT_POISON, ReferenceOpError, op_impl, torch_dtype
 
 POLICIES = ("in_order", "random", "adversarial")
@@ -98,17 +99,12 @@ class SimDeadlock(SimError):
         self.counters = counters
 
 
-class SimTaskError(SimError):
+class SimTaskError(TaskFailure, SimError):
     """An op failed while the simulator ran task ``task`` in ``epoch``."""
-
-    def __init__(self, message: str, task: str, epoch: int):
-        super().__init__(message)
-        self.task = task
-        self.epoch = epoch
 
 
 @dataclass
-class SimStats:
+class SimStats(StepThroughput):
     """What one ``step`` / ``run_steps`` call did.
 
     ``seconds`` is wall-clock time of the call; ``tasks`` counts executed tasks over all
@@ -124,10 +120,6 @@ class SimStats:
     signal_deliveries: int = 0
     max_pending: int = 0
     seconds: float = 0.0
-
-    @property
-    def tasks_per_s(self) -> float:
-        return self.tasks / self.seconds if self.seconds > 0 else float("inf")
 
 
 # Task kinds.
@@ -462,13 +454,8 @@ class SimExecutor:
         ``on_start(epoch, rank)`` is called before rank starts an epoch (write its inputs
         there), ``on_end(epoch, rank)`` after it finished one (read its outputs there).
         """
-        if self._broken:
-            raise SimError(f"the executor is unusable after an earlier failure: {self._broken}")
-        if count < 1:
-            raise ValueError(f"count must be >= 1, got {count}")
         first = self._next_epoch
-        if first + count > self.program.max_epochs:
-            raise SimError(f"epoch {first + count - 1} exceeds the program's max_epochs {self.program.max_epochs}")
+        check_steps(self._broken, count, first, self.program.max_epochs, SimError)
         prev_threads = torch.get_num_threads()
         if self.threads is not None and self.threads != prev_threads:
             torch.set_num_threads(self.threads)

@@ -60,44 +60,45 @@ def _llama3_scaling(factor: float, original_max: int) -> dict:
             "high_freq_factor": 4.0, "original_max_position_embeddings": original_max}
 
 
-def _llama(**kw: Any):
-    from transformers import LlamaConfig
+def _hf_config(class_name: str, **kw: Any):
+    """transformers' ``class_name`` configuration from ``kw``, with ``rope_theta`` (and
+    ``rope_scaling``, if given) spelled for the installed transformers."""
+    import transformers
 
+    cls = getattr(transformers, class_name)
     theta = kw.pop("rope_theta")
     scaling = kw.pop("rope_scaling", None)
-    return LlamaConfig(**kw, **_rope_kwargs(LlamaConfig, theta, scaling))
+    return cls(**kw, **_rope_kwargs(cls, theta, scaling))
+
+
+def _llama(**kw: Any):
+    return _hf_config("LlamaConfig", **kw)
 
 
 def _qwen2(**kw: Any):
-    from transformers import Qwen2Config
-
-    theta = kw.pop("rope_theta")
-    return Qwen2Config(**kw, **_rope_kwargs(Qwen2Config, theta))
+    return _hf_config("Qwen2Config", **kw)
 
 
 def _qwen3(**kw: Any):
-    from transformers import Qwen3Config
+    return _hf_config("Qwen3Config", **kw)
 
-    theta = kw.pop("rope_theta")
-    return Qwen3Config(**kw, **_rope_kwargs(Qwen3Config, theta))
+
+#: what Llama 3.1 and 3.2 share: vocabulary, heads, context, norm, RoPE base, token ids
+_LLAMA3 = dict(vocab_size=128256, num_attention_heads=32, num_key_value_heads=8,
+               max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
+               bos_token_id=128000, eos_token_id=128001, initializer_range=0.02)
 
 
 def _llama_3_2_1b():
-    return _llama(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
-                  num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
-                  head_dim=64, max_position_embeddings=131072, rms_norm_eps=1e-5,
-                  rope_theta=500000.0, rope_scaling=_llama3_scaling(32.0, 8192),
-                  tie_word_embeddings=True, bos_token_id=128000, eos_token_id=128001,
-                  initializer_range=0.02)
+    return _llama(**_LLAMA3, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                  head_dim=64, rope_scaling=_llama3_scaling(32.0, 8192),
+                  tie_word_embeddings=True)
 
 
 def _llama_3_1_8b():
-    return _llama(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
-                  num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                  head_dim=128, max_position_embeddings=131072, rms_norm_eps=1e-5,
-                  rope_theta=500000.0, rope_scaling=_llama3_scaling(8.0, 8192),
-                  tie_word_embeddings=False, bos_token_id=128000, eos_token_id=128001,
-                  initializer_range=0.02)
+    return _llama(**_LLAMA3, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                  head_dim=128, rope_scaling=_llama3_scaling(8.0, 8192),
+                  tie_word_embeddings=False)
 
 
 def _qwen2_5_0_5b():

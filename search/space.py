@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 from ground.errors import AmkError
+from ir.jsonio import json_type
 
 
 class SpaceError(AmkError):
@@ -58,14 +59,8 @@ class Knob:
     @property
     def json_type(self) -> str:
         """The JSON-schema type of the values (``integer``, ``number``, ``string``, ``boolean``)."""
-        v = self.values[0]
-        if isinstance(v, bool):
-            return "boolean"
-        if isinstance(v, int):
-            return "integer"
-        if isinstance(v, float):
-            return "number"
-        return "string"
+        t = json_type(self.values[0])
+        return t if t in ("boolean", "integer", "number") else "string"
 
 
 @dataclass

@@ -379,24 +379,97 @@ def _index_arrays(prog):
                                         "s_task", "s_ctr", "s_amt", "ctr_n")}
 
 
-def test_fast_and_thorough_structure_passes_agree(monkeypatch):
-    progs = [allreduce(3, 8, reuse="slots"), allreduce(4, 8, workers=2, reuse="credit"),
-             respelled_waits(allreduce(3, 8, reuse="credit"), -1, -1),
-             transformer_schedule(2, 4, 1, hidden=256, inter=512, q_heads=8, kv_heads=4,
-                                  seq=16, qkv_tiles=8, o_tiles=8, gu_tiles=8, act_tiles=4,
-                                  down_tiles=8, chunks=2)]
-    for p in progs:
-        fast = _index_arrays(p)
-        monkeypatch.setattr(structure_mod, "USE_FAST_PATH", False)
-        slow = _index_arrays(p)
-        monkeypatch.setattr(structure_mod, "USE_FAST_PATH", True)
-        for k in fast:
-            assert np.array_equal(np.asarray(fast[k]), np.asarray(slow[k])), k
-    # a program with a structure error: the fast path declines, findings are identical
-    bad = gemv_prog(w_region="w[0:8, 8:24]")
-    a = [f.to_json() for f in validate(bad).errors]
-    monkeypatch.setattr(structure_mod, "USE_FAST_PATH", False)
-    assert a == [f.to_json() for f in validate(bad).errors]
+def test_structure_index_same_for_shared_and_fresh_objects():
+    """Shared range / wait / signal tuples (as the text parser builds them) are read once;
+    the Index must not depend on it."""
+    from ir.text import format_program, parse_program
+
+    small = dict(hidden=256, inter=512, q_heads=8, kv_heads=4, seq=16, qkv_tiles=8, o_tiles=8,
+                 gu_tiles=8, act_tiles=4, down_tiles=8, chunks=2)
+    for reuse in ("credit", "slots"):
+        shared = transformer_schedule(2, 4, 2, reuse=reuse, **small)
+        fresh = transformer_schedule(2, 4, 2, reuse=reuse, share=False, **small)
+        parsed = parse_program(format_program(fresh))
+        want = _index_arrays(fresh)
+        for other in (shared, parsed):
+            got = _index_arrays(other)
+            for k in want:
+                assert np.array_equal(np.asarray(want[k]), np.asarray(got[k])), (reuse, k)
+    prog = respelled_waits(allreduce(3, 8, reuse="credit"), -1, -1)
+    want = _index_arrays(prog)
+    got = _index_arrays(parse_program(format_program(prog)))
+    assert all(np.array_equal(want[k], got[k]) for k in want)
+
+
+@pytest.mark.parametrize("reuse,counters,digest", [("credit", 72, "2e1a0a3ebfe9e6f3"),
+                                                    ("slots", 56, "5f2897846a4da9ec")])
+def test_synthetic_schedule_is_pinned(reuse, counters, digest):
+    """validator/synth.py builds the same program, byte for byte in the text form, as when
+    the benchmark numbers in docs/validator.md were taken; it validates."""
+    import hashlib
+
+    from ir.text import format_program
+
+    small = dict(hidden=256, inter=512, q_heads=8, kv_heads=4, seq=16, qkv_tiles=8, o_tiles=8,
+                 gu_tiles=8, act_tiles=4, down_tiles=8, chunks=2)
+    p = transformer_schedule(2, 4, 2, reuse=reuse, **small)
+    assert (len(p.tasks), len(p.buffers), len(p.counters)) == (232, 90, counters)
+    assert hashlib.sha256(format_program(p).encode()).hexdigest()[:16] == digest
+    ok(p)
+    with pytest.raises(ValueError, match="do not split evenly"):
+        transformer_schedule(8, 4, 1, **small)  # 4 KV heads over 8 ranks
+
+
+def test_structure_findings_in_program_order():
+    """Every task problem is reported, task by task in program order and within a task in
+    the order of the checks (head, arity, regions, dtypes, params, waits, signals), with
+    fatal problems skipping only what depends on them."""
+    b = ProgramBuilder("m", ranks=2, workers=1)
+    b.buffer("x", "io_input", "f32", (4,), rank=0)
+    b.buffer("y", "io_output", "f32", (4,), rank=0)
+    b.buffer("z", "io_input", "i32", (4,), rank=0)
+    b.counter("c", 0)
+    b.counter("d", 1)
+    b.task("a", 0, 0, "copy", ins=["x[0:4]"], outs=["y[0:4]"], waits=["c>=1"])
+    b.task("b", 0, 0, "copy", ins=["x[0:4]"], outs=["y[0:4]"], signals=["c+=1"])
+    b.task("c", 0, 0, "reduce", ins=["z[0:4]"], outs=["y[0:4]"])
+    b.task("d", 0, 0, "copy", ins=["x[0:4]"], outs=["y[0:4]"])
+    b.task("e", 0, 0, "copy", ins=["x[0:4]"], outs=["y[0:4]"])
+    p = b.build()
+    t = p.tasks
+    t[0] = dataclasses.replace(t[0], outs=(), ins=t[0].ins + (Region("q", 0, t[0].ins[0].ranges),),
+                               waits=(Wait("d", 1),))
+    t[1] = dataclasses.replace(t[1], rank=5)  # fatal head problem: nothing else checked
+    t[2] = dataclasses.replace(t[2], signals=(Signal("c", 0), Signal("nope", 1)))
+    t[3] = dataclasses.replace(t[3], id="a")
+    t[4] = dataclasses.replace(t[4], ins=(Region("x", 0, (Range(Bound(2), Bound(6)),)),))
+    st = structure_mod.check_structure(p)
+    assert st.fatal and st.index is None
+    assert [(f.cls, f.tasks) for f in st.findings] == [
+        ("BadArity", ["a"]), ("UnknownBuffer", ["a"]), ("RemoteWait", ["a"]),
+        ("BadTask", ["b"]),
+        ("BadDtype", ["c"]), ("NonMonotoneCounter", ["c"]), ("UnknownCounter", ["c"]),
+        ("DuplicateTask", ["a"]),
+        ("RegionOutOfBounds", ["e"]),
+    ]
+    assert st.findings[3].message == "task b: rank 5 is not in [0, 2)"
+    assert st.findings[-1].witness["range"] == [2, 6]
+
+
+def test_region_bounds_checked_exactly_for_large_slot_coefficients():
+    """A slot coefficient whose product with the last slot leaves int64 is checked with
+    exact integers (wrapping arithmetic would make ``[2**64, 2**64 + 4)`` look like
+    ``[0, 4)``)."""
+    p = gemv_prog()
+    p.slots = 5
+    big = 1 << 62
+    t = p.tasks[0]
+    reg = t.ins[0]
+    p.tasks[0] = dataclasses.replace(t, ins=(dataclasses.replace(
+        reg, ranges=(Range(Bound(0, big), Bound(reg.ranges[0].stop.const, big)),)
+        + tuple(reg.ranges[1:])),) + tuple(t.ins[1:]))
+    v = rejected(p, "RegionOutOfBounds")
+    assert finding(v, "RegionOutOfBounds").witness["slot"] == 4
 
 
 # ------------------------------------------------------------------ deadlock

@@ -89,6 +89,62 @@ def _pick(rng: random.Random, xs: list):
     return xs[rng.randrange(len(xs))] if xs else None
 
 
+def _entries(prog: ScheduleProgram, field: str) -> list[tuple[int, int]]:
+    """(task index, entry index) of every entry of the tasks' ``field`` (waits, signals,
+    ins or outs)."""
+    return [(i, k) for i, t in enumerate(prog.tasks) for k in range(len(getattr(t, field)))]
+
+
+def _drop(seq: tuple, k: int) -> tuple:
+    return seq[:k] + seq[k + 1:]
+
+
+def _set_entry(prog: ScheduleProgram, i: int, field: str, k: int, value: Any) -> None:
+    """Task ``i`` gets ``value`` as entry ``k`` of its ``field``."""
+    t = prog.tasks[i]
+    entries = list(getattr(t, field))
+    entries[k] = value
+    prog.tasks[i] = dataclasses.replace(t, **{field: tuple(entries)})
+
+
+def _other_rank(prog: ScheduleProgram, rng: random.Random, reg: Region) -> int:
+    """A random rank other than the one whose memory ``reg`` addresses."""
+    dest = _owner(prog, reg)
+    return _pick(rng, [r for r in range(prog.ranks) if r != dest])
+
+
+def _detach_signal(prog: ScheduleProgram, rng: random.Random, pws) -> tuple[int, Task, Signal]:
+    """Remove the signal of a random put-with-signal (``pws``: _pws); returns the task's
+    index, the task as it was and the signal."""
+    i, j = _pick(rng, pws)
+    t = prog.tasks[i]
+    prog.tasks[i] = dataclasses.replace(t, signals=_drop(t.signals, j))
+    return i, t, t.signals[j]
+
+
+def _quiet_becomes(prog: ScheduleProgram, rng: random.Random, pws, op: str) -> bool:
+    """With a ``quiet`` in the program, half the time (always without put-with-signals) a
+    random one becomes ``op``; whether it did."""
+    quiets = [i for i, t in enumerate(prog.tasks) if t.op == "quiet"]
+    if quiets and (not pws or rng.random() < 0.5):
+        i = _pick(rng, quiets)
+        prog.tasks[i] = dataclasses.replace(prog.tasks[i], op=op)
+        return True
+    return False
+
+
+def _prev_step_spelling(prog: ScheduleProgram, rng: random.Random, cands):
+    """A random wait of ``cands`` ``c >= t`` spelled ``c >= t - N(c)`` with offset 0 (in
+    step e: ``c >= (e - 1) N + t``); None without candidates."""
+    if not cands:
+        return None
+    n = prog.signals_per_epoch()
+    i, k = _pick(rng, cands)
+    w = prog.tasks[i].waits[k]
+    _set_entry(prog, i, "waits", k, Wait(w.counter, w.threshold - n[w.counter], 0))
+    return prog
+
+
 def _is_remote_write(prog: ScheduleProgram, t: Task) -> bool:
     return any(_owner(prog, reg) != t.rank for reg in t.outs)
 
@@ -245,11 +301,8 @@ def m_unsatisfiable_threshold(prog: ScheduleProgram, rng: random.Random):
     if not cands:
         return None
     i, k = _pick(rng, cands)
-    t = p.tasks[i]
-    w = t.waits[k]
-    waits = list(t.waits)
-    waits[k] = Wait(w.counter, n[w.counter] + rng.randint(1, 3), w.offset)
-    p.tasks[i] = dataclasses.replace(t, waits=tuple(waits))
+    w = p.tasks[i].waits[k]
+    _set_entry(p, i, "waits", k, Wait(w.counter, n[w.counter] + rng.randint(1, 3), w.offset))
     return p
 
 
@@ -264,36 +317,30 @@ def m_partial_wait_shared_counter(prog: ScheduleProgram, rng: random.Random):
         return None
     cands = _prefer(rng, cands, _first_waits(p))
     i, k = _pick(rng, cands)
-    t = p.tasks[i]
-    w = t.waits[k]
-    waits = list(t.waits)
-    waits[k] = Wait(w.counter, rng.randint(1, w.threshold - 1), w.offset)
-    p.tasks[i] = dataclasses.replace(t, waits=tuple(waits))
+    w = p.tasks[i].waits[k]
+    _set_entry(p, i, "waits", k, Wait(w.counter, rng.randint(1, w.threshold - 1), w.offset))
     return p
 
 
 def m_dropped_wait(prog: ScheduleProgram, rng: random.Random):
     """Remove one wait of one task (mostly one that queue order does not already imply)."""
     p = prog.copy()
-    cands = [(i, k) for i, t in enumerate(p.tasks) for k in range(len(t.waits))]
+    cands = _entries(p, "waits")
     if not cands:
         return None
-    cands = _prefer(rng, cands, _first_waits(p), 0.8)
-    i, k = _pick(rng, cands)
-    t = p.tasks[i]
-    p.tasks[i] = dataclasses.replace(t, waits=t.waits[:k] + t.waits[k + 1:])
+    i, k = _pick(rng, _prefer(rng, cands, _first_waits(p), 0.8))
+    p.tasks[i] = dataclasses.replace(p.tasks[i], waits=_drop(p.tasks[i].waits, k))
     return p
 
 
 def m_dropped_signal(prog: ScheduleProgram, rng: random.Random):
     """Remove one signal of one task."""
     p = prog.copy()
-    cands = [(i, k) for i, t in enumerate(p.tasks) for k in range(len(t.signals))]
+    cands = _entries(p, "signals")
     if not cands:
         return None
     i, k = _pick(rng, cands)
-    t = p.tasks[i]
-    p.tasks[i] = dataclasses.replace(t, signals=t.signals[:k] + t.signals[k + 1:])
+    p.tasks[i] = dataclasses.replace(p.tasks[i], signals=_drop(p.tasks[i].signals, k))
     return p
 
 
@@ -301,18 +348,12 @@ def m_missing_quiet(prog: ScheduleProgram, rng: random.Random):
     """Signal without completing the puts: a ``quiet`` becomes a ``nop`` (same waits and
     signals), or a put-with-signal's signal moves to a ``nop`` after the put."""
     p = prog.copy()
-    quiets = [i for i, t in enumerate(p.tasks) if t.op == "quiet"]
     pws = _pws(p)
-    if quiets and (not pws or rng.random() < 0.5):
-        i = _pick(rng, quiets)
-        p.tasks[i] = dataclasses.replace(p.tasks[i], op="nop")
+    if _quiet_becomes(p, rng, pws, "nop"):
         return p
     if not pws:
         return None
-    i, j = _pick(rng, pws)
-    t = p.tasks[i]
-    sig = t.signals[j]
-    p.tasks[i] = dataclasses.replace(t, signals=t.signals[:j] + t.signals[j + 1:])
+    i, t, sig = _detach_signal(p, rng, pws)
     p.tasks.insert(i + 1, Task(_new_task_id(p, f"{t.id}.notify"), t.rank, t.worker, "nop",
                                signals=(sig,), group=t.group))
     return p
@@ -324,24 +365,17 @@ def m_fence_across_ranks(prog: ScheduleProgram, rng: random.Random):
     signal to a new counter on rank d2 != d, relayed to the original counter by a task on
     a new worker of rank d2."""
     p = prog.copy()
-    quiets = [i for i, t in enumerate(p.tasks) if t.op == "quiet"]
     pws = _pws(p)
-    if quiets and (not pws or rng.random() < 0.5):
-        i = _pick(rng, quiets)
-        p.tasks[i] = dataclasses.replace(p.tasks[i], op="fence")
+    if _quiet_becomes(p, rng, pws, "fence"):
         return p
     if not pws:
         return None
-    i, j = _pick(rng, pws)
-    t = p.tasks[i]
-    dest = _owner(p, t.outs[0])
-    d2 = _pick(rng, [r for r in range(p.ranks) if r != dest])
+    i, t, sig = _detach_signal(p, rng, pws)
+    d2 = _other_rank(p, rng, t.outs[0])
     w_new = _add_worker(p)
     if w_new is None:
         return None
-    sig = t.signals[j]
     k = _new_counter(p, f"c.relay.r{d2}", d2)
-    p.tasks[i] = dataclasses.replace(t, signals=t.signals[:j] + t.signals[j + 1:])
     p.tasks.insert(i + 1, Task(_new_task_id(p, f"{t.id}.fence"), t.rank, t.worker, "fence"))
     p.tasks.insert(i + 2, Task(_new_task_id(p, f"{t.id}.notify"), t.rank, t.worker, "nop",
                                signals=(Signal(k, 1),)))
@@ -611,12 +645,9 @@ def m_wait_previous_epoch(prog: ScheduleProgram, rng: random.Random):
     cands = [(i, k) for i, t in enumerate(p.tasks) for k, w in enumerate(t.waits) if w.offset == 0]
     if not cands:
         return None
-    cands = _prefer(rng, cands, _first_waits(p), 0.8)
-    i, k = _pick(rng, cands)
-    t = p.tasks[i]
-    waits = list(t.waits)
-    waits[k] = Wait(waits[k].counter, waits[k].threshold, -1)
-    p.tasks[i] = dataclasses.replace(t, waits=tuple(waits))
+    i, k = _pick(rng, _prefer(rng, cands, _first_waits(p), 0.8))
+    w = p.tasks[i].waits[k]
+    _set_entry(p, i, "waits", k, Wait(w.counter, w.threshold, -1))
     return p
 
 
@@ -652,14 +683,12 @@ def m_counter_overflow(prog: ScheduleProgram, rng: random.Random):
 def m_non_monotone_signal(prog: ScheduleProgram, rng: random.Random):
     """Make a signal amount zero or negative (a reset or decrement of a monotone counter)."""
     p = prog.copy()
-    cands = [(i, k) for i, t in enumerate(p.tasks) for k in range(len(t.signals))]
+    cands = _entries(p, "signals")
     if not cands:
         return None
     i, k = _pick(rng, cands)
-    t = p.tasks[i]
-    sigs = list(t.signals)
-    sigs[k] = Signal(sigs[k].counter, _pick(rng, [0, -1, -sigs[k].amount - 1]))
-    p.tasks[i] = dataclasses.replace(t, signals=tuple(sigs))
+    sig = p.tasks[i].signals[k]
+    _set_entry(p, i, "signals", k, Signal(sig.counter, _pick(rng, [0, -1, -sig.amount - 1])))
     return p
 
 
@@ -690,9 +719,8 @@ def m_remote_read(prog: ScheduleProgram, rng: random.Random):
         return None
     i, k = _pick(rng, cands)
     t = p.tasks[i]
-    ins = list(t.ins)
-    ins[k] = dataclasses.replace(ins[k], rank=_pick(rng, [r for r in range(p.ranks) if r != t.rank]))
-    p.tasks[i] = dataclasses.replace(t, ins=tuple(ins))
+    _set_entry(p, i, "ins", k, dataclasses.replace(
+        t.ins[k], rank=_pick(rng, [r for r in range(p.ranks) if r != t.rank])))
     return p
 
 
@@ -708,14 +736,13 @@ def m_put_signal_relay(prog: ScheduleProgram, rng: random.Random):
         return None
     i, j = _pick(rng, pws)
     t = p.tasks[i]
-    dest = _owner(p, t.outs[0])
-    r2 = _pick(rng, [r for r in range(p.ranks) if r != dest])
+    r2 = _other_rank(p, rng, t.outs[0])
     w_new = _add_worker(p)
     if w_new is None:
         return None
     sig = t.signals[j]
     k = _new_counter(p, f"c.relay.r{r2}", r2)
-    p.tasks[i] = dataclasses.replace(t, signals=t.signals[:j] + (Signal(k, 1),) + t.signals[j + 1:])
+    _set_entry(p, i, "signals", j, Signal(k, 1))
     p.tasks.append(Task(_new_task_id(p, f"{t.id}.relay"), r2, w_new, "nop",
                         waits=(Wait(k, 1),), signals=(sig,)))
     return p
@@ -731,35 +758,22 @@ def m_wait_zero_threshold(prog: ScheduleProgram, rng: random.Random):
     """Spell a wait on this step's count ``c >= t`` as ``c >= t - N(c)``: in step e that is
     ``c >= (e - 1) N + t``, the previous step's count (satisfied at once in step 0)."""
     p = prog.copy()
-    cands = _prefer(rng, _wait_cands(p, 0), _first_waits(p), 0.8)
-    if not cands:
-        return None
-    n = p.signals_per_epoch()
-    i, k = _pick(rng, cands)
-    t = p.tasks[i]
-    waits = list(t.waits)
-    w = waits[k]
-    waits[k] = Wait(w.counter, w.threshold - n[w.counter], 0)
-    p.tasks[i] = dataclasses.replace(t, waits=tuple(waits))
-    return p
+    return _prev_step_spelling(p, rng, _prefer(rng, _wait_cands(p, 0), _first_waits(p), 0.8))
 
 
 def m_threshold_beyond_range(prog: ScheduleProgram, rng: random.Random):
     """Set a wait's threshold beyond what its counter can ever hold: past the counter's
     signed width, or past 64 bits (e.g. 2**70)."""
     p = prog.copy()
-    cands = [(i, k) for i, t in enumerate(p.tasks) for k in range(len(t.waits))]
+    cands = _entries(p, "waits")
     if not cands:
         return None
     i, k = _pick(rng, cands)
-    t = p.tasks[i]
-    waits = list(t.waits)
-    w = waits[k]
+    w = p.tasks[i].waits[k]
     width = p.counter_map()[w.counter].width
     thr = _pick(rng, [1 << (width - 1), (1 << 63) + rng.randint(0, 9), 1 << 70,
                       (1 << 64) * rng.randint(1, 1000)])
-    waits[k] = Wait(w.counter, thr, w.offset)
-    p.tasks[i] = dataclasses.replace(t, waits=tuple(waits))
+    _set_entry(p, i, "waits", k, Wait(w.counter, thr, w.offset))
     return p
 
 
@@ -858,10 +872,7 @@ def _split_put_signal(prog: ScheduleProgram, rng: random.Random, op: str):
     pws = _pws(p)
     if not pws:
         return None
-    i, j = _pick(rng, pws)
-    t = p.tasks[i]
-    sig = t.signals[j]
-    p.tasks[i] = dataclasses.replace(t, signals=t.signals[:j] + t.signals[j + 1:])
+    i, t, sig = _detach_signal(p, rng, pws)
     p.tasks.insert(i + 1, Task(_new_task_id(p, f"{t.id}.{op}"), t.rank, t.worker, op, group=t.group))
     p.tasks.insert(i + 2, Task(_new_task_id(p, f"{t.id}.notify"), t.rank, t.worker, "nop",
                                signals=(sig,), group=t.group))
@@ -969,8 +980,7 @@ def s_put_signal_other_rank(prog: ScheduleProgram, rng: random.Random):
         return None
     i, _ = _pick(rng, pws)
     t = p.tasks[i]
-    dest = _owner(p, t.outs[0])
-    r2 = _pick(rng, [r for r in range(p.ranks) if r != dest])
+    r2 = _other_rank(p, rng, t.outs[0])
     k = _new_counter(p, f"c.extra.r{r2}", r2)
     p.tasks[i] = dataclasses.replace(t, signals=t.signals + (Signal(k, 1),))
     p.tasks.append(Task(_new_task_id(p, f"{t.id}.extra"), r2, rng.randrange(p.workers), "nop",
@@ -982,17 +992,7 @@ def s_credit_zero_threshold(prog: ScheduleProgram, rng: random.Random):
     """Spell a credit ``c >= t @prev`` as ``c >= t - N(c)`` (offset 0): in step e both mean
     ``c >= (e - 1) N + t``; the second is satisfied at once in step 0 and orders later steps."""
     p = prog.copy()
-    cands = _wait_cands(p, -1)
-    if not cands:
-        return None
-    n = p.signals_per_epoch()
-    i, k = _pick(rng, cands)
-    t = p.tasks[i]
-    waits = list(t.waits)
-    w = waits[k]
-    waits[k] = Wait(w.counter, w.threshold - n[w.counter], 0)
-    p.tasks[i] = dataclasses.replace(t, waits=tuple(waits))
-    return p
+    return _prev_step_spelling(p, rng, _wait_cands(p, -1))
 
 
 CLASSES: list[MutationClass] = [

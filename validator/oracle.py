@@ -167,27 +167,42 @@ def _param_ok(v: Any, typ: type) -> bool:
 
 
 def _structure(prog: ScheduleProgram) -> list[Problem]:
-    """Every structural problem of ``prog`` (never raises on malformed input)."""
+    """Every structural problem of ``prog`` (never raises on malformed input): the sizes,
+    then the declarations, then each task, then counter overflow. A malformed size or
+    declaration stops there (what follows would be meaningless)."""
     out: list[Problem] = []
 
     def add(cls: str, msg: str, tasks=(), buffers=()) -> None:
         out.append(Problem(cls, msg, list(tasks), list(buffers)))
 
-    if not _is_int(prog.ranks) or prog.ranks < 1:
-        add("malformed", f"ranks must be a positive int, got {prog.ranks!r}")
-    if not _is_int(prog.workers) or prog.workers < 1:
-        add("malformed", f"workers must be a positive int, got {prog.workers!r}")
-    if not _is_int(prog.slots) or prog.slots < 1:
-        add("malformed", f"slots must be a positive int, got {prog.slots!r}")
-    if not _is_int(prog.max_epochs) or prog.max_epochs < 1:
-        add("malformed", f"max_epochs must be a positive int, got {prog.max_epochs!r}")
+    _size_problems(prog, add)
     if any(p.cls == "malformed" for p in out):
         return out
-    ranks = prog.ranks
     if _is_int(prog.target.max_workers) and prog.workers > prog.target.max_workers:
         add("too_many_workers", f"{prog.workers} workers per rank exceed the target's "
             f"co-residency limit max_workers={prog.target.max_workers}")
+    bufs, ctrs = _declaration_problems(prog, add)
+    if any(p.cls == "malformed" for p in out):
+        return out
+    n_per_epoch = prog.signals_per_epoch()
+    for t in prog.tasks:
+        _task_problems(prog, t, bufs, ctrs, add)
+    _overflow_problems(prog, n_per_epoch, add)
+    return out
 
+
+def _size_problems(prog: ScheduleProgram, add) -> None:
+    """ranks, workers, slots and max_epochs: positive ints."""
+    for name in ("ranks", "workers", "slots", "max_epochs"):
+        v = getattr(prog, name)
+        if not _is_int(v) or v < 1:
+            add("malformed", f"{name} must be a positive int, got {v!r}")
+
+
+def _declaration_problems(prog: ScheduleProgram, add) -> tuple[dict, dict]:
+    """Buffers (unique, kind/dtype/placement, shape, owner), counters (unique, owner,
+    width) and unique task ids; returns the buffers and counters by name."""
+    ranks = prog.ranks
     bufs: dict[str, Any] = {}
     for b in prog.buffers:
         if b.name in bufs:
@@ -213,93 +228,122 @@ def _structure(prog: ScheduleProgram) -> list[Problem]:
         if t.id in seen_ids:
             add("malformed", f"duplicate task id {t.id!r}", tasks=[t.id])
         seen_ids.add(t.id)
-    if any(p.cls == "malformed" for p in out):
-        return out
+    return bufs, ctrs
 
-    n_per_epoch = prog.signals_per_epoch()
-    for t in prog.tasks:
-        tid = [t.id]
-        if not (_is_int(t.rank) and 0 <= t.rank < ranks and _is_int(t.worker)
-                and 0 <= t.worker < prog.workers):
-            add("bad_queue", f"task {t.id}: queue @r{t.rank}.w{t.worker} is outside "
-                f"{ranks} ranks x {prog.workers} workers", tid)
-            continue
-        spec = OPS.get(t.op)
-        if spec is None:
-            add("unknown_name", f"task {t.id}: unknown op {t.op!r}", tid)
-        unknown = False
-        for reg in (*t.ins, *t.outs):
-            if reg.buffer not in bufs:
-                add("unknown_name", f"task {t.id}: unknown buffer {reg.buffer!r}", tid, [reg.buffer])
-                unknown = True
-        for w in t.waits:
-            if w.counter not in ctrs:
-                add("unknown_name", f"task {t.id}: wait on unknown counter {w.counter!r}", tid)
-                unknown = True
-            else:
-                if ctrs[w.counter].rank != t.rank:
-                    add("remote_wait", f"task {t.id} on rank {t.rank} waits on {w.counter} "
-                        f"owned by rank {ctrs[w.counter].rank}", tid)
-                if not _is_int(w.threshold) or w.offset not in (0, -1):
-                    add("malformed", f"task {t.id}: wait {w.counter} needs an int threshold "
-                        f"and offset 0 or -1, got {w.threshold!r}, {w.offset!r}", tid)
-        for s in t.signals:
-            if s.counter not in ctrs:
-                add("unknown_name", f"task {t.id}: signal to unknown counter {s.counter!r}", tid)
-                unknown = True
-            elif not _is_int(s.amount):
-                add("malformed", f"task {t.id}: signal amount {s.amount!r} is not an int", tid)
-            elif s.amount <= 0:
-                add("non_monotone", f"task {t.id}: signal {s.counter} += {s.amount} "
-                    "does not increase the counter", tid)
-        if unknown:
-            continue
-        # Regions: bounds for every slot value, ranks, local/remote rules.
-        shapes_ok = True
-        for role, regs in (("in", t.ins), ("out", t.outs)):
-            for reg in regs:
-                b = bufs[reg.buffer]
-                if len(reg.ranges) != len(b.shape):
-                    add("out_of_bounds", f"task {t.id}: region of {reg.buffer} has "
-                        f"{len(reg.ranges)} axes, the buffer {len(b.shape)}", tid, [reg.buffer])
-                    shapes_ok = False
-                    continue
-                for slot in range(prog.slots):
-                    bad = [(a, b0, b1) for a, ((b0, b1), d) in
-                           enumerate(zip(reg.concrete(slot), b.shape))
-                           if not (0 <= b0 < b1 <= d)]
-                    if bad:
-                        a, b0, b1 = bad[0]
-                        add("out_of_bounds", f"task {t.id}: {role} region of {reg.buffer} axis "
-                            f"{a} is [{b0}, {b1}) at slot {slot}, buffer dim {b.shape[a]}",
-                            tid, [reg.buffer])
-                        shapes_ok = False
-                        break
-                if not (_is_int(reg.rank) and 0 <= reg.rank < ranks):
-                    add("malformed", f"task {t.id}: region of {reg.buffer} on rank {reg.rank!r} "
-                        "out of range", tid, [reg.buffer])
-                    continue
-                owner = b.rank if b.placement == "local" else reg.rank
-                if b.placement == "local" and reg.rank != b.rank:
-                    add("remote_write_local" if role == "out" else "remote_read",
-                        f"task {t.id}: region of local buffer {reg.buffer} (owner rank {b.rank}) "
-                        f"addresses rank {reg.rank}", tid, [reg.buffer])
-                elif role == "in" and owner != t.rank:
-                    add("remote_read", f"task {t.id} on rank {t.rank} reads {reg.buffer} "
-                        f"on rank {owner}", tid, [reg.buffer])
-                elif role == "out" and owner != t.rank and b.placement != "symmetric":
-                    add("remote_write_local", f"task {t.id} writes local buffer {reg.buffer} "
-                        f"of rank {owner}", tid, [reg.buffer])
-        if spec is not None:
-            _check_op(t, spec, bufs, prog.slots, shapes_ok, add)
 
+def _task_problems(prog: ScheduleProgram, t, bufs: dict, ctrs: dict, add) -> None:
+    """One task: its queue, then its names (op, buffers, counters) with the waits' and
+    signals' rules, then (all names known) its regions and its op contract."""
+    if not (_is_int(t.rank) and 0 <= t.rank < prog.ranks and _is_int(t.worker)
+            and 0 <= t.worker < prog.workers):
+        add("bad_queue", f"task {t.id}: queue @r{t.rank}.w{t.worker} is outside "
+            f"{prog.ranks} ranks x {prog.workers} workers", [t.id])
+        return
+    spec = OPS.get(t.op)
+    if spec is None:
+        add("unknown_name", f"task {t.id}: unknown op {t.op!r}", [t.id])
+    if _name_problems(t, bufs, ctrs, add):
+        return
+    shapes_ok = _region_problems(prog, t, bufs, add)
+    if spec is not None:
+        _check_op(t, spec, bufs, prog.slots, shapes_ok, add)
+
+
+def _name_problems(t, bufs: dict, ctrs: dict, add) -> bool:
+    """Unknown buffers and counters of task ``t``; remote or malformed waits; malformed or
+    non-monotone signals. Returns whether a name was unknown."""
+    tid = [t.id]
+    unknown = False
+    for reg in (*t.ins, *t.outs):
+        if reg.buffer not in bufs:
+            add("unknown_name", f"task {t.id}: unknown buffer {reg.buffer!r}", tid, [reg.buffer])
+            unknown = True
+    for w in t.waits:
+        if w.counter not in ctrs:
+            add("unknown_name", f"task {t.id}: wait on unknown counter {w.counter!r}", tid)
+            unknown = True
+        else:
+            if ctrs[w.counter].rank != t.rank:
+                add("remote_wait", f"task {t.id} on rank {t.rank} waits on {w.counter} "
+                    f"owned by rank {ctrs[w.counter].rank}", tid)
+            if not _is_int(w.threshold) or w.offset not in (0, -1):
+                add("malformed", f"task {t.id}: wait {w.counter} needs an int threshold "
+                    f"and offset 0 or -1, got {w.threshold!r}, {w.offset!r}", tid)
+    for s in t.signals:
+        if s.counter not in ctrs:
+            add("unknown_name", f"task {t.id}: signal to unknown counter {s.counter!r}", tid)
+            unknown = True
+        elif not _is_int(s.amount):
+            add("malformed", f"task {t.id}: signal amount {s.amount!r} is not an int", tid)
+        elif s.amount <= 0:
+            add("non_monotone", f"task {t.id}: signal {s.counter} += {s.amount} "
+                "does not increase the counter", tid)
+    return unknown
+
+
+def _region_problems(prog: ScheduleProgram, t, bufs: dict, add) -> bool:
+    """Task ``t``'s regions: one range per axis, in bounds at every slot, a rank in range,
+    and the local/remote rules. Returns whether every region's shape is sound."""
+    tid = [t.id]
+    shapes_ok = True
+    for role, regs in (("in", t.ins), ("out", t.outs)):
+        for reg in regs:
+            b = bufs[reg.buffer]
+            if len(reg.ranges) != len(b.shape):
+                add("out_of_bounds", f"task {t.id}: region of {reg.buffer} has "
+                    f"{len(reg.ranges)} axes, the buffer {len(b.shape)}", tid, [reg.buffer])
+                shapes_ok = False
+                continue
+            if not _bounds_ok(prog, t, role, reg, b, add):
+                shapes_ok = False
+            if not (_is_int(reg.rank) and 0 <= reg.rank < prog.ranks):
+                add("malformed", f"task {t.id}: region of {reg.buffer} on rank {reg.rank!r} "
+                    "out of range", tid, [reg.buffer])
+                continue
+            _placement_problems(t, role, reg, b, add)
+    return shapes_ok
+
+
+def _bounds_ok(prog: ScheduleProgram, t, role: str, reg, b, add) -> bool:
+    """Region ``reg`` inside buffer ``b`` (and not empty) at every slot; the first axis
+    that is not, at the first such slot, is reported."""
+    for slot in range(prog.slots):
+        bad = [(a, b0, b1) for a, ((b0, b1), d) in enumerate(zip(reg.concrete(slot), b.shape))
+               if not (0 <= b0 < b1 <= d)]
+        if bad:
+            a, b0, b1 = bad[0]
+            add("out_of_bounds", f"task {t.id}: {role} region of {reg.buffer} axis "
+                f"{a} is [{b0}, {b1}) at slot {slot}, buffer dim {b.shape[a]}",
+                [t.id], [reg.buffer])
+            return False
+    return True
+
+
+def _placement_problems(t, role: str, reg, b, add) -> None:
+    """A local buffer addressed on another rank; a read of another rank's memory; a write
+    to another rank's local buffer."""
+    owner = b.rank if b.placement == "local" else reg.rank
+    if b.placement == "local" and reg.rank != b.rank:
+        add("remote_write_local" if role == "out" else "remote_read",
+            f"task {t.id}: region of local buffer {reg.buffer} (owner rank {b.rank}) "
+            f"addresses rank {reg.rank}", [t.id], [reg.buffer])
+    elif role == "in" and owner != t.rank:
+        add("remote_read", f"task {t.id} on rank {t.rank} reads {reg.buffer} "
+            f"on rank {owner}", [t.id], [reg.buffer])
+    elif role == "out" and owner != t.rank and b.placement != "symmetric":
+        add("remote_write_local", f"task {t.id} writes local buffer {reg.buffer} "
+            f"of rank {owner}", [t.id], [reg.buffer])
+
+
+def _overflow_problems(prog: ScheduleProgram, n_per_epoch: dict[str, int], add) -> None:
+    """Counters whose count after max_epochs + 1 steps leaves their signed width
+    (``n_per_epoch``: the amount signalled to each counter per step)."""
     for c in prog.counters:
         n = n_per_epoch.get(c.name, 0)
         limit = (1 << (c.width - 1)) - 1
         if n * (prog.max_epochs + 1) > limit:
             add("counter_overflow", f"counter {c.name}: {n} increments per step x "
                 f"(max_epochs + 1 = {prog.max_epochs + 1}) exceed {limit} ({c.width}-bit signed)")
-    return out
 
 
 def _check_op(t, spec, bufs, slots, shapes_ok, add) -> None:

@@ -51,6 +51,38 @@ def _rows(n: int, parts: int) -> list[tuple[int, int]]:
     return out
 
 
+def _allreduce_buffers(b: ProgramBuilder, ranks: int, n: int) -> None:
+    """A double-buffered one-shot all-reduce's buffers: the symmetric receive slots
+    ``rx[2, ranks, n]`` and per rank the input ``x.rR[n]`` and the output ``y.rR[n]``."""
+    b.buffer("rx", "activation", "f32", (2, ranks, n), placement="symmetric")
+    for r in range(ranks):
+        b.buffer(f"x.r{r}", "io_input", "f32", (n,), rank=r)
+        b.buffer(f"y.r{r}", "io_output", "f32", (n,), rank=r)
+
+
+def _per_source(b: ProgramBuilder, r: int, ranks: int, name: str) -> None:
+    """Rank r's arrival counters ``c.<name>.rR.fP``: one per source rank p != r."""
+    for p in range(ranks):
+        if p != r:
+            b.counter(f"c.{name}.r{r}.f{p}", r)
+
+
+def _exchange(b: ProgramBuilder, r: int, ranks: int, workers: int, n: int, src: str, dst: str,
+              tasks: tuple[str, str], arrive: str, done: str, group: str) -> list[int]:
+    """Rank r's half of a one-shot exchange into row r of slot ``s`` of the symmetric
+    ``dst``: a put of ``src`` to every peer p (worker i % workers, signalling
+    ``c.<arrive>.rP.fR`` there) and the copy into its own row (worker 0, signalling
+    ``done``). ``tasks``: the put and copy task names. Returns the peers."""
+    peers = [p for p in range(ranks) if p != r]
+    for i, p in enumerate(peers):
+        b.task(f"{tasks[0]}.r{r}.to{p}", r, i % workers, "put", ins=[f"{src}[0:{n}]"],
+               outs=[f"{dst}@{p}[s:s+1, {r}:{r + 1}, 0:{n}]"],
+               signals=[f"c.{arrive}.r{p}.f{r}+=1"], group=group)
+    b.task(f"{tasks[1]}.r{r}", r, 0, "copy", ins=[f"{src}[0:{n}]"],
+           outs=[f"{dst}[s:s+1, {r}:{r + 1}, 0:{n}]"], signals=[f"{done}+=1"], group=group)
+    return peers
+
+
 def allreduce_per_source(ranks: int = 3, n: int = 4, workers: int = 1) -> ScheduleProgram:
     """One-shot all-reduce with receive slots (``s = epoch mod 2``) and one arrival counter
     per (destination, source) pair, so a wait counts only its own source's puts.
@@ -60,22 +92,13 @@ def allreduce_per_source(ranks: int = 3, n: int = 4, workers: int = 1) -> Schedu
     reduce runs on another worker."""
     b = ProgramBuilder(f"ar-persrc-{ranks}r{workers}w", ranks, workers, target=_TARGET, slots=2,
                        config={"allreduce": "oneshot", "reuse": "slots", "counters": "per-source"})
-    b.buffer("rx", "activation", "f32", (2, ranks, n), placement="symmetric")
+    _allreduce_buffers(b, ranks, n)
     for r in range(ranks):
-        b.buffer(f"x.r{r}", "io_input", "f32", (n,), rank=r)
-        b.buffer(f"y.r{r}", "io_output", "f32", (n,), rank=r)
         b.counter(f"c.self.r{r}", r)
-        for p in range(ranks):
-            if p != r:
-                b.counter(f"c.rx.r{r}.f{p}", r)
+        _per_source(b, r, ranks, "rx")
     for r in range(ranks):
-        peers = [p for p in range(ranks) if p != r]
-        for i, p in enumerate(peers):
-            b.task(f"put.r{r}.to{p}", r, i % workers, "put", ins=[f"x.r{r}[0:{n}]"],
-                   outs=[f"rx@{p}[s:s+1, {r}:{r + 1}, 0:{n}]"], signals=[f"c.rx.r{p}.f{r}+=1"],
-                   group="ar")
-        b.task(f"self.r{r}", r, 0, "copy", ins=[f"x.r{r}[0:{n}]"],
-               outs=[f"rx[s:s+1, {r}:{r + 1}, 0:{n}]"], signals=[f"c.self.r{r}+=1"], group="ar")
+        peers = _exchange(b, r, ranks, workers, n, f"x.r{r}", "rx", ("put", "self"), "rx",
+                          f"c.self.r{r}", "ar")
         # Column tiles of >= 2 elements: ir/ops.py compares squeezed shapes, so a [k, 1]
         # partials region squeezes to (k,) and cannot reduce into one element.
         for j, (a, e) in enumerate(_rows(n, min(workers, max(1, n // 2)))):
@@ -93,10 +116,8 @@ def shared_arrival_allreduce(ranks: int = 3, n: int = 4) -> ScheduleProgram:
     satisfies a slow rank's step-e wait while a third rank's step-e put is still pending."""
     b = ProgramBuilder(f"ar-shared-{ranks}r", ranks, 1, target=_TARGET, slots=2,
                        config={"allreduce": "oneshot", "reuse": "slots", "counters": "shared"})
-    b.buffer("rx", "activation", "f32", (2, ranks, n), placement="symmetric")
+    _allreduce_buffers(b, ranks, n)
     for r in range(ranks):
-        b.buffer(f"x.r{r}", "io_input", "f32", (n,), rank=r)
-        b.buffer(f"y.r{r}", "io_output", "f32", (n,), rank=r)
         b.counter(f"c.rx.r{r}", r)
     for r in range(ranks):
         for p in range(ranks):
@@ -141,9 +162,7 @@ def mini_block(ranks: int = 2, workers: int = 2, hidden: int = 8, tile: int = 4,
             for c in ("h", "part", "self", "y"):
                 b.counter(f"c.{c}{k}.r{r}", r)
             if reuse == "slots":
-                for p in range(R):
-                    if p != r:
-                        b.counter(f"c.rx{k}.r{r}.f{p}", r)
+                _per_source(b, r, R, f"rx{k}")
             else:
                 b.counter(f"c.rx{k}.r{r}", r)
                 b.counter(f"c.cr{k}.r{r}", r)
@@ -211,14 +230,10 @@ def allgather(ranks: int = 3, workers: int = 2, n: int = 4, reuse: str = "slots"
         b.buffer(f"y.r{r}", "io_output", "f32", (R, n), rank=r)
         b.counter(f"c.self.r{r}", r)
         if reuse == "slots":
-            for p in range(R):
-                if p != r:
-                    b.counter(f"c.ag.r{r}.f{p}", r)
+            _per_source(b, r, R, "ag")
         else:
             b.counter(f"c.ag.r{r}", r)
-            for p in range(R):
-                if p != r:
-                    b.counter(f"c.cr.r{r}.f{p}", r)
+            _per_source(b, r, R, "cr")
     for r in range(R):
         peers = [p for p in range(R) if p != r]
         for i, p in enumerate(peers):
@@ -259,9 +274,7 @@ def argmax(ranks: int = 2, workers: int = 2, hidden: int = 4, vocab_per_rank: in
         b.buffer(f"token.r{r}", "io_output", "i32", (1,), rank=r)
         b.counter(f"c.logits.r{r}", r)
         b.counter(f"c.loc.r{r}", r)
-        for p in range(R):
-            if p != r:
-                b.counter(f"c.pairs.r{r}.f{p}", r)
+        _per_source(b, r, R, "pairs")
     for r in range(R):
         peers = [p for p in range(R) if p != r]
         for i, (a, e) in enumerate(tiles):
@@ -429,25 +442,14 @@ def two_collectives(ranks: int = 2, workers: int = 1, n: int = 4) -> SchedulePro
         b.buffer(f"g.r{r}", "io_output", "f32", (R, n), rank=r)
         for k in ("rx", "ag"):
             b.counter(f"c.{k}self.r{r}", r)
-            for p in range(R):
-                if p != r:
-                    b.counter(f"c.{k}.r{r}.f{p}", r)
+            _per_source(b, r, R, k)
     for r in range(R):
-        peers = [p for p in range(R) if p != r]
-        for i, p in enumerate(peers):
-            b.task(f"arput.r{r}.to{p}", r, i % W, "put", ins=[f"x.r{r}[0:{n}]"],
-                   outs=[f"rx@{p}[s:s+1, {r}:{r + 1}, 0:{n}]"], signals=[f"c.rx.r{p}.f{r}+=1"],
-                   group="ar")
-        b.task(f"arself.r{r}", r, 0, "copy", ins=[f"x.r{r}[0:{n}]"],
-               outs=[f"rx[s:s+1, {r}:{r + 1}, 0:{n}]"], signals=[f"c.rxself.r{r}+=1"], group="ar")
+        peers = _exchange(b, r, R, W, n, f"x.r{r}", "rx", ("arput", "arself"), "rx",
+                          f"c.rxself.r{r}", "ar")
         b.task(f"arsum.r{r}", r, 0, "reduce", ins=[f"rx[s:s+1, 0:{R}, 0:{n}]"], outs=[f"y.r{r}[0:{n}]"],
                waits=[f"c.rx.r{r}.f{p}>=1" for p in peers] + [f"c.rxself.r{r}>=1"], group="ar")
-        for i, p in enumerate(peers):
-            b.task(f"agput.r{r}.to{p}", r, i % W, "put", ins=[f"z.r{r}[0:{n}]"],
-                   outs=[f"ag@{p}[s:s+1, {r}:{r + 1}, 0:{n}]"], signals=[f"c.ag.r{p}.f{r}+=1"],
-                   group="ag")
-        b.task(f"agself.r{r}", r, 0, "copy", ins=[f"z.r{r}[0:{n}]"],
-               outs=[f"ag[s:s+1, {r}:{r + 1}, 0:{n}]"], signals=[f"c.agself.r{r}+=1"], group="ag")
+        _exchange(b, r, R, W, n, f"z.r{r}", "ag", ("agput", "agself"), "ag", f"c.agself.r{r}",
+                  "ag")
         for p in range(R):
             wait = f"c.agself.r{r}>=1" if p == r else f"c.ag.r{r}.f{p}>=1"
             b.task(f"agout.r{r}.{p}", r, p % W, "copy", ins=[f"ag[s:s+1, {p}:{p + 1}, 0:{n}]"],
@@ -456,29 +458,27 @@ def two_collectives(ranks: int = 2, workers: int = 1, n: int = 4) -> SchedulePro
 
 
 def hand_seeds() -> list[ScheduleProgram]:
-    """Every hand-built seed (this module and ir/examples.py), all valid."""
+    """Every hand-built seed (this module and ir/examples.py), all valid, in a fixed order
+    (the corpus numbers its items by it)."""
     out: list[ScheduleProgram] = []
     for w in (1, 2, 3):
         for r in (2, 3, 4):
             out.append(allreduce(r, 4, w, "credit"))
             out.append(allreduce(r, 4, w, "slots"))
-    for r, w in ((2, 1), (3, 2), (4, 3)):
-        out.append(allreduce_per_source(r, 4, w))
-    for r, w in ((2, 2), (3, 2), (2, 3), (4, 2)):
-        out.append(mini_block(r, w, reuse="slots"))
-        out.append(mini_block(r, w, reuse="credit"))
-    for r, w in ((2, 2), (3, 2), (4, 1)):
-        out.append(allgather(r, w, reuse="slots"))
-        out.append(allgather(r, w, reuse="credit"))
-    for r, w in ((2, 2), (3, 2), (4, 1)):
-        out.append(argmax(r, w))
-    for r, w in ((2, 2), (3, 2), (3, 3)):
-        out.append(pipeline(r, w, completion="quiet"))
-        out.append(pipeline(r, w, completion="fence"))
-    for r, w in ((2, 1), (3, 2), (4, 1)):
-        out.append(ring_allgather(r, w))
-    for r, w in ((3, 1), (3, 2), (4, 3)):
-        out.append(relay_broadcast(r, w))
-    for r, w in ((2, 1), (2, 2), (3, 2)):
-        out.append(two_collectives(r, w))
+    for build, shapes, variants in _SEEDS:
+        for r, w in shapes:
+            out.extend(build(ranks=r, workers=w, **v) for v in variants)
     return out
+
+
+#: the seeds of this module: builder, (ranks, workers) pairs, keyword variants of each
+_SEEDS = (
+    (allreduce_per_source, ((2, 1), (3, 2), (4, 3)), ({},)),
+    (mini_block, ((2, 2), (3, 2), (2, 3), (4, 2)), ({"reuse": "slots"}, {"reuse": "credit"})),
+    (allgather, ((2, 2), (3, 2), (4, 1)), ({"reuse": "slots"}, {"reuse": "credit"})),
+    (argmax, ((2, 2), (3, 2), (4, 1)), ({},)),
+    (pipeline, ((2, 2), (3, 2), (3, 3)), ({"completion": "quiet"}, {"completion": "fence"})),
+    (ring_allgather, ((2, 1), (3, 2), (4, 1)), ({},)),
+    (relay_broadcast, ((3, 1), (3, 2), (4, 3)), ({},)),
+    (two_collectives, ((2, 1), (2, 2), (3, 2)), ({},)),
+)

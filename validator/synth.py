@@ -52,200 +52,254 @@ def transformer_schedule(ranks: int = 4, workers: int = 64, layers: int = 50,
     """A valid synthetic decode-step schedule; see the module doc. Sizes are per model;
     heads and the intermediate size are split evenly over ``ranks``. ``share``: equal
     range, wait and signal tuples are one object, as ir/text.py parses them (the validator
-    reads each distinct one once); False builds fresh objects everywhere."""
+    reads each distinct one once); False builds fresh objects everywhere.
+
+    Raises ValueError for an unknown ``reuse`` or sizes that do not split evenly."""
     _SHARE[0] = share
     if reuse not in ("credit", "slots"):
         raise ValueError(f"reuse must be 'credit' or 'slots', got {reuse!r}")
-    R, W, H, D = ranks, workers, hidden, head_dim
-    hq, hk, ir = q_heads // R, kv_heads // R, inter // R
-    if hq < 1 or hk < 1 or hq % hk or H % chunks or H % o_tiles or H % down_tiles:
+    hq, hk = q_heads // ranks, kv_heads // ranks
+    if hq < 1 or hk < 1 or hq % hk or hidden % chunks or hidden % o_tiles or hidden % down_tiles:
         raise ValueError("sizes do not split evenly over ranks / tiles")
-    slots = 2 if reuse == "slots" else 1
-    nqkv = (hq + 2 * hk) * D
-    prog = ScheduleProgram(
-        name=f"synth-{R}r{W}w{layers}l-{reuse}", ranks=R, workers=W,
-        target=Target(name="synthetic", sms=132, max_workers=132, backend="sim"),
-        slots=slots, max_epochs=1 << 20, config={"synthetic": True, "reuse": reuse})
-    B, C, T = prog.buffers, prog.counters, prog.tasks
+    syn = _Synth(ranks, workers, hidden, inter, head_dim, q_heads, kv_heads, seq,
+                 dict(qkv=qkv_tiles, o=o_tiles, gu=gu_tiles, act=act_tiles, down=down_tiles),
+                 chunks, reuse, dtype, share, layers)
+    syn.declare()
+    for layer in range(layers):
+        syn.layer(layer)
+    return syn.prog
 
-    def buf(name, kind, shape, rank=0, sym=False, dt=dtype):
-        B.append(Buffer(name, kind, dt, tuple(shape), "symmetric" if sym else "local",
-                        None if sym else rank))
 
-    shared: dict[tuple, tuple] = {}  # equal wait / signal tuples are one object (as parsed)
+class _Synth:
+    """Builds the synthetic schedule: declarations, then per layer the attention half, the
+    first all-reduce, the MLP half and the second all-reduce (module doc)."""
 
-    def task(tid, r, w, op, ins=(), outs=(), params=None, waits=(), signals=(), group=None):
+    def __init__(self, R, W, H, inter, D, q_heads, kv_heads, seq, tiles, chunks, reuse, dtype,
+                 share, layers):
+        self.R, self.W, self.H, self.D, self.seq = R, W, H, D, seq
+        self.hq, self.hk, self.ir = q_heads // R, kv_heads // R, inter // R
+        self.tiles_of, self.chunks, self.reuse, self.dtype = tiles, chunks, reuse, dtype
+        self.share, self.layers = share, layers
+        self.slots = 2 if reuse == "slots" else 1
+        self.nqkv = (self.hq + 2 * self.hk) * D
+        self.prog = ScheduleProgram(
+            name=f"synth-{R}r{W}w{layers}l-{reuse}", ranks=R, workers=W,
+            target=Target(name="synthetic", sms=132, max_workers=132, backend="sim"),
+            slots=self.slots, max_epochs=1 << 20,
+            config={"synthetic": True, "reuse": reuse})
+        self.shared: dict[tuple, tuple] = {}  # equal wait / signal tuples: one object
+
+    # -- primitives --
+    def buf(self, name, kind, shape, rank=0, sym=False, dt=None):
+        self.prog.buffers.append(Buffer(name, kind, dt or self.dtype, tuple(shape),
+                                        "symmetric" if sym else "local", None if sym else rank))
+
+    def task(self, tid, r, w, op, ins=(), outs=(), params=None, waits=(), signals=(),
+             group=None):
         waits, signals = tuple(waits), tuple(signals)
-        if share:
-            waits = shared.setdefault(waits, waits)
-            signals = shared.setdefault(signals, signals)
-        T.append(Task(tid, r, w, op, tuple(ins), tuple(outs), dict(params or {}),
-                      waits, signals, group))
+        if self.share:
+            waits = self.shared.setdefault(waits, waits)
+            signals = self.shared.setdefault(signals, signals)
+        self.prog.tasks.append(Task(tid, r, w, op, tuple(ins), tuple(outs), dict(params or {}),
+                                    waits, signals, group))
 
+    @staticmethod
     def reg(name, r, *bounds):
         return Region(name, r, _r(*bounds))
 
-    for r in range(R):
-        buf(f"pos.r{r}", "io_input", (1,), r, dt="i32")
-        buf(f"invf.r{r}", "weight", (D // 2,), r, dt="f32")
-        buf(f"x0.r{r}", "io_input", (H,), r)
-    for layer in range(layers):
-        L = f"l{layer}"
-        rx_shape = (2, R, H) if slots == 2 else (R, H)
-        buf(f"{L}.rx1", "activation", rx_shape, sym=True)
-        buf(f"{L}.rx2", "activation", rx_shape, sym=True)
+    # -- declarations --
+    def declare(self) -> None:
+        """Every buffer and counter: per rank the inputs, per layer and rank the weights,
+        caches, activations and phase counters, per layer the all-reduce receive buffers."""
+        R, H, D = self.R, self.H, self.D
         for r in range(R):
-            S = f"{L}.r{r}"
-            for nm, kind, shp in (("wn1", "weight", (H,)), ("wn2", "weight", (H,)),
-                                  ("wqkv", "weight", (nqkv, H)), ("wo", "weight", (H, hq * D)),
-                                  ("wgu", "weight", (2 * ir, H)), ("wd", "weight", (H, ir)),
-                                  ("kc", "kv_cache", (hk, seq, D)),
-                                  ("vc", "kv_cache", (hk, seq, D)),
-                                  ("xn", "activation", (H,)), ("qkv", "activation", (nqkv,)),
-                                  ("qr", "activation", (hq * D,)), ("kr", "activation", (hk * D,)),
-                                  ("att", "activation", (hq * D,)), ("p1", "activation", (H,)),
-                                  ("h", "activation", (H,)), ("hn", "activation", (H,)),
-                                  ("gu", "activation", (2 * ir,)), ("act", "activation", (ir,)),
-                                  ("p2", "activation", (H,)),
-                                  ("x", "io_output" if layer == layers - 1 else "activation",
-                                   (H,))):
-                buf(f"{S}.{nm}", kind, shp, r)
-            for nm in ("n1", "qkv", "att", "o", "ar1", "n2", "gu", "act", "down", "ar2"):
-                C.append(Counter(f"{S}.c.{nm}", r))
-            for a in ("a1", "a2"):
-                for j in range(chunks):
-                    if reuse == "credit":
-                        C.append(Counter(f"{S}.c.{a}.{j}", r))
-                        C.append(Counter(f"{S}.c.{a}.cr.{j}", r))
-                    else:
-                        for p in range(R):
-                            if p != r:
-                                C.append(Counter(f"{S}.c.{a}.{j}.from{p}", r))
+            self.buf(f"pos.r{r}", "io_input", (1,), r, dt="i32")
+            self.buf(f"invf.r{r}", "weight", (D // 2,), r, dt="f32")
+            self.buf(f"x0.r{r}", "io_input", (H,), r)
+        for layer in range(self.layers):
+            rx_shape = (2, R, H) if self.slots == 2 else (R, H)
+            self.buf(f"l{layer}.rx1", "activation", rx_shape, sym=True)
+            self.buf(f"l{layer}.rx2", "activation", rx_shape, sym=True)
+            for r in range(R):
+                for nm, kind, shp in self._rank_buffers(layer):
+                    self.buf(f"l{layer}.r{r}.{nm}", kind, shp, r)
+                self._counters(f"l{layer}.r{r}", r)
 
-    def tiles(r, n_rows, n_tiles, first_wait, make, sig):
+    def _rank_buffers(self, layer: int) -> list[tuple[str, str, tuple]]:
+        H, D, hq, hk, ir = self.H, self.D, self.hq, self.hk, self.ir
+        last = layer == self.layers - 1
+        return [("wn1", "weight", (H,)), ("wn2", "weight", (H,)),
+                ("wqkv", "weight", (self.nqkv, H)), ("wo", "weight", (H, hq * D)),
+                ("wgu", "weight", (2 * ir, H)), ("wd", "weight", (H, ir)),
+                ("kc", "kv_cache", (hk, self.seq, D)), ("vc", "kv_cache", (hk, self.seq, D)),
+                ("xn", "activation", (H,)), ("qkv", "activation", (self.nqkv,)),
+                ("qr", "activation", (hq * D,)), ("kr", "activation", (hk * D,)),
+                ("att", "activation", (hq * D,)), ("p1", "activation", (H,)),
+                ("h", "activation", (H,)), ("hn", "activation", (H,)),
+                ("gu", "activation", (2 * ir,)), ("act", "activation", (ir,)),
+                ("p2", "activation", (H,)), ("x", "io_output" if last else "activation", (H,))]
+
+    def _counters(self, S: str, r: int) -> None:
+        """Phase counters of rank ``r`` in one layer, and the all-reduce arrival (and credit)
+        counters: per chunk one (credits), or one per source rank (double buffering)."""
+        C = self.prog.counters
+        for nm in ("n1", "qkv", "att", "o", "ar1", "n2", "gu", "act", "down", "ar2"):
+            C.append(Counter(f"{S}.c.{nm}", r))
+        for a in ("a1", "a2"):
+            for j in range(self.chunks):
+                if self.reuse == "credit":
+                    C.append(Counter(f"{S}.c.{a}.{j}", r))
+                    C.append(Counter(f"{S}.c.{a}.cr.{j}", r))
+                else:
+                    for p in range(self.R):
+                        if p != r:
+                            C.append(Counter(f"{S}.c.{a}.{j}.from{p}", r))
+
+    # -- one layer --
+    def layer(self, layer: int) -> None:
+        """Attention on every rank, all-reduce, MLP on every rank, all-reduce."""
+        R = self.R
+        for r in range(R):
+            self._attention(layer, r)
+        for r in range(R):
+            S = f"l{layer}.r{r}"
+            self._allreduce(layer, r, "a1", f"{S}.p1", self._layer_input(layer, r), f"{S}.h",
+                            Wait(f"{S}.c.o", self.tiles_of["o"]), f"{S}.c.ar1")
+        for r in range(R):
+            self._mlp(layer, r)
+        for r in range(R):
+            S = f"l{layer}.r{r}"
+            self._allreduce(layer, r, "a2", f"{S}.p2", f"{S}.h", f"{S}.x",
+                            Wait(f"{S}.c.down", self.tiles_of["down"]), f"{S}.c.ar2")
+
+    @staticmethod
+    def _layer_input(layer: int, r: int) -> str:
+        return f"x0.r{r}" if layer == 0 else f"l{layer - 1}.r{r}.x"
+
+    def _tiles(self, r, n_rows, n_tiles, first_wait, make, sig):
         """Tile i on worker i % W; the first tile of each worker carries ``first_wait``."""
         step = n_rows // n_tiles
         for i in range(n_tiles):
-            w = i % W
-            waits = (first_wait,) if (first_wait is not None and i < W) else ()
+            w = i % self.W
+            waits = (first_wait,) if (first_wait is not None and i < self.W) else ()
             make(i, w, i * step, (i + 1) * step, waits, (Signal(sig, 1),))
 
-    def allreduce(layer, r, a, src, resid, dst, wait, done_sig):
-        """One-shot all-reduce of src (rank r's partial) into dst = sum + resid."""
-        L = f"l{layer}"
-        S = f"{L}.r{r}"
-        rx = f"{L}.rx{a[-1]}"
-        cw = H // chunks
-        grp = f"{L}.{a}"
-        for j in range(chunks):
-            w = j % W
-            c0, c1 = j * cw, (j + 1) * cw
-            for k, p in enumerate(q for q in range(R) if q != r):
-                waits = [wait] if k == 0 else []
-                if reuse == "credit":
-                    waits.append(Wait(f"{S}.c.{a}.cr.{j}", R - 1, -1))
-                    dst_reg = reg(rx, p, (r, r + 1), (c0, c1))
-                    sig = Signal(f"{L}.r{p}.c.{a}.{j}", 1)
-                else:
-                    dst_reg = reg(rx, p, (0, 1, 1), (r, r + 1), (c0, c1))
-                    sig = Signal(f"{L}.r{p}.c.{a}.{j}.from{r}", 1)
-                task(f"{S}.{a}.put{j}.to{p}", r, w, "put", [reg(src, r, (c0, c1))], [dst_reg],
-                     waits=waits, signals=[sig], group=grp)
-            own = reg(rx, r, (r, r + 1), (c0, c1)) if slots == 1 else \
-                reg(rx, r, (0, 1, 1), (r, r + 1), (c0, c1))
-            task(f"{S}.{a}.self{j}", r, w, "copy", [reg(src, r, (c0, c1))], [own],
-                 waits=[wait] if R == 1 else [], group=grp)
-            if reuse == "credit":
-                rwaits = [Wait(f"{S}.c.{a}.{j}", R - 1)] if R > 1 else []
-                credits = [Signal(f"{L}.r{p}.c.{a}.cr.{j}", 1) for p in range(R) if p != r]
-                allp = reg(rx, r, (0, R), (c0, c1))
+    def _gemv_tiles(self, r, name, x, x_len, wname, out, n_rows, key, first_wait, S):
+        """``n_rows`` output rows of ``out = wname @ x`` in ``tiles_of[key]`` GEMV tiles."""
+        reg = self.reg
+
+        def make(i, w, a, b, waits, sig):
+            self.task(f"{S}.{name}{i}", r, w, "gemv",
+                      [reg(x, r, (0, x_len)), reg(wname, r, (a, b), (0, x_len))],
+                      [reg(out, r, (a, b))], waits=waits, signals=sig)
+        self._tiles(r, n_rows, self.tiles_of[key], first_wait, make, f"{S}.c.{key}")
+
+    def _attention(self, layer: int, r: int) -> None:
+        """RMSNorm, q/k/v GEMV tiles, per KV head RoPE / KV append / attention, and the
+        o-projection tiles producing rank r's partial sum p1."""
+        S, H, D, hq, hk, reg = f"l{layer}.r{r}", self.H, self.D, self.hq, self.hk, self.reg
+        w_in = [] if layer == 0 else [Wait(f"l{layer - 1}.r{r}.c.ar2", self.chunks)]
+        self.task(f"{S}.n1", r, 0, "rmsnorm",
+                  [reg(self._layer_input(layer, r), r, (0, H)), reg(f"{S}.wn1", r, (0, H))],
+                  [reg(f"{S}.xn", r, (0, H))], {"dim": H, "eps": 1e-5}, w_in,
+                  [Signal(f"{S}.c.n1", 1)])
+        self._gemv_tiles(r, "qkv", f"{S}.xn", H, f"{S}.wqkv", f"{S}.qkv", self.nqkv, "qkv",
+                         Wait(f"{S}.c.n1", 1), S)
+        for g in range(hk):
+            self._head(S, r, g)
+        self._gemv_tiles(r, "o", f"{S}.att", hq * D, f"{S}.wo", f"{S}.p1", H, "o",
+                         Wait(f"{S}.c.att", hk), S)
+
+    def _head(self, S: str, r: int, g: int) -> None:
+        """KV head g of rank r: RoPE of its q heads and k, KV append, decode attention."""
+        D, hq, hk, seq, reg = self.D, self.hq, self.hk, self.seq, self.reg
+        w, gq = g % self.W, hq // hk
+        q0, q1 = g * gq * D, (g + 1) * gq * D
+        k0, k1 = hq * D + g * D, hq * D + (g + 1) * D
+        v0, v1 = (hq + hk) * D + g * D, (hq + hk) * D + (g + 1) * D
+        pos = reg(f"pos.r{r}", r, (0, 1))
+
+        def invf():
+            return reg(f"invf.r{r}", r, (0, D // 2))
+
+        def cache(name):
+            return reg(f"{S}.{name}", r, (g, g + 1), (0, seq), (0, D))
+        self.task(f"{S}.ropeq{g}", r, w, "rope", [reg(f"{S}.qkv", r, (q0, q1)), invf(), pos],
+                  [reg(f"{S}.qr", r, (q0, q1))], {"head_dim": D},
+                  [Wait(f"{S}.c.qkv", self.tiles_of["qkv"])])
+        self.task(f"{S}.ropek{g}", r, w, "rope", [reg(f"{S}.qkv", r, (k0, k1)), invf(), pos],
+                  [reg(f"{S}.kr", r, (g * D, (g + 1) * D))], {"head_dim": D})
+        self.task(f"{S}.kv{g}", r, w, "kv_append",
+                  [reg(f"{S}.kr", r, (g * D, (g + 1) * D)), reg(f"{S}.qkv", r, (v0, v1)), pos],
+                  [cache("kc"), cache("vc")], {"head_dim": D})
+        self.task(f"{S}.attn{g}", r, w, "attention",
+                  [reg(f"{S}.qr", r, (q0, q1)), cache("kc"), cache("vc"), pos],
+                  [reg(f"{S}.att", r, (q0, q1))], {"head_dim": D, "scale": D ** -0.5},
+                  signals=[Signal(f"{S}.c.att", 1)])
+
+    def _mlp(self, layer: int, r: int) -> None:
+        """RMSNorm, gate/up GEMV tiles, SiLU*mul tiles and down tiles (partial sum p2)."""
+        S, H, ir, reg, tiles = f"l{layer}.r{r}", self.H, self.ir, self.reg, self.tiles_of
+        self.task(f"{S}.n2", r, 0, "rmsnorm", [reg(f"{S}.h", r, (0, H)),
+                                               reg(f"{S}.wn2", r, (0, H))],
+                  [reg(f"{S}.hn", r, (0, H))], {"dim": H, "eps": 1e-5},
+                  [Wait(f"{S}.c.ar1", self.chunks)], [Signal(f"{S}.c.n2", 1)])
+        self._gemv_tiles(r, "gu", f"{S}.hn", H, f"{S}.wgu", f"{S}.gu", 2 * ir, "gu",
+                         Wait(f"{S}.c.n2", 1), S)
+
+        def act(i, w, a, b, waits, sig):
+            self.task(f"{S}.act{i}", r, w, "silu_mul",
+                      [reg(f"{S}.gu", r, (a, b)), reg(f"{S}.gu", r, (ir + a, ir + b))],
+                      [reg(f"{S}.act", r, (a, b))], waits=waits, signals=sig)
+        self._tiles(r, ir, tiles["act"], Wait(f"{S}.c.gu", tiles["gu"]), act, f"{S}.c.act")
+        self._gemv_tiles(r, "d", f"{S}.act", ir, f"{S}.wd", f"{S}.p2", H, "down",
+                         Wait(f"{S}.c.act", tiles["act"]), S)
+
+    def _allreduce(self, layer, r, a, src, resid, dst, wait, done_sig):
+        """One-shot all-reduce of src (rank r's partial) into dst = sum + resid: per chunk,
+        a put to every peer, a local copy, and the reduction."""
+        S, grp, cw = f"l{layer}.r{r}", f"l{layer}.{a}", self.H // self.chunks
+        rx = f"l{layer}.rx{a[-1]}"
+        for j in range(self.chunks):
+            w, c0, c1 = j % self.W, j * cw, (j + 1) * cw
+            self._puts(layer, r, a, src, rx, j, w, c0, c1, wait, grp)
+            own = self.reg(rx, r, (r, r + 1), (c0, c1)) if self.slots == 1 else \
+                self.reg(rx, r, (0, 1, 1), (r, r + 1), (c0, c1))
+            self.task(f"{S}.{a}.self{j}", r, w, "copy", [self.reg(src, r, (c0, c1))], [own],
+                      waits=[wait] if self.R == 1 else [], group=grp)
+            self._reduce(layer, r, a, rx, j, w, c0, c1, resid, dst, done_sig, grp)
+
+    def _puts(self, layer, r, a, src, rx, j, w, c0, c1, wait, grp) -> None:
+        """Chunk j of rank r's partial put to every peer's receive buffer, with its arrival
+        signal (and, with credits, a wait for the peer's credit of the previous step)."""
+        R, S, L = self.R, f"l{layer}.r{r}", f"l{layer}"
+        for k, p in enumerate(q for q in range(R) if q != r):
+            waits = [wait] if k == 0 else []
+            if self.reuse == "credit":
+                waits.append(Wait(f"{S}.c.{a}.cr.{j}", R - 1, -1))
+                dst_reg = self.reg(rx, p, (r, r + 1), (c0, c1))
+                sig = Signal(f"{L}.r{p}.c.{a}.{j}", 1)
             else:
-                rwaits = [Wait(f"{S}.c.{a}.{j}.from{p}", 1) for p in range(R) if p != r]
-                credits = []
-                allp = reg(rx, r, (0, 1, 1), (0, R), (c0, c1))
-            task(f"{S}.{a}.sum{j}", r, w, "reduce", [allp, reg(resid, r, (c0, c1))],
-                 [reg(dst, r, (c0, c1))], waits=rwaits,
-                 signals=credits + [Signal(done_sig, 1)], group=grp)
+                dst_reg = self.reg(rx, p, (0, 1, 1), (r, r + 1), (c0, c1))
+                sig = Signal(f"{L}.r{p}.c.{a}.{j}.from{r}", 1)
+            self.task(f"{S}.{a}.put{j}.to{p}", r, w, "put", [self.reg(src, r, (c0, c1))],
+                      [dst_reg], waits=waits, signals=[sig], group=grp)
 
-    for layer in range(layers):
-        L = f"l{layer}"
-        for r in range(R):
-            S = f"{L}.r{r}"
-            xin = f"x0.r{r}" if layer == 0 else f"l{layer - 1}.r{r}.x"
-            w_in = [] if layer == 0 else [Wait(f"l{layer - 1}.r{r}.c.ar2", chunks)]
-            task(f"{S}.n1", r, 0, "rmsnorm", [reg(xin, r, (0, H)), reg(f"{S}.wn1", r, (0, H))],
-                 [reg(f"{S}.xn", r, (0, H))], {"dim": H, "eps": 1e-5}, w_in,
-                 [Signal(f"{S}.c.n1", 1)])
-
-            def qkv(i, w, a, b, waits, sig, S=S, r=r):
-                task(f"{S}.qkv{i}", r, w, "gemv",
-                     [reg(f"{S}.xn", r, (0, H)), reg(f"{S}.wqkv", r, (a, b), (0, H))],
-                     [reg(f"{S}.qkv", r, (a, b))], waits=waits, signals=sig)
-            tiles(r, nqkv, qkv_tiles, Wait(f"{S}.c.n1", 1), qkv, f"{S}.c.qkv")
-            gq = hq // hk
-            for g in range(hk):
-                w = g % W
-                q0, q1 = g * gq * D, (g + 1) * gq * D
-                k0, k1 = hq * D + g * D, hq * D + (g + 1) * D
-                v0, v1 = (hq + hk) * D + g * D, (hq + hk) * D + (g + 1) * D
-                pos = reg(f"pos.r{r}", r, (0, 1))
-                task(f"{S}.ropeq{g}", r, w, "rope",
-                     [reg(f"{S}.qkv", r, (q0, q1)), reg(f"invf.r{r}", r, (0, D // 2)), pos],
-                     [reg(f"{S}.qr", r, (q0, q1))], {"head_dim": D},
-                     [Wait(f"{S}.c.qkv", qkv_tiles)])
-                task(f"{S}.ropek{g}", r, w, "rope",
-                     [reg(f"{S}.qkv", r, (k0, k1)), reg(f"invf.r{r}", r, (0, D // 2)), pos],
-                     [reg(f"{S}.kr", r, (g * D, (g + 1) * D))], {"head_dim": D})
-                task(f"{S}.kv{g}", r, w, "kv_append",
-                     [reg(f"{S}.kr", r, (g * D, (g + 1) * D)), reg(f"{S}.qkv", r, (v0, v1)), pos],
-                     [reg(f"{S}.kc", r, (g, g + 1), (0, seq), (0, D)),
-                      reg(f"{S}.vc", r, (g, g + 1), (0, seq), (0, D))], {"head_dim": D})
-                task(f"{S}.attn{g}", r, w, "attention",
-                     [reg(f"{S}.qr", r, (q0, q1)),
-                      reg(f"{S}.kc", r, (g, g + 1), (0, seq), (0, D)),
-                      reg(f"{S}.vc", r, (g, g + 1), (0, seq), (0, D)), pos],
-                     [reg(f"{S}.att", r, (q0, q1))], {"head_dim": D, "scale": D ** -0.5},
-                     signals=[Signal(f"{S}.c.att", 1)])
-
-            def oproj(i, w, a, b, waits, sig, S=S, r=r):
-                task(f"{S}.o{i}", r, w, "gemv",
-                     [reg(f"{S}.att", r, (0, hq * D)), reg(f"{S}.wo", r, (a, b), (0, hq * D))],
-                     [reg(f"{S}.p1", r, (a, b))], waits=waits, signals=sig)
-            tiles(r, H, o_tiles, Wait(f"{S}.c.att", hk), oproj, f"{S}.c.o")
-        for r in range(R):
-            S = f"{L}.r{r}"
-            xin = f"x0.r{r}" if layer == 0 else f"l{layer - 1}.r{r}.x"
-            allreduce(layer, r, "a1", f"{S}.p1", xin, f"{S}.h", Wait(f"{S}.c.o", o_tiles),
-                      f"{S}.c.ar1")
-        for r in range(R):
-            S = f"{L}.r{r}"
-            task(f"{S}.n2", r, 0, "rmsnorm", [reg(f"{S}.h", r, (0, H)),
-                                              reg(f"{S}.wn2", r, (0, H))],
-                 [reg(f"{S}.hn", r, (0, H))], {"dim": H, "eps": 1e-5},
-                 [Wait(f"{S}.c.ar1", chunks)], [Signal(f"{S}.c.n2", 1)])
-
-            def gu(i, w, a, b, waits, sig, S=S, r=r):
-                task(f"{S}.gu{i}", r, w, "gemv",
-                     [reg(f"{S}.hn", r, (0, H)), reg(f"{S}.wgu", r, (a, b), (0, H))],
-                     [reg(f"{S}.gu", r, (a, b))], waits=waits, signals=sig)
-            tiles(r, 2 * ir, gu_tiles, Wait(f"{S}.c.n2", 1), gu, f"{S}.c.gu")
-
-            def act(i, w, a, b, waits, sig, S=S, r=r):
-                task(f"{S}.act{i}", r, w, "silu_mul",
-                     [reg(f"{S}.gu", r, (a, b)), reg(f"{S}.gu", r, (ir + a, ir + b))],
-                     [reg(f"{S}.act", r, (a, b))], waits=waits, signals=sig)
-            tiles(r, ir, act_tiles, Wait(f"{S}.c.gu", gu_tiles), act, f"{S}.c.act")
-
-            def down(i, w, a, b, waits, sig, S=S, r=r):
-                task(f"{S}.d{i}", r, w, "gemv",
-                     [reg(f"{S}.act", r, (0, ir)), reg(f"{S}.wd", r, (a, b), (0, ir))],
-                     [reg(f"{S}.p2", r, (a, b))], waits=waits, signals=sig)
-            tiles(r, H, down_tiles, Wait(f"{S}.c.act", act_tiles), down, f"{S}.c.down")
-        for r in range(R):
-            S = f"{L}.r{r}"
-            allreduce(layer, r, "a2", f"{S}.p2", f"{S}.h", f"{S}.x",
-                      Wait(f"{S}.c.down", down_tiles), f"{S}.c.ar2")
-    return prog
+    def _reduce(self, layer, r, a, rx, j, w, c0, c1, resid, dst, done_sig, grp) -> None:
+        """The reduction of chunk j once every peer's part arrived; with credits it returns
+        one to every writer."""
+        R, L, S = self.R, f"l{layer}", f"l{layer}.r{r}"
+        if self.reuse == "credit":
+            rwaits = [Wait(f"{S}.c.{a}.{j}", R - 1)] if R > 1 else []
+            credits = [Signal(f"{L}.r{p}.c.{a}.cr.{j}", 1) for p in range(R) if p != r]
+            allp = self.reg(rx, r, (0, R), (c0, c1))
+        else:
+            rwaits = [Wait(f"{S}.c.{a}.{j}.from{p}", 1) for p in range(R) if p != r]
+            credits = []
+            allp = self.reg(rx, r, (0, 1, 1), (0, R), (c0, c1))
+        self.task(f"{S}.{a}.sum{j}", r, w, "reduce", [allp, self.reg(resid, r, (c0, c1))],
+                  [self.reg(dst, r, (c0, c1))], waits=rwaits,
+                  signals=credits + [Signal(done_sig, 1)], group=grp)
 
 
 def schedule_for_tasks(target_tasks: int, ranks: int = 4, workers: int = 64,

@@ -93,12 +93,15 @@ def config_sets(args: argparse.Namespace, field: str) -> bool:
         return False
 
 
+HELP = "lower a model to a validated schedule and check it against HF"
+DESCRIPTION = """\
+Import MODEL, lower it to a tensor-parallel schedule, validate it, write DIR/schedule.amk,
+DIR/schedule.json and DIR/report.json, and check its logits against HF eager at positions 0, 7
+and 31 on the backend."""
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "compile", help="lower a model to a validated schedule and check it against HF",
-        description="Import MODEL, lower it to a tensor-parallel schedule, validate it, write "
-                    "DIR/schedule.amk, DIR/schedule.json and DIR/report.json, and check its "
-                    "logits against HF eager at positions 0, 7 and 31 on the backend.")
+    p = subparsers.add_parser("compile", help=HELP, description=DESCRIPTION)
     add_common_args(p)
     p.add_argument("--out", metavar="DIR", default=None,
                    help="output directory (default build/<model>-tp<R>)")

@@ -23,12 +23,14 @@ from amk.commands.compile import add_common_args, config_from_args, config_sets,
 from ground.errors import AmkError
 
 
+HELP = "greedy decoding through the compiled schedule"
+DESCRIPTION = """\
+Compile MODEL (as amk compile does, without writing files), then decode greedily through the
+schedule on the backend. --verify compares the tokens with HF generate."""
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "generate", help="greedy decoding through the compiled schedule",
-        description="Compile MODEL (as amk compile does, without writing files), then decode "
-                    "greedily through the schedule on the backend. --verify compares the "
-                    "tokens with HF generate.")
+    p = subparsers.add_parser("generate", help=HELP, description=DESCRIPTION)
     add_common_args(p)
     p.add_argument("--prompt", required=True, help="prompt text")
     p.add_argument("--max-new-tokens", type=int, default=32, metavar="N",

@@ -22,14 +22,16 @@ DTYPE_BYTES = {"bf16": 2, "f32": 4}
 TP_MAX = 8
 
 
+HELP = "describe a model: shapes, parameters, support, TP degrees"
+DESCRIPTION = """\
+Describe a model before compiling: family, shapes, parameter count and weight bytes, unsupported
+features, and even tensor-parallel degrees. MODEL is a local HF directory, a .gguf file, the
+alias smollm2-135m, or config:NAME (a built-in random-weight recipe)."""
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `info` subcommand to the root parser."""
-    p = subparsers.add_parser(
-        "info", help="describe a model: shapes, parameters, support, TP degrees",
-        description="Describe a model before compiling: family, shapes, parameter count and "
-                    "weight bytes, unsupported features, and even tensor-parallel degrees. "
-                    "MODEL is a local HF directory, a .gguf file, the alias smollm2-135m, or "
-                    "config:NAME (a built-in random-weight recipe).")
+    p = subparsers.add_parser("info", help=HELP, description=DESCRIPTION)
     p.add_argument("model", metavar="MODEL", help="HF directory | file.gguf | smollm2-135m | "
                                                   "config:NAME")
     p.add_argument("--json", action="store_true",

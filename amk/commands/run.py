@@ -43,16 +43,18 @@ POLICIES = ("in_order", "random", "adversarial")
 TOL = {"f32": 1e-4, "f16": 5e-3, "bf16": 3e-2}
 
 
+HELP = "execute a schedule file on a backend (sim or triton) with seeded inputs"
+DESCRIPTION = """\
+Run a schedule program (text .amk or .json) for N decode steps on the sim (CPU reference) or
+triton (persistent megakernel) backend with seeded inputs, and print a digest of every io_output
+buffer. The program is validated first and refused if rejected, unless --unsafe. With --backend
+triton the sim runs too and the outputs are compared. Exit 0 ran (and matched), 1 refused /
+failed / mismatched, 2 unusable input."""
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `run` subcommand to the root parser."""
-    p = subparsers.add_parser(
-        "run", help="execute a schedule file on a backend (sim or triton) with seeded inputs",
-        description="Run a schedule program (text .amk or .json) for N decode steps on the sim "
-                    "(CPU reference) or triton (persistent megakernel) backend with seeded "
-                    "inputs, and print a digest of every io_output buffer. The program is "
-                    "validated first and refused if rejected, unless --unsafe. With --backend "
-                    "triton the sim runs too and the outputs are compared. Exit 0 ran (and "
-                    "matched), 1 refused / failed / mismatched, 2 unusable input.")
+    p = subparsers.add_parser("run", help=HELP, description=DESCRIPTION)
     p.add_argument("file", metavar="FILE", help="schedule program (.amk text or .json)")
     p.add_argument("--backend", choices=("sim", "triton"), default="sim",
                    help="sim: CPU reference executor, any number of ranks (default); triton: the "

@@ -39,13 +39,15 @@ def _positions(text: str) -> list[int]:
     return vals
 
 
+HELP = "search the lowering's knobs for a faster schedule"
+DESCRIPTION = """\
+Autoresearch over the lowering config: propose -> lower -> validate -> correctness gate against
+HF eager -> timing (sim: predicted by the cost model; triton: measured A/B vs the incumbent) ->
+keep or revert. Results go to DIR/results.tsv (one verdict per row) and DIR/results.jsonl."""
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "search", help="search the lowering's knobs for a faster schedule",
-        description="Autoresearch over the lowering config: propose -> lower -> validate -> "
-                    "correctness gate against HF eager -> timing (sim: predicted by the cost "
-                    "model; triton: measured A/B vs the incumbent) -> keep or revert. Results "
-                    "go to DIR/results.tsv (one verdict per row) and DIR/results.jsonl.")
+    p = subparsers.add_parser("search", help=HELP, description=DESCRIPTION)
     p.add_argument("model", metavar="MODEL", nargs="?",
                    help="HF directory | file.gguf | smollm2-135m | config:NAME "
                         "(omit with --resume)")

@@ -25,14 +25,16 @@ from ground.errors import AmkError
 LARGE = 10_000  # tasks: show stage progress for programs at least this big
 
 
+HELP = "statically check a schedule for deadlocks and races"
+DESCRIPTION = """\
+Check a schedule program (text .amk or .json): structure, deadlock (cycle witness, exact
+simulation), races (coverage, unordered writes, remote delivery, cross-step reuse). Exit 0
+accepted, 1 rejected, 2 unreadable input."""
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `validate` subcommand to the root parser."""
-    p = subparsers.add_parser(
-        "validate", help="statically check a schedule for deadlocks and races",
-        description="Check a schedule program (text .amk or .json): structure, deadlock "
-                    "(cycle witness, exact simulation), races (coverage, unordered writes, "
-                    "remote delivery, cross-step reuse). Exit 0 accepted, 1 rejected, "
-                    "2 unreadable input.")
+    p = subparsers.add_parser("validate", help=HELP, description=DESCRIPTION)
     p.add_argument("file", metavar="FILE", help="schedule program (.amk text or .json)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (ok, errors, stats) instead of text")

@@ -23,14 +23,16 @@ import os
 from ground.errors import AmkError
 
 
+HELP = "measure the validator against the oracle on a mutated corpus"
+DESCRIPTION = """\
+Generate COUNT schedules by mutating valid multi-rank schedules, label each with the independent
+dynamic oracle, validate each with the static validator, and report false accepts (must be 0)
+and false rejects (each attributed to a named reason)."""
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `validate-corpus` subcommand to the root parser."""
-    p = subparsers.add_parser(
-        "validate-corpus", help="measure the validator against the oracle on a mutated corpus",
-        description="Generate COUNT schedules by mutating valid multi-rank schedules, label "
-                    "each with the independent dynamic oracle, validate each with the static "
-                    "validator, and report false accepts (must be 0) and false rejects "
-                    "(each attributed to a named reason).")
+    p = subparsers.add_parser("validate-corpus", help=HELP, description=DESCRIPTION)
     p.add_argument("--count", type=int, default=10_000, help="schedules to generate (default 10000)")
     p.add_argument("--seed", type=int, default=0, help="corpus seed (default 0); results are "
                                                       "deterministic in it")

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ground.errors import AmkError
+from lowering.executors import TaskFailure
 
 
 class TritonError(AmkError):
@@ -35,10 +36,6 @@ class TritonWatchdogError(TritonError):
         self.stuck = stuck
 
 
-class TritonTaskError(TritonError):
-    """An op refused its operands at run time (position or token out of range)."""
-
-    def __init__(self, message: str, task: str, epoch: int):
-        super().__init__(message)
-        self.task = task
-        self.epoch = epoch
+class TritonTaskError(TaskFailure, TritonError):
+    """An op refused its operands at run time (position or token out of range); ``task`` and
+    ``epoch`` name where (lowering.executors.TaskFailure)."""

@@ -43,6 +43,7 @@ from typing import Any, Callable
 import torch
 
 from ir.program import FLOAT_DTYPES, Buffer, ScheduleProgram
+from lowering.executors import StepThroughput, check_steps
 from lowering.triton import table as T
 from lowering.triton import vm as VM
 from lowering.triton.blocks import Blocks
@@ -60,7 +61,7 @@ INT_POISON = -(2**31)
 
 
 @dataclass
-class TritonStats:
+class TritonStats(StepThroughput):
     """One ``step`` / ``run_steps`` call: epochs run, tasks executed (sum over workers), wall
     seconds including the launch and the error-record readback, kernel launches."""
 
@@ -70,10 +71,6 @@ class TritonStats:
     launches: int = 0
     workers: int = 1
     device: str = "cpu"
-
-    @property
-    def tasks_per_s(self) -> float:
-        return self.tasks / self.seconds if self.seconds > 0 else float("inf")
 
 
 #: Global-scratch buffers handed to Triton launches, by (device index, bytes): kept for the
@@ -476,14 +473,8 @@ class TritonExecutor:
                   on_end: Callable[[int, int], None] | None = None) -> TritonStats:
         """Run ``count`` consecutive epochs (one launch each); ``on_start(epoch, rank)`` before
         and ``on_end(epoch, rank)`` after each (write inputs / read outputs there)."""
-        if self._broken:
-            raise TritonError(f"the executor is unusable after an earlier failure: {self._broken}")
-        if count < 1:
-            raise ValueError(f"count must be >= 1, got {count}")
         first = self._next_epoch
-        if first + count > self.program.max_epochs:
-            raise TritonError(f"epoch {first + count - 1} exceeds the program's max_epochs "
-                              f"{self.program.max_epochs}")
+        check_steps(self._broken, count, first, self.program.max_epochs, TritonError)
         stats = TritonStats(epochs=list(range(first, first + count)), workers=self.workers,
                             device=str(self.device))
         t0 = time.perf_counter()
