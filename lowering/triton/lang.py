@@ -109,6 +109,20 @@ def store(ptr, val, mask):
 
 
 @device
+def store_mirrored(ptr, val, mask, m1, m2, m3, MIRRORS: tl.constexpr):
+    """``store(ptr, val, mask)``, and the same at ``ptr + m1`` (``m2``, ``m3``) for MIRRORS
+    (0..3) mirror outputs: element deltas to the peer copies of a GEMV's y (the fused
+    all-reduce's stores)."""
+    store(ptr, val, mask)
+    if MIRRORS > 0:
+        store(ptr + m1, val, mask)
+    if MIRRORS > 1:
+        store(ptr + m2, val, mask)
+    if MIRRORS > 2:
+        store(ptr + m3, val, mask)
+
+
+@device
 def round_as(v, DT: tl.constexpr):
     """fp32 ``v`` rounded (nearest even) to dtype DT and widened back to fp32: the value an
     unfused schedule would have stored in a DT buffer and read again (fused prologues)."""

@@ -299,6 +299,16 @@ def tl_dtypes(v: Variant) -> list[str]:
     return [TL_DTYPE[x] for x in v.dtypes]
 
 
+def plain_call(decoder: str, block: str, extra: tuple[str, ...] = ()):
+    """A dispatch-call builder (an OpLowering's ``call``) for a row decoder whose arguments
+    are DECODER_ARGS, every operand's dtype in order, ``extra`` and the block constexpr
+    ``block``: ``decoder(DECODER_ARGS, d0, d1, ..., *extra, block)``. ``decoder`` may name
+    the op as ``{op}`` (``t_{op}``)."""
+    def call(v: Variant) -> str:
+        return f"{decoder.format(op=v.op)}({', '.join([DECODER_ARGS, *tl_dtypes(v), *extra, block])})"
+    return call
+
+
 @dataclass(frozen=True)
 class GemvRoles:
     """The operands of a GEMV-family op (ops/gemv.py), as indices among the task's inputs:

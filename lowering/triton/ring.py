@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import triton.language as tl
 
-from lowering.triton.lang import INTERPRET, device, flat_off, global_timer, store, thread0_asm
+from lowering.triton.lang import INTERPRET, device, flat_off, global_timer, store_mirrored, thread0_asm
 
 #: Fields of one stream-list entry (int64): the weight tile's byte offset in the arena, its row
 #: stride in bytes, its rows N << 32 | its columns K, and one unused field.
@@ -327,14 +327,7 @@ def gemv_ring(xs, wp, w_rs, b, b_n1, b_n2, b_s0, b_s1, b_s2, y, y_n1, y_n2, y_s0
             out = tl.sum(acc, axis=1)
             if HAS_BIAS:
                 out += bv
-            yoff = flat_off(rows, y_n1, y_n2, y_s0, y_s1, y_s2)
-            store(y + yoff, out, rm)
-            if MIRRORS > 0:
-                store(y + m1 + yoff, out, rm)
-            if MIRRORS > 1:
-                store(y + m2 + yoff, out, rm)
-            if MIRRORS > 2:
-                store(y + m3 + yoff, out, rm)
+            store_mirrored(y + flat_off(rows, y_n1, y_n2, y_s0, y_s1, y_s2), out, rm, m1, m2, m3, MIRRORS)
         r0 += PR
     if PROFILE:
         tl.store(PROF + 7, t_wait)

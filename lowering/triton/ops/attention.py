@@ -19,7 +19,7 @@ from ir.ops import OPS
 from ir.program import DTYPE_BYTES
 from lowering.triton import layout as L
 from lowering.triton.lang import INTERPRET, aligned, device, flat_off, round_as, store
-from lowering.triton.layout import DECODER_ARGS, OpLowering, TableError, Variant, tl_dtypes
+from lowering.triton.layout import DECODER_ARGS, OpLowering, plain_call, TableError, Variant, tl_dtypes
 from lowering.triton.vm import arena_ptr, fail_position, operand, param_f, param_i, status_ok
 
 
@@ -351,9 +351,7 @@ def _kc(task) -> int:
     return OPS[task.op].operand_index("kc", len(task.ins))
 
 
-def _call_rope(v: Variant) -> str:
-    d = tl_dtypes(v)
-    return f"t_rope({DECODER_ARGS}, {d[0]}, {d[1]}, {d[2]}, {d[3]}, ROPE_BLOCK)"
+_call_rope = plain_call("t_rope", "ROPE_BLOCK")
 
 
 def _call_kv_append(v: Variant) -> str:
@@ -361,9 +359,7 @@ def _call_kv_append(v: Variant) -> str:
     return f"t_kv_append({DECODER_ARGS}, {d[0]}, {d[1]}, tl.float32, {d[2]}, {d[3]}, {d[4]}, False, ROPE_BLOCK)"
 
 
-def _call_rope_append(v: Variant) -> str:
-    d = tl_dtypes(v)
-    return f"t_kv_append({DECODER_ARGS}, {d[0]}, {d[1]}, {d[2]}, {d[3]}, {d[4]}, {d[5]}, True, ROPE_BLOCK)"
+_call_rope_append = plain_call("t_kv_append", "ROPE_BLOCK", ("True",))
 
 
 def _call_attention(v: Variant) -> str:

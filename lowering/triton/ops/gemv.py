@@ -35,7 +35,7 @@ from ir.program import DTYPE_BYTES
 from lowering.triton import layout as L
 from lowering.triton import ring as RG
 from lowering.triton.lang import aligned, device, flat_off, global_timer, l2_prefetch_bytes, l2_prefetch_lines
-from lowering.triton.lang import round_as, store
+from lowering.triton.lang import round_as, store_mirrored
 from lowering.triton.layout import DECODER_ARGS, GemvRoles, OpLowering, TableError, Variant, tl_dtypes
 from lowering.triton.ops.reduce import sum_rows
 from lowering.triton.vm import arena_ptr, fail_page, operand, operand_off, param_f, run_waits, status_ok
@@ -315,14 +315,7 @@ def gemv_epilogue(out, rows, rm, b, y, m1, m2, m3, HAS_BIAS: tl.constexpr, MIRRO
         bp, b_n1, b_n2, b_s0, b_s1, b_s2 = b
         out += tl.load(bp + flat_off(rows, b_n1, b_n2, b_s0, b_s1, b_s2), mask=rm, other=0).to(tl.float32)
     yp, y_n1, y_n2, y_s0, y_s1, y_s2 = y
-    yoff = flat_off(rows, y_n1, y_n2, y_s0, y_s1, y_s2)
-    store(yp + yoff, out, rm)
-    if MIRRORS > 0:
-        store(yp + m1 + yoff, out, rm)
-    if MIRRORS > 1:
-        store(yp + m2 + yoff, out, rm)
-    if MIRRORS > 2:
-        store(yp + m3 + yoff, out, rm)
+    store_mirrored(yp + flat_off(rows, y_n1, y_n2, y_s0, y_s1, y_s2), out, rm, m1, m2, m3, MIRRORS)
 
 
 @device

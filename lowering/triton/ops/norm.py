@@ -10,7 +10,7 @@ from __future__ import annotations
 import triton.language as tl
 
 from lowering.triton.lang import device, flat_off, store
-from lowering.triton.layout import DECODER_ARGS, OpLowering, TableError, Variant, tl_dtypes
+from lowering.triton.layout import OpLowering, plain_call, TableError
 from lowering.triton.vm import arena_ptr, fail_token, operand, param_f, param_i, status_ok
 
 
@@ -135,19 +135,9 @@ def t_add(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DA: tl.constexpr, DB: tl.
 
 
 # ---------------------------------------------------------------- table encoding and dispatch
-def _call_embed(v: Variant) -> str:
-    d = tl_dtypes(v)
-    return f"t_embed({DECODER_ARGS}, {d[0]}, {d[1]}, {d[2]}, BLOCK)"
-
-
-def _call_rmsnorm(v: Variant) -> str:
-    d = tl_dtypes(v)
-    return f"t_rmsnorm({DECODER_ARGS}, {d[0]}, {d[1]}, {d[2]}, BLOCK)"
-
-
-def _call_elementwise(v: Variant) -> str:
-    d = tl_dtypes(v)
-    return f"t_{v.op}({DECODER_ARGS}, {d[0]}, {d[1]}, {d[2]}, BLOCK)"
+_call_embed = plain_call("t_embed", "BLOCK")
+_call_rmsnorm = plain_call("t_rmsnorm", "BLOCK")
+_call_elementwise = plain_call("t_{op}", "BLOCK")
 
 
 def _check_embed(task, descs, where) -> None:

@@ -11,7 +11,7 @@ import triton.language as tl
 
 from lowering.triton import layout as L
 from lowering.triton.lang import INT_POISON, aligned, device, flat_off, store
-from lowering.triton.layout import DECODER_ARGS, OpLowering, TableError, Variant, tl_dtypes, vec_arg
+from lowering.triton.layout import DECODER_ARGS, OpLowering, plain_call, TableError, Variant, tl_dtypes, vec_arg
 from lowering.triton.vm import arena_ptr, operand, param_i, status_ok
 
 
@@ -174,14 +174,8 @@ def _call_reduce(v: Variant) -> str:
     return f"t_reduce({DECODER_ARGS}, {d[0]}, {dr}, {d[-1]}, {res}, BLOCK, {vec_arg(v)})"
 
 
-def _call_argmax(v: Variant) -> str:
-    d = tl_dtypes(v)
-    return f"t_argmax({DECODER_ARGS}, {d[0]}, {d[1]}, BLOCK)"
-
-
-def _call_argmax_combine(v: Variant) -> str:
-    d = tl_dtypes(v)
-    return f"t_argmax_combine({DECODER_ARGS}, {d[0]}, {d[1]}, PAIR_BLOCK)"
+_call_argmax = plain_call("t_argmax", "BLOCK")
+_call_argmax_combine = plain_call("t_argmax_combine", "PAIR_BLOCK")
 
 
 def _flags_reduce(task, dtypes, descs, slots) -> dict[str, bool]:
