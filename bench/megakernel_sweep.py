@@ -39,8 +39,7 @@ def strs(s: str) -> list[str]:
 #: Sweep flags (argparse dest) that set a LoweringConfig field of the same name.
 LOWERING_AXES = {"workers": ints, "tile": ints, "policy": strs, "fuse": flags, "wave": flags,
                  "attn_split": ints, "tile_qkv": ints, "tile_gate_up": ints, "tile_lm_head": ints,
-                 "late_append": flags, "tile_reduce": ints, "allreduce": strs, "fuse_reduce": flags,
-                 "late_reduce": flags}
+                 "late_append": flags, "tile_reduce": ints, "allreduce": strs, "fuse_reduce": flags}
 #: Sweep flags (argparse dest) that set a Blocks field: dest -> (field, parser). A row of the
 #: JSON records each under the field's name (bench/sweep_best.py maps them to amk bench flags).
 BLOCKS_AXES = {"gemv_stages": ("gemv_stages", ints), "prefetch": ("prefetch", ints),
@@ -87,7 +86,6 @@ FLAGS = (
     ("--tile-reduce", "0", "comma list of the tile_reduce lowering knob (0 = tile)"),
     ("--allreduce", "oneshot", "comma list of the allreduce lowering knob"),
     ("--fuse-reduce", "0", "comma list of 0/1 for the fuse_reduce knob"),
-    ("--late-reduce", "0", "comma list of 0/1 for the late_reduce knob"),
     ("--relaxed-poll", "0", "comma list of 0/1 (Blocks.relaxed_poll)"),
     ("--lean-release", "1", "comma list of 0/1 (Blocks.lean_release)"),
     ("--gemv-tma", "0", "comma list of 0/1 (Blocks.gemv_tma; needs --gemv-stages >= 2)"),

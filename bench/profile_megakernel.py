@@ -64,7 +64,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--allreduce", default="oneshot", help="the allreduce lowering knob (oneshot, fused, twoshot)")
     ap.add_argument("--tile-reduce", type=int, default=0, help="the tile_reduce lowering knob (0 = tile)")
     ap.add_argument("--fuse-reduce", action="store_true", help="the fuse_reduce lowering knob")
-    ap.add_argument("--late-reduce", action="store_true", help="the late_reduce lowering knob")
     ap.add_argument("--layer", type=int, default=None,
                     help="also print the stage timeline of this layer (default: the middle one)")
     ap.add_argument("--all-layers", action="store_true",
@@ -93,8 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                          max_seq=256, fuse=args.fuse, wave=args.wave, attn_split=args.attn_split,
                          tile_qkv=args.tile_qkv, tile_gate_up=args.tile_gate_up, tile_lm_head=args.tile_lm_head,
                          late_append=args.late_append, allreduce=args.allreduce,
-                         tile_reduce=args.tile_reduce, fuse_reduce=args.fuse_reduce,
-                         late_reduce=args.late_reduce).validate()
+                         tile_reduce=args.tile_reduce, fuse_reduce=args.fuse_reduce).validate()
     target = cuda_target(props)
     session = pipeline.Session.build(args.model, args.tp, cfg, target, resolved=resolved)
     bn, bk = (int(v) for v in args.gemv_block.split("x"))

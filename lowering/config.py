@@ -74,14 +74,6 @@ fuse_reduce   with ``fuse``, at R > 1 and a one-shot all-reduce (``oneshot`` / `
               residual stream, now off the critical path (its next reader is the next
               all-reduce). One hand-off and a reduce less per all-reduce. No effect at
               R = 1, with ``twoshot`` or without ``fuse``. Default off.
-late_reduce   with ``fuse_reduce``: each all-reduce's reduce tasks are emitted after the
-              tiles that consume it (the o site's after the gate/up tiles, the down site's
-              after the next layer's q/k/v tiles and attention, the last one after the LM
-              head), so no consuming tile waits behind a reduce task in its worker's queue
-              (with ``fuse_reduce`` alone, 38 q/k/v and gate/up tiles of a Llama-3.1-8B layer
-              on rank 0 of bench/configs/llama-3.1-8b-tp2-fr.json at tp 2 queue behind a
-              reduce task: bench/reduce_queue_order.py). No effect without ``fuse_reduce``.
-              Default off.
 ============  =========================================================================
 """
 
@@ -119,7 +111,6 @@ class LoweringConfig:
     late_append: bool = False
     tile_reduce: int = 0
     fuse_reduce: bool = False
-    late_reduce: bool = False
 
     def validate(self, source: str = "config") -> "LoweringConfig":
         """Return self, or raise AmkError naming the bad field and the allowed values."""
@@ -135,7 +126,7 @@ class LoweringConfig:
                     raise bad(name, f"expected an integer, got {v!r}")
                 if v < low:
                     raise bad(name, f"must be >= {low}{note}, got {v}")
-        for name in ("fuse", "wave", "late_append", "fuse_reduce", "late_reduce"):
+        for name in ("fuse", "wave", "late_append", "fuse_reduce"):
             if not isinstance(getattr(self, name), bool):
                 raise bad(name, f"expected true or false, got {getattr(self, name)!r}")
         if self.workers > 1024:

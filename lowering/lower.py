@@ -253,8 +253,6 @@ class _Lowerer:
         self.S = cfg.max_seq
         #: late_append: the KV appends of the current layer, emitted after its gate/up tiles
         self.late_appends: list[Callable[[], None]] = []
-        # late_reduce: reduce stages whose emission waits for their consumers' tiles
-        self.late_reduces: list[Callable[[], None]] = []
 
     # -- helpers -------------------------------------------------------------------------
     def weight(self, name: str, rank: int, key: str, shape: Sequence[int],
@@ -287,7 +285,6 @@ class _Lowerer:
                 "the graph must end with rmsnorm, lm_head")
         xf = self.norm_in("final_norm", norm_op, x)
         self.lm_head(head_op, xf)
-        self.flush_reduces()  # the last layer's: its result is read by no task
         prog = e.finish()
         # Counters are never reset within max_epochs steps: cap it so that the busiest
         # counter's N(c) * (max_epochs + 1) stays within int32 (the validator's overflow rule).
@@ -406,21 +403,13 @@ class _Lowerer:
         plan = _layer_plan(self.g, i)
         xn = self.norm_in(f"l{i}.ln1", plan["ln1"], x)
         attn = self.attention(i, plan, xn)
-        self.flush_reduces()  # the previous layer's down-site reduce, behind this layer's q/k/v tiles
         h = self.row_parallel(f"l{i}.attn", plan["o"], attn, x, self.part_heads)
         hn = self.norm_in(f"l{i}.ln2", plan["ln2"], h)
         m = self.mlp_in(i, plan, hn)
         for emit in self.late_appends:  # after the o and gate/up tiles: never ahead of one in a queue
             emit()
         self.late_appends = []
-        self.flush_reduces()  # the o-site reduce, behind the gate/up tiles
         return self.row_parallel(f"l{i}.mlp", plan["down"], m, h, self.part_cols)
-
-    def flush_reduces(self) -> None:
-        """Emit the reduce stages that ``late_reduce`` held back (see _row_oneshot)."""
-        for emit in self.late_reduces:
-            emit()
-        self.late_reduces = []
 
     def part_heads(self, r: int) -> tuple[int, int]:
         h0, h1 = self.part.shards[r].q_heads
@@ -775,9 +764,6 @@ class _Lowerer:
                        ready=[part[r]], signals=[c], group=f"ar.{site}")
         out = {}
         cols = tiles(0, H, self.cfg.tile_reduce or self.cfg.tile)
-        # late_reduce (with fuse_reduce, whose consumers sum the rows themselves): emit the
-        # reduce after the consumers' tiles, so none of them queues behind a reduce task
-        late = self.cfg.late_reduce and self.cfg.fuse_reduce and self.cfg.fuse
         for r in range(R):
             y = self.act(f"{site}.out", r, H)
             cnt = e.counter(f"c.{site}.red.r{r}", r)
@@ -787,19 +773,12 @@ class _Lowerer:
             # the peer's tiles (fused) or its one put signal the arrival counter: remote
             # producers, so no worker of this rank skips the wait (empty workers)
             rdy += [Ready(arrive[(q, r)], ntiles[q] if fused else 1, frozenset()) for q in contrib if q != r]
-
-            def emit(r=r, y=y, cnt=cnt, rdy=rdy) -> None:
-                for n, (a, b) in enumerate(cols):
-                    ins = [Region(rx, r, (SLOT, _r(0, P), _r(a, b))), resid[r].region(a, b)]
-                    outs = [Region(y, r, (_r(a, b),))]
-                    w = e.place(r, e.cost("reduce", ins, outs), rdy)
-                    e.task(f"{site}.red.t{n}.r{r}", r, w, "reduce", ins, outs, ready=rdy,
-                           signals=[cnt], group=f"ar.{site}")
-
-            if late:
-                self.late_reduces.append(emit)
-            else:
-                emit()
+            for n, (a, b) in enumerate(cols):
+                ins = [Region(rx, r, (SLOT, _r(0, P), _r(a, b))), resid[r].region(a, b)]
+                outs = [Region(y, r, (_r(a, b),))]
+                w = e.place(r, e.cost("reduce", ins, outs), rdy)
+                e.task(f"{site}.red.t{n}.r{r}", r, w, "reduce", ins, outs, ready=rdy,
+                       signals=[cnt], group=f"ar.{site}")
             out[r] = Loc(y, r, 0, H, (self.ready(cnt, len(cols)),),
                          sum_of=(Region(rx, r, (SLOT, _r(0, P), _r(0, H))), resid[r].region(), tuple(rdy)))
         return out

@@ -283,7 +283,6 @@ SEARCHABLE = {
                    "append runs after it (rope_attention_kv)",
     "fuse_reduce": "with fuse and a one-shot all-reduce: the GEMV tiles after it sum the received "
                    "partials and the residual in their prologue (reduce_norm_gemv)",
-    "late_reduce": "with fuse_reduce: the reduce tasks queue behind the tiles that consume the all-reduce",
 }
 # Fixed for a whole search: they change what is computed or how much can be decoded, not
 # how the step is scheduled (the user picks them with --dtype / --max-seq).
@@ -315,7 +314,7 @@ def space_for(spec: Any, ranks: int, max_workers: int, fixed: dict[str, Any] | N
     workers: powers of two up to ``max_workers`` and up to the number of tiles of the
     largest stage at the smallest tile (more workers would idle). policy, allreduce: the
     lowering's own enumerations; allreduce only when ranks > 1 (R = 1 has no all-reduce).
-    fuse, wave: False, True; fuse_reduce, late_reduce: False, True when ranks > 1;
+    fuse, wave: False, True; fuse_reduce: False, True when ranks > 1;
     late_append: False, True for models without q/k norm (it changes
     only the fused attention; with fuse off it is the same schedule). tile_gate_up, tile_lm_head: 0 (= tile) and the choices above the
     default tile and below the stage's rows on one rank. tile_qkv: 0 and QKV_TILE_CHOICES
@@ -387,7 +386,7 @@ def space_for(spec: Any, ranks: int, max_workers: int, fixed: dict[str, Any] | N
             vals = sorted({0, d} | {t for t in REDUCE_TILE_CHOICES if default.tile < t < int(spec.hidden)})
             if ranks > 1 and len(vals) > 1:
                 knobs.append(Knob(name, tuple(vals), d, True, SEARCHABLE[name]))
-        elif name in ("fuse_reduce", "late_reduce"):
+        elif name == "fuse_reduce":
             if ranks > 1:  # R = 1 has no all-reduce
                 knobs.append(Knob(name, (False, True), d, False, SEARCHABLE[name]))
         elif name == "allreduce":

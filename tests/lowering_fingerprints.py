@@ -28,8 +28,6 @@ CASES: list[tuple[str, int, dict]] = [
     ("config:tiny-qwen2", 2, {"allreduce": "twoshot", "tile": 16}),
     ("config:tiny-qwen3", 1, {"fuse": True, "attn_split": 2, "late_append": True}),
     ("config:tiny-qwen3", 2, {"fuse": True, "allreduce": "fused", "fuse_reduce": True}),
-    ("config:tiny-llama", 2, {"fuse": True, "allreduce": "fused", "fuse_reduce": True, "late_reduce": True,
-                              "tile_reduce": 16}),
     ("config:smollm2-135m", 1, {"fuse": True, "tile": 32, "policy": "stage"}),
     ("config:smollm2-135m", 2, {"fuse": True, "tile": 32, "tile_qkv": 24, "tile_gate_up": 64}),
     ("config:smollm2-135m", 3, {"tile": 64, "policy": "round_robin"}),

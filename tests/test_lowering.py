@@ -98,12 +98,10 @@ def _fingerprint(prog):
                                         ("allreduce", "twoshot"), ("allreduce", "fused"), ("max_seq", 16),
                                         ("dtype", "bf16"), ("fuse", True), ("attn_split", 2),
                                         ("tile_qkv", 32), ("tile_gate_up", 32), ("tile_lm_head", 32),
-                                        ("late_append", True), ("tile_reduce", 16), ("fuse_reduce", True),
-                                        ("late_reduce", True)])
+                                        ("late_append", True), ("tile_reduce", 16), ("fuse_reduce", True)])
 def test_every_knob_changes_the_program(knob, value):
     g = graph_of("tiny-qwen2", layers=1)
-    base = LoweringConfig(tile=64, workers=2, max_seq=32, fuse=knob in ("late_append", "fuse_reduce", "late_reduce"),
-                          fuse_reduce=knob == "late_reduce")
+    base = LoweringConfig(tile=64, workers=2, max_seq=32, fuse=knob in ("late_append", "fuse_reduce"))
     a = lower(g, 2, config=base)
     b = lower(g, 2, config=base.replace(**{knob: value}))
     assert _fingerprint(a) != _fingerprint(b)
@@ -222,8 +220,7 @@ CONFIGS = [dict(tile=32, workers=2), dict(tile=48, workers=3, policy="balanced",
                                                tile_qkv=24),
            dict(tile=64, workers=1, allreduce="twoshot"),
            dict(tile=32, workers=3, policy="stage", attn_split=2, late_append=True)]
-FUSED_CONFIGS = CONFIGS + [dict(tile=32, workers=2, policy="stage", allreduce="fused", fuse_reduce=True),
-                           dict(tile=16, workers=3, policy="stage", fuse_reduce=True, late_reduce=True)]
+FUSED_CONFIGS = CONFIGS + [dict(tile=32, workers=2, policy="stage", allreduce="fused", fuse_reduce=True)]
 
 
 @pytest.mark.parametrize("name", TINY)
@@ -236,7 +233,7 @@ def test_every_lowering_passes_the_validator(name, R, knobs):
 @pytest.mark.parametrize("name", TINY)
 @pytest.mark.parametrize("R", [1, 2, 3, 4])
 @pytest.mark.parametrize("knobs", FUSED_CONFIGS,
-                         ids=["rr", "balanced", "twoshot", "late_append", "fuse_reduce", "late_reduce"])
+                         ids=["rr", "balanced", "twoshot", "late_append", "fuse_reduce"])
 def test_every_fused_lowering_passes_the_validator(name, R, knobs):
     _validate(lower(graph_of(name), R, config=LoweringConfig(max_seq=32, fuse=True, **knobs)))
 
@@ -455,25 +452,6 @@ def test_fuse_reduce_tiles_wait_on_the_partials_not_the_reduce(R, algo):
     assert down_red.ins[1].buffer == "l0.attn.out.r0"
     for ranks, other in ((R, cfg.replace(allreduce="twoshot", fuse_reduce=True)), (1, cfg.replace(fuse_reduce=True))):
         assert not any(t.op == "reduce_norm_gemv" for t in lower(g, ranks, config=other).tasks)
-
-
-@pytest.mark.parametrize("R", [2, 3])
-def test_late_reduce_queues_each_reduce_behind_its_consumers(R):
-    """late_reduce: in every worker's queue, a site's reduce tasks come after every
-    reduce_norm_gemv tile that consumes that site's all-reduce (o site: the gate/up tiles;
-    down site: the next layer's q/k/v tiles; the last layer's: the LM head); with
-    fuse_reduce alone some reduce precedes a consumer tile on its worker (counted by
-    bench/reduce_queue_order.py, which reports it for the 8B config). Both validate."""
-    from bench.reduce_queue_order import behind_reduce
-
-    g = graph_of("tiny-llama", layers=2)
-    cfg = LoweringConfig(tile=16, workers=3, max_seq=32, fuse=True, policy="stage", fuse_reduce=True,
-                         tile_reduce=32)
-    early, late = lower(g, R, config=cfg), lower(g, R, config=cfg.replace(late_reduce=True))
-    _validate(early)
-    _validate(late)
-    assert behind_reduce(early) > 0 and behind_reduce(late) == 0
-    assert sorted(t.id for t in early.tasks) == sorted(t.id for t in late.tasks)
 
 
 BENCH_CONFIGS = sorted((Path(__file__).resolve().parents[1] / "bench" / "configs").glob("*.json"))
