@@ -69,15 +69,15 @@ def measure_megakernel(model_arg, resolved, cfg, target, prompt, ref, n_tokens: 
     return res, session, ex
 
 
-#: Blocks fields set by one flag each, with a value (0/1 for the booleans but --attention-dot);
+#: Blocks fields set by one flag each, with a value (0/1 for the booleans);
 #: gemv_n / gemv_k come from --gemv-block NxK. Blocks checks its own fields, and its errors are
 #: reworded with these flag names (one home for the rules); bench/sweep_best.py turns a sweep
 #: row back into these flags.
 BLOCKS_FLAGS = {"gemv_stages": "--gemv-stages", "gemv_unroll": "--gemv-unroll", "prefetch": "--prefetch",
                 "attention_t": "--attention-block", "maxnreg": "--maxnreg", "x_chunk": "--x-chunk",
                 "w_preload": "--w-preload", "prefetch_cap": "--prefetch-cap", "prefetch_rows": "--prefetch-rows",
-                "roll": "--roll", "kroll": "--kroll", "row_prefetch": "--row-prefetch", "x_stage": "--x-stage",
-                "x_reuse": "--x-reuse", "relaxed_poll": "--relaxed-poll", "lean_release": "--lean-release",
+                "roll": "--roll", "row_prefetch": "--row-prefetch", "x_stage": "--x-stage",
+                "x_reuse": "--x-reuse", "lean_release": "--lean-release",
                 "gemv_tma": "--gemv-tma", "ring": "--ring", "ring_rows": "--ring-rows", "ring_cols": "--ring-cols"}
 _FLAG_OF = {**BLOCKS_FLAGS, "gemv_k": "--gemv-block K", "gemv_n": "--gemv-block N"}
 
@@ -89,9 +89,9 @@ def _flag_names(message: str) -> str:
 
 def backend_options(args) -> dict:
     """TritonExecutor options from --num-warps, --gemv-block NxK, --gemv-stages,
-    --prefetch, --gemv-unroll, --attention-block, --attention-dot, --row-prefetch,
+    --prefetch, --gemv-unroll, --attention-block, --row-prefetch,
     --x-stage, --x-reuse, --x-chunk, --w-preload, --prefetch-cap, --prefetch-rows, --roll,
-    --kroll, --relaxed-poll, --lean-release, --gemv-tma and --maxnreg. Raises AmkError naming the flag (the ranges are
+    --lean-release, --gemv-tma and --maxnreg. Raises AmkError naming the flag (the ranges are
     lowering.triton.runtime.Blocks' own checks)."""
     from lowering.triton.runtime import Blocks, TritonError
 
@@ -107,13 +107,11 @@ def backend_options(args) -> dict:
         blocks = Blocks(gemv_n=n, gemv_k=k, gemv_stages=getattr(args, "gemv_stages", 1),
                         prefetch=getattr(args, "prefetch", 0), attention_t=att,
                         gemv_unroll=getattr(args, "gemv_unroll", 1),
-                        attention_dot=bool(getattr(args, "attention_dot", False)),
                         row_prefetch=bool(getattr(args, "row_prefetch", 1)), maxnreg=getattr(args, "maxnreg", 0),
                         x_stage=bool(getattr(args, "x_stage", 1)), x_reuse=bool(getattr(args, "x_reuse", 1)),
                         x_chunk=getattr(args, "x_chunk", 8192), w_preload=getattr(args, "w_preload", 0),
                         prefetch_cap=getattr(args, "prefetch_cap", 0),
                         prefetch_rows=getattr(args, "prefetch_rows", 0), roll=getattr(args, "roll", 0),
-                        kroll=getattr(args, "kroll", 0), relaxed_poll=bool(getattr(args, "relaxed_poll", 0)),
                         lean_release=bool(getattr(args, "lean_release", 1)),
                         gemv_tma=bool(getattr(args, "gemv_tma", 0)), ring=getattr(args, "ring", 0),
                         ring_rows=getattr(args, "ring_rows", 4), ring_cols=getattr(args, "ring_cols", 2048))

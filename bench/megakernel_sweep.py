@@ -44,13 +44,13 @@ LOWERING_AXES = {"workers": ints, "tile": ints, "policy": strs, "fuse": flags, "
 #: JSON records each under the field's name (bench/sweep_best.py maps them to amk bench flags).
 BLOCKS_AXES = {"gemv_stages": ("gemv_stages", ints), "prefetch": ("prefetch", ints),
                "att_t": ("attention_t", ints), "unroll": ("gemv_unroll", ints),
-               "att_dot": ("attention_dot", flags), "row_prefetch": ("row_prefetch", flags),
+               "row_prefetch": ("row_prefetch", flags),
                "maxnreg": ("maxnreg", ints), "x_stage": ("x_stage", flags),
-               "relaxed_poll": ("relaxed_poll", flags), "lean_release": ("lean_release", flags),
+               "lean_release": ("lean_release", flags),
                "x_reuse": ("x_reuse", flags),
                "x_chunk": ("x_chunk", ints), "w_preload": ("w_preload", ints),
                "prefetch_cap": ("prefetch_cap", ints), "prefetch_rows": ("prefetch_rows", ints),
-               "roll": ("roll", ints), "kroll": ("kroll", ints), "gemv_tma": ("gemv_tma", flags),
+               "roll": ("roll", ints), "gemv_tma": ("gemv_tma", flags),
                "ring": ("ring", ints), "ring_rows": ("ring_rows", ints), "ring_cols": ("ring_cols", ints)}
 
 
@@ -67,7 +67,6 @@ FLAGS = (
     ("--wave", "0", "comma list of 0/1 for the wave knob"),
     ("--prefetch", "0", "comma list of L2 prefetch look-aheads (Blocks.prefetch)"),
     ("--att-t", "32", "comma list of attention blocks (Blocks.attention_t)"),
-    ("--att-dot", "0", "comma list of 0/1 (Blocks.attention_dot)"),
     ("--unroll", "1", "comma list of GEMV unroll factors (Blocks.gemv_unroll)"),
     ("--attn-split", "1", "comma list of the attn_split lowering knob"),
     ("--row-prefetch", "1", "comma list of 0/1 (Blocks.row_prefetch)"),
@@ -80,13 +79,11 @@ FLAGS = (
     ("--roll", "0", "comma list of Blocks.roll (row blocks; 0 = off)"),
     ("--tile-gate-up", "0", "comma list of the tile_gate_up lowering knob (0 = tile)"),
     ("--tile-qkv", "0", "comma list of the tile_qkv lowering knob (0 = tile)"),
-    ("--kroll", "0", "comma list of Blocks.kroll (unrolled K groups; 0 = off)"),
     ("--tile-lm-head", "0", "comma list of the tile_lm_head lowering knob (0 = tile)"),
     ("--tp", 1, "ranks: one process per GPU over NVSHMEM (R GPUs needed), as amk bench --tp R"),
     ("--tile-reduce", "0", "comma list of the tile_reduce lowering knob (0 = tile)"),
     ("--allreduce", "oneshot", "comma list of the allreduce lowering knob"),
     ("--fuse-reduce", "0", "comma list of 0/1 for the fuse_reduce knob"),
-    ("--relaxed-poll", "0", "comma list of 0/1 (Blocks.relaxed_poll)"),
     ("--lean-release", "1", "comma list of 0/1 (Blocks.lean_release)"),
     ("--gemv-tma", "0", "comma list of 0/1 (Blocks.gemv_tma; needs --gemv-stages >= 2)"),
     ("--maxnreg", "0", "comma list of register caps (Blocks.maxnreg; 0 = automatic)"),

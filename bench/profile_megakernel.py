@@ -49,7 +49,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefetch-cap", type=int, default=0, help="Blocks.prefetch_cap (bytes; 0 = whole tile)")
     ap.add_argument("--prefetch-rows", type=int, default=0, help="Blocks.prefetch_rows (0 = no limit)")
     ap.add_argument("--roll", type=int, default=0, help="Blocks.roll (row blocks; 0 = off)")
-    ap.add_argument("--kroll", type=int, default=0, help="Blocks.kroll (unrolled K groups; 0 = off)")
     ap.add_argument("--lean-release", type=int, default=1, help="0/1: Blocks.lean_release")
     ap.add_argument("--gemv-stages", type=int, default=1, help="GEMV pipeline depth (Blocks.gemv_stages)")
     ap.add_argument("--gemv-tma", type=int, default=0, help="0/1: Blocks.gemv_tma (needs --gemv-stages >= 2)")
@@ -105,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                                                          maxnreg=args.maxnreg, x_stage=bool(args.x_stage),
                                                          x_reuse=bool(args.x_reuse), w_preload=args.w_preload,
                                                          prefetch_cap=args.prefetch_cap, roll=args.roll,
-                                                         prefetch_rows=args.prefetch_rows, kroll=args.kroll,
+                                                         prefetch_rows=args.prefetch_rows,
                                                          lean_release=bool(args.lean_release),
                                                          gemv_stages=args.gemv_stages,
                                                          gemv_tma=bool(args.gemv_tma), ring=args.ring,

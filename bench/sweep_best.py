@@ -43,8 +43,6 @@ def bench_flags(row: dict, config_path: str) -> list[str]:
     for key, flag in FLAGS:
         if key in row:
             out += [flag, str(int(row[key]) if isinstance(row[key], bool) else row[key])]
-    if row.get("attention_dot"):
-        out.append("--attention-dot")
     return out
 
 

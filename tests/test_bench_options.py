@@ -47,8 +47,6 @@ def test_blocks_errors_use_flag_names():
         backend_options(_args(gemv_block="16x128", w_preload=64))
     assert "--w-preload" in str(e.value) and "--gemv-block K = 128" in str(e.value)
     assert "w_preload" not in str(e.value) and "gemv_k" not in str(e.value)
-    with pytest.raises(AmkError, match="--kroll needs --gemv-stages 1 and --gemv-unroll 4, 8 or 16"):
-        backend_options(_args(kroll=1, gemv_unroll=2))
 
 
 def test_cuda_target_allows_several_workers_per_sm():
@@ -97,12 +95,7 @@ def test_prefetch_cap_and_roll_flags_reach_blocks():
         backend_options(_args(roll=9))
 
 
-def test_kroll_flag_reaches_blocks():
-    assert backend_options(_args())["blocks"].kroll == 0  # off by default
-    assert backend_options(_args(kroll=2, gemv_unroll=8))["blocks"].kroll == 2
-    for bad in (dict(kroll=9, gemv_unroll=8), dict(kroll=1, gemv_unroll=2)):
-        with pytest.raises(AmkError, match="--kroll"):
-            backend_options(_args(**bad))
+def test_prefetch_rows_flag_reaches_blocks():
     assert backend_options(_args(prefetch_rows=16))["blocks"].prefetch_rows == 16
     with pytest.raises(AmkError, match="--prefetch-rows"):
         backend_options(_args(prefetch_rows=-1))

@@ -17,9 +17,9 @@ def _row(ms, correct=True, **kw):
                       "attn_split": 4, "tile_qkv": 24, "tile_gate_up": 32, "tile_lm_head": 128,
                       "dtype": "bf16", "max_seq": 256, "allreduce": "oneshot"},
            "num_warps": 8, "gemv_block": "16x128", "gemv_stages": 1, "gemv_unroll": 8, "prefetch": 1,
-           "attention_t": 32, "sync_opt": True, "attention_dot": False, "row_prefetch": True,
+           "attention_t": 32, "sync_opt": True, "row_prefetch": True,
            "maxnreg": 0, "x_stage": True, "x_reuse": True, "x_chunk": 8192, "w_preload": 1024,
-           "prefetch_cap": 65536, "prefetch_rows": 0, "roll": 1, "kroll": 2, "relaxed_poll": False,
+           "prefetch_cap": 65536, "prefetch_rows": 0, "roll": 1,
            "latency_ms_median": ms, "correct": correct}
     row.update(kw)
     return row
@@ -31,7 +31,7 @@ def test_best_row_becomes_bench_flags(tmp_path, capsys):
 
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     a.write_text(json.dumps({"rows": [_row(1.30, correct=False), _row(1.40), {"error": "x"}]}))
-    b.write_text(json.dumps({"rows": [_row(1.35, kroll=1), _row(1.10, sync_opt=False)]}))
+    b.write_text(json.dumps({"rows": [_row(1.35, roll=2), _row(1.10, sync_opt=False)]}))
     cfg = tmp_path / "best.json"
     assert sweep_best.main([str(a), str(b), "--config-out", str(cfg)]) == 0
     flags = capsys.readouterr().out.split()
@@ -41,8 +41,8 @@ def test_best_row_becomes_bench_flags(tmp_path, capsys):
     args = build_parser().parse_args(["bench", "config:llama-3.2-1b", *flags])
     blk = backend_options(args)["blocks"]
     assert args.workers == 132 and args.config == str(cfg)
-    assert (blk.kroll, blk.roll, blk.w_preload, blk.prefetch_cap, blk.gemv_unroll, blk.gemv_n, blk.gemv_k) == \
-        (1, 1, 1024, 65536, 8, 16, 128)
+    assert (blk.roll, blk.w_preload, blk.prefetch_cap, blk.gemv_unroll, blk.gemv_n, blk.gemv_k) == \
+        (2, 1024, 65536, 8, 16, 128)
 
 
 def test_no_usable_row_exits_1(tmp_path, capsys):

@@ -549,32 +549,6 @@ def test_offline_compile_with_l2_prefetch_and_sys_waits(tmp_path):
         assert rep["regs"] <= 255 and rep["local_bytes"] == 0, rep
 
 
-@cpu_only
-@pytest.mark.parametrize("ranks", [1, 2])
-def test_offline_compile_relaxed_polls(tmp_path, ranks):
-    """Blocks.relaxed_poll: the waits poll with ld.relaxed (GPU scope for one rank, system
-    scope across ranks) and complete the acquire with fence.acq_rel; no ld.acquire polls
-    remain. Compiles for sm_90 with no spills."""
-    from lowering.triton.runtime import Blocks
-
-    prog, init, _ = lowered("tiny-llama", workers=2, dtype="bf16", fuse=True, ranks=ranks)
-    ex = TritonExecutor(prog, init, check=False, blocks=Blocks(relaxed_poll=True))
-    src = ex.emit_source(tmp_path / "kernel.py")
-    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(ROOT), TRITON_DEFAULT_FP_FUSION="1")
-    code = "import sys; from lowering.triton.offline import main; sys.exit(main(sys.argv[1:]))"
-    res = subprocess.run([sys.executable, "-c", code, str(src), "--arch", "90"], capture_output=True, text=True,
-                         env=env, cwd=ROOT, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    rep = json.loads(res.stdout.strip().splitlines()[-1])
-    assert not rep["acquire_polls"] and not rep["acquire_polls_sys"], rep
-    if ranks == 1:
-        assert rep["relaxed_polls"] and rep["acquire_fence"], rep
-    else:  # peers' signals: system scope
-        assert rep["relaxed_polls_sys"] and not rep["relaxed_polls"], rep
-    if rep["regs"] is not None:
-        assert rep["regs"] <= 255 and rep["local_bytes"] == 0, rep
-
-
 def _device_triton_compile(ex, tmp_path) -> tuple[str, dict]:
     """Compile ``ex``'s generated megakernel offline for sm_90 with the GPU machines' Triton
     (AMK_DEVICE_TRITON) in a subprocess; returns (that Triton's version, the
@@ -593,25 +567,21 @@ def _device_triton_compile(ex, tmp_path) -> tuple[str, dict]:
 
 @pytest.mark.skipif(not os.environ.get("AMK_DEVICE_TRITON"),
                     reason="AMK_DEVICE_TRITON (a folder holding the GPU machines' Triton, .ci/run installs 3.6) unset")
-@pytest.mark.parametrize("x_stage,w_preload,kroll", [(False, 0, 0), (True, 0, 0), (True, 1024, 0), (True, 1024, 2)])
-def test_device_triton_streams_gemv_weights_in_16_byte_loads(tmp_path, x_stage, w_preload, kroll):
+@pytest.mark.parametrize("x_stage,w_preload", [(False, 0), (True, 0), (True, 1024)])
+def test_device_triton_streams_gemv_weights_in_16_byte_loads(tmp_path, x_stage, w_preload):
     """With the GPU machines' Triton (3.6; this machine's may differ), the megakernel's GEMV
     loops load weights and x as 16-byte vectors (LDG.E.128), not 2 bytes at a time: 3.6
     dropped the bare tl.multiple_of hints on table offsets and every GEMV ran on scalar
     loads until ops.aligned restated them (sixth session). Fused bf16 tiny Llama, 16 x 128
     blocks unrolled 8 times at 8 warps, compiled offline for sm_90; with ``w_preload`` the
-    block loaded before the waits must not spill either, nor the K-roll's grouped loop (whose
-    per-row L2 prefetches must be in the PTX)."""
+    block loaded before the waits must not spill either."""
     from lowering.triton.runtime import Blocks
 
     prog, init, _ = lowered("tiny-llama", workers=3, dtype="bf16", fuse=True)
     ex = TritonExecutor(prog, init, check=False, num_warps=8,
-                        blocks=Blocks(gemv_n=16, gemv_k=128, gemv_unroll=8, x_stage=x_stage, w_preload=w_preload,
-                                      kroll=kroll))
+                        blocks=Blocks(gemv_n=16, gemv_k=128, gemv_unroll=8, x_stage=x_stage, w_preload=w_preload))
     version, rep = _device_triton_compile(ex, tmp_path)
     assert rep["vector_loads"], (version, rep)
-    if kroll:  # the K-roll's per-thread line prefetches, and no bulk prefetch (Blocks.prefetch is off)
-        assert rep["line_prefetch"] and not rep["l2_prefetch"], (version, rep)
     if rep["regs"] is not None:
         assert rep["regs"] <= 255 and rep["local_bytes"] == 0, (version, rep)
 
@@ -631,46 +601,6 @@ def test_device_triton_streams_gemv_weights_with_tma(tmp_path):
     assert rep["tma_copies"] >= 3 and rep["shared"] >= 4 * 64 * 128 * 2, (version, rep)
     if rep["regs"] is not None:
         assert rep["regs"] <= 255 and rep["local_bytes"] == 0, (version, rep)
-
-
-@cpu_only
-@pytest.mark.parametrize("w_preload,kroll", [(0, 1), (0, 2), (32, 1)])
-def test_kroll_keeps_results(w_preload, kroll):
-    """Blocks.kroll (the GEMV's K loop in groups of unrolled blocks, each group starting the
-    L2 prefetch of a later one) sums in the plain unrolled loop's order: bit-identical
-    logits and tokens on the fused bf16 tiny Llama (K = 96 and 256: several groups of 4 x 16
-    columns, one 128-byte line per row, a masked last group), also after a preloaded first
-    block."""
-    from lowering.triton.runtime import Blocks
-
-    prog, init, _ = lowered("tiny-llama", workers=3, dtype="bf16", fuse=True)
-    blk = dict(gemv_n=16, gemv_k=16, gemv_unroll=4, x_stage=True, w_preload=w_preload)
-    want = run_decode(TritonExecutor(prog, init, check=False, blocks=Blocks(**blk)), TOKENS[:2])
-    got = run_decode(TritonExecutor(prog, init, check=False, blocks=Blocks(**blk, kroll=kroll)), TOKENS[:2])
-    for (lg, nt), (lr, nr) in zip(got, want):
-        assert torch.equal(lg, lr) and nt == nr
-
-
-def test_kroll_needs_the_unrolled_loop():
-    """Blocks refuses a K-roll without the unrolled single-stage loop it is built into."""
-    from lowering.triton.runtime import Blocks
-
-    for bad in (dict(kroll=1), dict(kroll=1, gemv_unroll=8, gemv_stages=2), dict(kroll=9, gemv_unroll=8)):
-        with pytest.raises(TritonError, match="kroll"):
-            Blocks(**bad)
-    assert Blocks(kroll=2, gemv_unroll=4).kroll == 2
-
-
-@cpu_only
-def test_relaxed_poll_keeps_results():
-    """Blocks.relaxed_poll gives the same logits and tokens (fused tiny Llama, interpreter)."""
-    from lowering.triton.runtime import Blocks
-
-    prog, init, _ = lowered("tiny-llama", workers=3, dtype="bf16", fuse=True)
-    outs = [run_decode(TritonExecutor(prog, init, check=False, blocks=Blocks(relaxed_poll=r)), TOKENS[:2])
-            for r in (False, True)]
-    for (l1, t1), (l2, t2) in zip(*outs):
-        assert torch.equal(l1, l2) and t1 == t2
 
 
 # ---------------------------------------------------------------- GPU (compiled, W persistent CTAs)
@@ -924,7 +854,7 @@ def test_attention_variants_load_kv_in_16_byte_vectors():
     att = [v for v in ex.table.variants if v.op in ("attention", "rope_attention")]
     assert att and all(v.flag("kvaligned") for v in att)
 
-    assert "ATT_T, ATT_D, ATT_Q, ATT_DOT, 8)" in generate_source(ex.table, "t")
+    assert "ATT_T, ATT_D, ATT_Q, 8)" in generate_source(ex.table, "t")
 
 
 def test_w_const_flag_only_for_weights_no_task_writes():
@@ -1013,19 +943,3 @@ def test_x_stage_matches_sim(dtype, unroll, block, chunk):
             assert nt == int(torch.argmax(lg)) and ns == int(torch.argmax(ls))
     # the scratch was used: it holds the last staged f(x) of some worker
     assert bool(ex._xs.abs().sum() > 0)
-
-
-@cpu_only
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3"])
-def test_attention_dot_matches_sim(name):
-    """Blocks.attention_dot (fp32 tl.dot products in attention, 64-position blocks) gives
-    the sim's logits and tokens on the megakernel (fused Llama: rope_attention; Qwen3: q/k
-    norm, plain attention)."""
-    from lowering.triton.runtime import Blocks
-
-    prog, init, _ = lowered(name, workers=2, dtype="f32", fuse=name == "tiny-llama", max_seq=64)
-    ex = TritonExecutor(prog, init, check=False, blocks=Blocks(attention_dot=True, attention_t=64))
-    assert ex.blocks.attention_q >= 16 and ex.blocks.attention_t == 64
-    sim = SimExecutor(prog, init, check=False, policy="in_order")
-    for (lg, nt), (ls, ns) in zip(run_decode(ex, TOKENS), run_decode(sim, TOKENS)):
-        assert (lg - ls).abs().max() <= 1e-3 * ls.abs().max() and nt == ns

@@ -164,8 +164,7 @@ def test_kv_append(device, dt):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dt", [F32, BF16])
 @pytest.mark.parametrize("hq,G,D", [(6, 2, 16), (3, 1, 32), (4, 4, 8)])
-@pytest.mark.parametrize("dot", [False, True])
-def test_attention(device, dt, hq, G, D, dot):
+def test_attention(device, dt, hq, G, D):
     g = gen(6)
     S = 11
     kc = torch.randn(G, S, D, generator=g).to(dt).to(device)
@@ -175,7 +174,7 @@ def test_attention(device, dt, hq, G, D, dot):
         q = (torch.randn(hq * D, generator=g) * 2).to(dt).to(device)
         p = torch.tensor([pos], dtype=torch.int32, device=device)
         o = torch.empty(hq * D, dtype=dt, device=device)
-        O.run_attention(q, kc, vc, p, o, scale, block_t=4, dot=dot)
+        O.run_attention(q, kc, vc, p, o, scale, block_t=4)
         (want,) = ref("attention", {"head_dim": D, "scale": scale}, [q, kc, vc, p], [o])
         close(o, want, dt, rtol=1e-4 if dt == F32 else None, atol=1e-5 if dt == F32 else None)
     # rows beyond pos are never read: poison them
@@ -183,8 +182,7 @@ def test_attention(device, dt, hq, G, D, dot):
     kc2[:, 3:], vc2[:, 3:] = float("nan"), float("nan")
     q = torch.randn(hq * D, generator=g).to(dt).to(device)
     o = torch.empty(hq * D, dtype=dt, device=device)
-    O.run_attention(q, kc2, vc2, torch.tensor([2], dtype=torch.int32, device=device), o, scale, block_t=8,
-                    dot=dot)
+    O.run_attention(q, kc2, vc2, torch.tensor([2], dtype=torch.int32, device=device), o, scale, block_t=8)
     assert not torch.isnan(o.cpu().float()).any()
 
 
@@ -662,32 +660,27 @@ def test_megakernel_gemv_tma_compile_for_sm90(tmp_path):
 
 
 @pytest.mark.skipif(not INTERP, reason="the offline compile runs where the tests use the interpreter")
-def test_megakernel_attention_dot_and_unroll_compile_for_sm90(tmp_path):
-    """ATT_DOT (attention as fp32 tl.dot, 64-position blocks), GEMV_UNROLL = 2 and
-    GEMV_UNROLL = 8 over 16 x 128 blocks compile for sm_90 at 8 warps with no spills, the
-    dot form needs fewer registers than the [Q, T, D] broadcast form at 32-position blocks
-    (the broadcast form is the kernel's register high-water mark), and ROW_PREFETCH (on by
-    default) puts the L1 prefetch of the next table row in the PTX."""
+def test_megakernel_unroll_compiles_for_sm90(tmp_path):
+    """GEMV_UNROLL = 2 and GEMV_UNROLL = 8 over 16 x 128 blocks compile for sm_90 at 8 warps
+    with no spills (32-position attention blocks, the kernel's register high-water mark), and
+    ROW_PREFETCH (on by default) puts the L1 prefetch of the next table row in the PTX."""
     from lowering.triton import TritonExecutor
     from tests.test_triton_megakernel import lowered
 
     prog, init, _ = lowered("tiny-llama", workers=3, dtype="bf16", fuse=True)
     src = TritonExecutor(prog, init, check=False).emit_source(tmp_path / "kernel.py")
     base = {"GEMV_N": 16, "GEMV_K": 512, "GEMV_UNROLL": 2, "ATT_D": 64}
-    dot = _offline(_COMPILE_MEGAKERNEL, src, json.dumps({**base, "ATT_DOT": True, "ATT_T": 64, "ATT_Q": 16}), 8)
     bcast = _offline(_COMPILE_MEGAKERNEL, src, json.dumps({**base, "ATT_T": 32, "ATT_Q": 4}), 8)
     # the fourth session's best flags: 16 x 128 blocks unrolled 8 times, no row prefetch
     u8 = _offline(_COMPILE_MEGAKERNEL, src, json.dumps({**base, "GEMV_K": 128, "GEMV_UNROLL": 8,
                                                         "ROW_PREFETCH": False}), 8)
-    for rep in (dot, bcast, u8):
+    for rep in (bcast, u8):
         if rep["regs"] is not None:
             assert rep["regs"] <= 255 and rep["local_bytes"] == 0, rep
     # Blocks.row_prefetch is on by default: the emitted launch carries ROW_PREFETCH
-    assert dot["row_prefetch"] and bcast["row_prefetch"] and not u8["row_prefetch"], (dot, u8)
+    assert bcast["row_prefetch"] and not u8["row_prefetch"], (bcast, u8)
     # the register cap that lets two 8-warp workers share an SM (runtime.register_cap)
     capped = _offline(_COMPILE_MEGAKERNEL, src, json.dumps({**base, "GEMV_K": 128, "GEMV_UNROLL": 8}), 8, 128)
     assert capped["maxnreg"] == 128
     if capped["regs"] is not None:
         assert capped["regs"] <= 128, capped
-    if dot["regs"] is not None and bcast["regs"] is not None:
-        assert dot["regs"] < bcast["regs"], (dot, bcast)

@@ -78,13 +78,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--roll", type=int, default=0, metavar="B",
                    help="a GEMV tile of several row blocks prefetches the row block B blocks ahead into "
                         "L2 while it streams (0..8; 0, the default: off)")
-    p.add_argument("--kroll", type=int, default=0, metavar="G",
-                   help="a GEMV row block prefetches its columns G groups of (--gemv-unroll x --gemv-block K) "
-                        "ahead of its K loop into L2, row by row (0..8; 0, the default: off; needs "
-                        "--gemv-unroll 4, 8 or 16)")
-    p.add_argument("--relaxed-poll", type=int, default=0, choices=(0, 1), metavar="0|1",
-                   help="1: waits poll with relaxed loads and one acquire fence when satisfied, instead of "
-                        "an acquire load (an L1 invalidation) per poll (default 0)")
     p.add_argument("--lean-release", type=int, default=1, choices=(0, 1), metavar="0|1",
                    help="1 (default): a task that signals a peer fences once (thread 0, after the barrier) "
                         "and signals each peer with a relaxed red; 0: a fence in every thread and one "
@@ -103,8 +96,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--maxnreg", type=int, default=0, metavar="R",
                    help="register cap per thread (24..255); 0 (default) = automatic: capped only when "
                         "--workers exceeds the SM count, so that two (or more) workers share an SM")
-    p.add_argument("--attention-dot", action="store_true",
-                   help="decode attention's products as fp32 tl.dot (allows a larger --attention-block)")
     p.add_argument("--no-baselines", action="store_true", help="skip the HF baselines")
     p.add_argument("--baseline-compile-mode", default="default,max-autotune-no-cudagraphs", metavar="MODES",
                    help="comma list of torch.compile modes, one baseline (b) row each (default: "

@@ -21,8 +21,7 @@ class Blocks:
     overlaps waits and other tasks; vm.l2_prefetch). Must be 0..8. ``row_prefetch``:
     at the start of each task, prefetch the next task's table row into L1
     (vm.row_prefetch), so its decode does not wait on L2 or DRAM.
-    ``attention_dot``: attention's scores and value update as fp32 ``tl.dot`` products
-    (ops/attention.py ``DOT``), allowing larger ``attention_t``. ``gemv_unroll``: the GEMV's
+    ``gemv_unroll``: the GEMV's
     K loop unrolled 1, 2, 4, 8 or 16 times (STAGES = 1 only), so that many weight blocks can
     be in flight. ``elide_waits`` / ``coalesce_signals``: table options (table.elide_waits,
     table.coalesced_signals): skip a wait an earlier task of the same worker already did;
@@ -47,14 +46,7 @@ class Blocks:
     no limit): at most its first ``prefetch_rows`` weight rows (table.prefetch_ahead; unlike a
     byte cap it still covers a wide tile's whole first row block). ``roll`` (row blocks,
     0 = off): a GEMV tile of several row blocks prefetches row block j + roll into L2 while
-    it streams row block j (ops/gemv.py gemv_ex ``ROLL``). ``kroll`` (groups of gemv_unroll x gemv_k
-    columns, 0 = off; needs gemv_stages 1 and gemv_unroll >= 4): within each row block the
-    GEMV prefetches the columns ``kroll`` groups ahead of its K loop into L2, row by row
-    (ops/gemv.py gemv_ex ``KROLL``), for tiles of few long rows such as the down projection's
-    (measured slower on the H200: off by default).
-    ``relaxed_poll``:
-    waits poll with relaxed loads and issue one acquire fence when satisfied
-    (vm.wait_counter ``RELAXED``) instead of an acquire load per poll.
+    it streams row block j (ops/gemv.py gemv_ex ``ROLL``).
     ``lean_release``: a task that signals a peer fences at system scope once, on thread 0 after
     the CTA barrier, and signals each peer with a relaxed ``red`` (vm.finish_task
     ``LEAN``), instead of a fence in every thread and one ``red.release.sys`` per peer, each of
@@ -83,7 +75,6 @@ class Blocks:
     pairs: int = 64
     gemv_stages: int = 1
     gemv_unroll: int = 1
-    attention_dot: bool = False
     prefetch: int = 0
     row_prefetch: bool = True
     elide_waits: bool = True
@@ -96,8 +87,6 @@ class Blocks:
     prefetch_cap: int = 0
     prefetch_rows: int = 0
     roll: int = 0
-    kroll: int = 0
-    relaxed_poll: bool = False
     lean_release: bool = True
     gemv_tma: bool = False
     ring: int = 0
@@ -127,12 +116,6 @@ class Blocks:
                               exit_code=2)
         if not isinstance(self.roll, int) or not 0 <= self.roll <= 8:
             raise TritonError(f"roll must be an integer in 0..8, got {self.roll!r}", exit_code=2)
-        if not isinstance(self.kroll, int) or isinstance(self.kroll, bool) or not 0 <= self.kroll <= 8:
-            raise TritonError(f"kroll must be an integer in 0..8, got {self.kroll!r}", exit_code=2)
-        if self.kroll and (self.gemv_stages != 1 or self.gemv_unroll < 4):
-            raise TritonError(f"kroll needs gemv_stages 1 and gemv_unroll 4, 8 or 16 (its groups are the "
-                              f"unrolled K loop's), got gemv_stages {self.gemv_stages}, gemv_unroll "
-                              f"{self.gemv_unroll}", exit_code=2)
         if not isinstance(self.prefetch, int) or not 0 <= self.prefetch <= 8:
             raise TritonError(f"prefetch must be an integer in 0..8, got {self.prefetch!r}", exit_code=2)
         if self.gemv_tma:

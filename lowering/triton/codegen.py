@@ -43,10 +43,9 @@ def amk_megakernel(A_BF16, A_F16, A_F32, A_I32, TASKS, WAITS, SIGS, QSTART, ERR,
                    ROPE_BLOCK: tl.constexpr, ATT_T: tl.constexpr, ATT_D: tl.constexpr,
                    ATT_Q: tl.constexpr, PAIR_BLOCK: tl.constexpr, GEMV_STAGES: tl.constexpr = 1,
                    PREFETCH: tl.constexpr = 0, PROFILE: tl.constexpr = False, GEMV_UNROLL: tl.constexpr = 1,
-                   ATT_DOT: tl.constexpr = False, ROW_PREFETCH: tl.constexpr = False,
-                   X_STAGE: tl.constexpr = False, POLL_RELAXED: tl.constexpr = False,
+                   ROW_PREFETCH: tl.constexpr = False, X_STAGE: tl.constexpr = False,
                    X_CHUNK: tl.constexpr = 0, W_PRELOAD: tl.constexpr = 0, PREFETCH_CAP: tl.constexpr = 0,
-                   ROLL: tl.constexpr = 0, KROLL: tl.constexpr = 0, LEAN_RELEASE: tl.constexpr = False,
+                   ROLL: tl.constexpr = 0, LEAN_RELEASE: tl.constexpr = False,
                    GEMV_TMA: tl.constexpr = False, RING: tl.constexpr = 0, RING_PR: tl.constexpr = 4,
                    RING_PC: tl.constexpr = 2048):
     PROF_W: tl.constexpr = {prof_w}
@@ -98,8 +97,8 @@ def amk_megakernel(A_BF16, A_F16, A_F32, A_I32, TASKS, WAITS, SIGS, QSTART, ERR,
 
 #: The extra arguments of a decoder that runs the row's waits itself (OpLowering.own_waits):
 #: vm.run_waits's and the weight ring's.
-_OWN_WAITS_ARGS = ("W_PRE=W_PRELOAD, ROLL=ROLL, KROLL=KROLL, fl=fl, nw=nw, w0=w0, wc=wc, wn=wn, wb=wb, WAITS=WAITS, "
-                   "i=i, epoch=epoch, abort_ptr=abort_ptr, timeout=timeout, SYS={sys}, RELAXED=POLL_RELAXED, "
+_OWN_WAITS_ARGS = ("W_PRE=W_PRELOAD, ROLL=ROLL, fl=fl, nw=nw, w0=w0, wc=wc, wn=wn, wb=wb, WAITS=WAITS, "
+                   "i=i, epoch=epoch, abort_ptr=abort_ptr, timeout=timeout, SYS={sys}, "
                    "STREAMS=STREAMS, se=se, rbase=rbase, rst=rst, RING_S=RING, RING_PR=RING_PR, RING_PC=RING_PC")
 
 #: What such a decoder returns: its waits' and op's status, then the weight ring's state.
@@ -124,7 +123,7 @@ def _dispatch(variants: list[Variant], sys_waits: bool) -> str:
     own = [(c, v) for c, v in enumerate(variants) if lowering(v.op).own_waits]
     rest = [(c, v) for c, v in enumerate(variants) if not lowering(v.op).own_waits]
     waits = ("ok = run_waits(nw, w0, wc, wn, wb, WAITS, A_I32, err, i, epoch, abort_ptr, timeout, "
-             f"{bool(sys_waits)}, POLL_RELAXED)\nif ok != 0:\n    if PROFILE:\n"
+             f"{bool(sys_waits)})\nif ok != 0:\n    if PROFILE:\n"
              "        tl.store(PROF + i.to(tl.int64) * PROF_W + 1, global_timer())\n")
     waits += "\n".join(f"    {'if' if j == 0 else 'elif'} op == {c}:\n        st = {lowering(v.op).call(v)}"
                         for j, (c, v) in enumerate(rest)) or "    pass"

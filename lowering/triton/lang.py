@@ -158,21 +158,6 @@ def l2_prefetch_bytes(p, n):
 
 
 @device
-def l2_prefetch_lines(ptrs, mask):
-    """Start an L2 prefetch of the 128-byte line holding each address of ``ptrs`` where
-    ``mask``: one ``prefetch.global.L2`` (PTX ISA "prefetch") per element, issued by the
-    thread that holds it, so a tensor of one line per thread covers a [rows, bytes] slice in
-    one instruction per thread (the GEMV's K-roll, ops/gemv.py ``KROLL``). Not
-    ``cp.async.bulk.prefetch``: its operands must be warp-uniform, and per-row addresses made
-    ptxas issue one bulk prefetch at a time in a loop ahead of warp 0's loads (SASS). A
-    no-op under the interpreter."""
-    if not INTERPRET:
-        tl.inline_asm_elementwise(
-            "{ .reg .pred %kl_p; setp.ne.s32 %kl_p, $2, 0; @%kl_p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
-            "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@device
 def system_fence():
     """``fence.acq_rel.sys``: orders this thread's earlier memory operations (including stores
     to peer GPUs) before its later ones at system scope. Used for ``quiet`` and ``fence``

@@ -210,16 +210,9 @@ class TritonExecutor:
         self.workers = self.table.workers
         b.attention_d = max(b.attention_d, _pow2(self.table.dims["head_dim"]))
         b.attention_q = max(b.attention_q, _pow2(self.table.dims["group"]))
-        if b.attention_dot:  # tl.dot's minimum block is 16 in every dimension
-            b.attention_q, b.attention_t, b.attention_d = (max(16, b.attention_q), max(16, b.attention_t),
-                                                           max(16, b.attention_d))
-            # K and V tiles [T, D] fp32 within ~32 registers per thread each
-            while b.attention_t > 16 and b.attention_t * b.attention_d > 32 * 32 * max(4, self.num_warps):
-                b.attention_t //= 2
-        else:
-            # Keep attention's [Q, T, D] fp32 product within ~64 registers per thread.
-            while b.attention_t > 1 and b.attention_q * b.attention_t * b.attention_d > 64 * 32 * max(4, self.num_warps):
-                b.attention_t //= 2
+        # Keep attention's [Q, T, D] fp32 product within ~64 registers per thread.
+        while b.attention_t > 1 and b.attention_q * b.attention_t * b.attention_d > 64 * 32 * max(4, self.num_warps):
+            b.attention_t //= 2
         self.source = generate_source(self.table, program.name, sys_waits=program.ranks > 1)
         self._kernel = load_kernel(self.source)
 
@@ -347,9 +340,8 @@ class TritonExecutor:
             BLOCK=b.elementwise, GEMV_N=b.gemv_n, GEMV_K=b.gemv_k, ROPE_BLOCK=b.rope,
             ATT_T=b.attention_t, ATT_D=b.attention_d, ATT_Q=b.attention_q, PAIR_BLOCK=b.pairs,
             GEMV_STAGES=b.gemv_stages, PREFETCH=b.prefetch, GEMV_UNROLL=b.gemv_unroll,
-            ATT_DOT=bool(b.attention_dot), ROW_PREFETCH=bool(b.row_prefetch), X_STAGE=bool(b.x_stage),
-            POLL_RELAXED=bool(b.relaxed_poll), X_CHUNK=b.x_chunk, W_PRELOAD=b.w_preload,
-            PREFETCH_CAP=b.prefetch_cap, ROLL=b.roll, KROLL=b.kroll, LEAN_RELEASE=bool(b.lean_release),
+            ROW_PREFETCH=bool(b.row_prefetch), X_STAGE=bool(b.x_stage), X_CHUNK=b.x_chunk,
+            W_PRELOAD=b.w_preload, PREFETCH_CAP=b.prefetch_cap, ROLL=b.roll, LEAN_RELEASE=bool(b.lean_release),
             GEMV_TMA=bool(b.gemv_tma), RING=self.ring_pages, RING_PR=b.ring_rows, RING_PC=b.ring_cols,
         )
         if not self.interpret:

@@ -77,11 +77,11 @@ def _k_kv_append(k, k_n1, k_n2, k_s0, k_s1, k_s2, v, v_n1, v_n2, v_s0, v_s1, v_s
 def _k_attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, vc_t, vc_d, posp,
                  o, o_n1, o_n2, o_s0, o_s1, o_s2, HQ, G, D, scale, f, f_n1, f_n2, f_s0, f_s1, f_s2,
                  ROPE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr,
-                 DOT: tl.constexpr = False, k=None, k_n1=1, k_n2=1, k_s0=0, k_s1=0, k_s2=1,
+                 k=None, k_n1=1, k_n2=1, k_s0=0, k_s1=0, k_s2=1,
                  v=None, v_n1=1, v_n2=1, v_s0=0, v_s1=0, v_s2=1, KV_NEW: tl.constexpr = False):
     attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, vc_t, vc_d, tl.load(posp),
               o, o_n1, o_n2, o_s0, o_s1, o_s2, HQ, G, D, scale, f, f_n1, f_n2, f_s0, f_s1, f_s2, ROPE,
-              BLOCK_T, BLOCK_D, BLOCK_Q, DOT, 0, k, k_n1, k_n2, k_s0, k_s1, k_s2, v, v_n1, v_n2, v_s0, v_s1, v_s2,
+              BLOCK_T, BLOCK_D, BLOCK_Q, 0, k, k_n1, k_n2, k_s0, k_s1, k_s2, v, v_n1, v_n2, v_s0, v_s1, v_s2,
               KV_NEW)
 
 
@@ -219,11 +219,9 @@ def run_kv_append(k, v, pos, kc, vc, block: int = 64) -> None:
     _k_kv_append[(1,)](k, *flat_desc(k), v, *flat_desc(v), pos, kc, *kst, vc, *vst, g, d, BLOCK=block)
 
 
-def run_attention(q, kc, vc, pos, o, scale: float, block_t: int = 16, inv_freq=None, dot: bool = False,
-                  kv_new=None) -> None:
-    """attention, or rope_attention when ``inv_freq`` is given (``dot``: attention's DOT,
-    blocks raised to tl.dot's minimum of 16); with ``kv_new`` = (k, v) as well,
-    rope_attention_kv."""
+def run_attention(q, kc, vc, pos, o, scale: float, block_t: int = 16, inv_freq=None, kv_new=None) -> None:
+    """attention, or rope_attention when ``inv_freq`` is given; with ``kv_new`` = (k, v) as
+    well, rope_attention_kv."""
     if kv_new is not None and inv_freq is None:
         raise ValueError("run_attention: kv_new (rope_attention_kv) needs inv_freq")
     g, _, d, *kst = _cache(kc)
@@ -231,11 +229,10 @@ def run_attention(q, kc, vc, pos, o, scale: float, block_t: int = 16, inv_freq=N
     hq = q.numel() // d
     f = inv_freq if inv_freq is not None else q
     kn, vn = kv_new if kv_new is not None else (q, q)
-    lo = 16 if dot else 1
     _k_attention[(1,)](q, *flat_desc(q), kc, *kst, vc, *vst, pos, o, *flat_desc(o), hq, g, d, scale,
-                       f, *flat_desc(f), ROPE=inv_freq is not None, BLOCK_T=max(lo, block_t),
-                       BLOCK_D=max(lo, triton.next_power_of_2(d)),
-                       BLOCK_Q=max(lo, triton.next_power_of_2(max(1, hq // g))), DOT=dot,
+                       f, *flat_desc(f), ROPE=inv_freq is not None, BLOCK_T=block_t,
+                       BLOCK_D=triton.next_power_of_2(d),
+                       BLOCK_Q=triton.next_power_of_2(max(1, hq // g)),
                        k=kn, **dict(zip(("k_n1", "k_n2", "k_s0", "k_s1", "k_s2"), flat_desc(kn))),
                        v=vn, **dict(zip(("v_n1", "v_n2", "v_s0", "v_s1", "v_s2"), flat_desc(vn))),
                        KV_NEW=kv_new is not None)

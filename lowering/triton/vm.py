@@ -107,25 +107,15 @@ PROF_W = 10
 
 # ---------------------------------------------------------------- sync primitives
 @device
-def poll_load(p, SYS: tl.constexpr, RELAXED: tl.constexpr = False):
+def poll_load(p, SYS: tl.constexpr):
     """int32 at ``p``, one poll of a counter, executed by every thread. Scope: GPU
     (single-rank programs) or system when ``SYS`` (multi-rank programs: the releasing signal
     may come from a peer GPU, and an acquire synchronises with a release only at a scope that
     contains both threads; PTX ISA, memory consistency model). Order: acquire
-    (``ld.acquire.gpu`` / ``.sys``), or with ``RELAXED`` a relaxed (strong, unordered) load
-    (``ld.relaxed``), which does not invalidate the SM's L1 as the acquire does (its
-    CCTL.IVALL held 10% of the Llama-3.2-1B kernel's stall samples while workers spin,
-    Nsight Compute, H200); a relaxed poll that saw the value becomes an acquire with
-    ``acquire_fence``. Interpreter: a volatile load."""
+    (``ld.acquire.gpu`` / ``.sys``; relaxed polls with one acquire fence measured slower,
+    docs/experiments.md). Interpreter: a volatile load."""
     if INTERPRET:
         v = tl.load(p, volatile=True)
-    elif RELAXED:
-        if SYS:
-            v = tl.inline_asm_elementwise("ld.relaxed.sys.global.b32 $0, [$1];", "=r,l", [p],
-                                          dtype=tl.int32, is_pure=False, pack=1)
-        else:
-            v = tl.inline_asm_elementwise("ld.relaxed.gpu.global.b32 $0, [$1];", "=r,l", [p],
-                                          dtype=tl.int32, is_pure=False, pack=1)
     elif SYS:
         v = tl.inline_asm_elementwise("ld.acquire.sys.global.b32 $0, [$1];", "=r,l", [p],
                                       dtype=tl.int32, is_pure=False, pack=1)
@@ -133,21 +123,6 @@ def poll_load(p, SYS: tl.constexpr, RELAXED: tl.constexpr = False):
         v = tl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [p],
                                       dtype=tl.int32, is_pure=False, pack=1)
     return v
-
-
-@device
-def acquire_fence(SYS: tl.constexpr):
-    """``fence.acq_rel.gpu`` (``.sys`` when SYS) in every thread. After a relaxed read that
-    observed a release, it completes the PTX memory model's acquire pattern (PTX ISA, memory
-    consistency model: "a strong read followed by a fence"), so the releasing task's writes
-    are visible to this thread's later loads. A no-op under the interpreter."""
-    if not INTERPRET:
-        if SYS:
-            tl.inline_asm_elementwise("fence.acq_rel.sys; mov.u32 $0, 0;", "=r", [], dtype=tl.int32,
-                                      is_pure=False, pack=1)
-        else:
-            tl.inline_asm_elementwise("fence.acq_rel.gpu; mov.u32 $0, 0;", "=r", [], dtype=tl.int32,
-                                      is_pure=False, pack=1)
 
 
 @device
@@ -220,24 +195,22 @@ def cta_all(p):
 
 
 @device
-def wait_counter(ctr, need, abort_ptr, abort_tag, timeout, SYS: tl.constexpr, RELAXED: tl.constexpr = False):
+def wait_counter(ctr, need, abort_ptr, abort_tag, timeout, SYS: tl.constexpr):
     """Spin until ``*ctr - need >= 0`` (wrapping int32). Returns (value seen, kind):
     kind 0 = satisfied, 1 = timed out, 4 = another worker aborted this epoch.
     ``timeout``: ns on the GPU, number of polls under the interpreter.
 
-    Each poll is an acquire load, or with ``RELAXED`` a relaxed load, and one
-    ``acquire_fence`` once the wait is over (the same synchronisation, without an L1
-    invalidation per poll).
+    Each poll is an acquire load (poll_load).
 
     Fast path (GPU): the first poll of every thread is voted over the CTA
     (``cta_all``); when it already satisfies the wait in all threads -- the common case
     once a worker trails its producers -- the timer, the abort word and ``cta_max`` are
     skipped. Otherwise the watched spin loop below runs as before."""
-    v = poll_load(ctr, SYS, RELAXED)
+    v = poll_load(ctr, SYS)
     if INTERPRET:
         it = 0
         while ((v - need) < 0) & (it < timeout):
-            v = poll_load(ctr, SYS, RELAXED)
+            v = poll_load(ctr, SYS)
             it += 1
         kind = tl.where((v - need) < 0, _KIND_TIMEOUT, 0)
     else:
@@ -247,13 +220,11 @@ def wait_counter(ctr, need, abort_ptr, abort_tag, timeout, SYS: tl.constexpr, RE
             now = t0
             ab = abort_tag - 1
             while ((v - need) < 0) & ((now - t0) < timeout) & (ab != abort_tag):
-                v = poll_load(ctr, SYS, RELAXED)
+                v = poll_load(ctr, SYS)
                 now = global_timer()
                 ab = tl.load(abort_ptr, volatile=True)
             kind = tl.where((v - need) < 0, tl.where(ab == abort_tag, _KIND_ABORTED, _KIND_TIMEOUT), 0)
             kind = cta_max(kind)  # one decision for the whole CTA (see cta_max)
-        if RELAXED:
-            acquire_fence(SYS)
     return v, kind
 
 
@@ -392,8 +363,7 @@ def task_header(row):
 
 
 @device
-def run_waits(nw, w0, wc, wn, wb, WAITS, A_I32, err, i, epoch, abort_ptr, timeout, SYS: tl.constexpr,
-              RELAXED: tl.constexpr = False):
+def run_waits(nw, w0, wc, wn, wb, WAITS, A_I32, err, i, epoch, abort_ptr, timeout, SYS: tl.constexpr):
     """Run every wait of a row; returns 1 if they all held, 0 after recording a failure.
     The first wait comes from the row header (wc, wn, wb: need = epoch * wn + wb), the
     others from ``WAITS``."""
@@ -406,7 +376,7 @@ def run_waits(nw, w0, wc, wn, wb, WAITS, A_I32, err, i, epoch, abort_ptr, timeou
             wp = WAITS + (w0 + j) * _WAIT_W
             ctr = tl.load(wp)
             need = ((epoch + tl.load(wp + 2)) * tl.load(wp + 1) + tl.load(wp + 3)).to(tl.int32)
-        v, kind = wait_counter(A_I32 + ctr, need, abort_ptr, epoch + 1, timeout, SYS, RELAXED)
+        v, kind = wait_counter(A_I32 + ctr, need, abort_ptr, epoch + 1, timeout, SYS)
         if kind != 0:
             tl.store(err + 1, i.to(tl.int64))
             tl.store(err + 2, (w0 + j).to(tl.int64))

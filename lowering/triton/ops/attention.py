@@ -125,8 +125,7 @@ def _kv_block(kb, kc_t, kc_d, vb, vc_t, vc_d, t, dd, m, KV_ALIGN: tl.constexpr):
 def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, vc_t, vc_d, pos,
               o, o_n1, o_n2, o_s0, o_s1, o_s2, HQ, G, D, scale,
               f, f_n1, f_n2, f_s0, f_s1, f_s2, ROPE: tl.constexpr,
-              BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, DOT: tl.constexpr = False,
-              KV_ALIGN: tl.constexpr = 0,
+              BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, KV_ALIGN: tl.constexpr = 0,
               k=None, k_n1=1, k_n2=1, k_s0=0, k_s1=0, k_s2=1, v=None, v_n1=1, v_n2=1, v_s0=0, v_s1=0, v_s2=1,
               KV_NEW: tl.constexpr = False):
     """Decode GQA attention over cache positions 0..pos (inclusive), fp32:
@@ -145,13 +144,6 @@ def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, v
     The HQ/G query heads of one kv head are processed together (the cache is read once per
     kv head), with an online softmax (running max and sum) over BLOCK_T positions at a time.
     Requires D <= BLOCK_D and HQ/G <= BLOCK_Q; ``pos`` is range-checked by the caller.
-
-    ``DOT``: the scores q . K^T and the update p @ V are ``tl.dot`` products in full fp32
-    (``input_precision="ieee"``) instead of broadcast products reduced over a [Q, T, D]
-    tensor: the same fp32 arithmetic in another summation order, with registers for
-    [Q, T] and [T, D] tiles only, so BLOCK_T can be 4x larger at the same register cost
-    (fewer serial position blocks on long contexts). Needs BLOCK_Q, BLOCK_T, BLOCK_D >= 16
-    (tl.dot's minimum; padded lanes are masked).
 
     The K and V blocks of positions t0 + BLOCK_T .. are loaded (in the cache dtype) before
     the block t0 is reduced, so each block's load latency overlaps the previous block's
@@ -216,19 +208,13 @@ def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, v
             tn = t + BLOCK_T  # the next block's loads (all masked off after the last: no traffic)
             knext, vnext = _kv_block(kb, kc_t, kc_d, vb, vc_t, vc_d, tn, dd, (tn < TC)[:, None] & dm[None, :],
                                      KV_ALIGN)
-            if DOT:
-                sc = tl.dot(qv, tl.trans(kt), input_precision="ieee") * scale  # [BQ, BT]
-            else:
-                sc = tl.sum(qv[:, None, :] * kt[None, :, :], axis=2) * scale  # [BQ, BT]
+            sc = tl.sum(qv[:, None, :] * kt[None, :, :], axis=2) * scale  # [BQ, BT]
             sc = tl.where(tm[None, :], sc, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(sc, axis=1))
             alpha = tl.exp(m_i - m_new)
             pr = tl.exp(sc - m_new[:, None])
             l_i = l_i * alpha + tl.sum(pr, axis=1)
-            if DOT:
-                acc = acc * alpha[:, None] + tl.dot(pr, vt, input_precision="ieee")
-            else:
-                acc = acc * alpha[:, None] + tl.sum(pr[:, :, None] * vt[None, :, :], axis=1)
+            acc = acc * alpha[:, None] + tl.sum(pr[:, :, None] * vt[None, :, :], axis=1)
             m_i = m_new
         out = acc / l_i[:, None]
         store(o + flat_off(qi, o_n1, o_n2, o_s0, o_s1, o_s2), out, qmask)
@@ -293,8 +279,8 @@ def t_kv_append(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DK: tl.constexpr, D
 @device
 def t_attention(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DQ: tl.constexpr, DKC: tl.constexpr,
                 DVC: tl.constexpr, DP: tl.constexpr, DF: tl.constexpr, DO: tl.constexpr, ROPE: tl.constexpr,
-                BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, DOT: tl.constexpr = False,
-                KV_ALIGN: tl.constexpr = 0, DK: tl.constexpr = None, DV: tl.constexpr = None,
+                BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, KV_ALIGN: tl.constexpr = 0,
+                DK: tl.constexpr = None, DV: tl.constexpr = None,
                 KV_NEW: tl.constexpr = False):
     """attention (q, kc, vc, pos, o) or, with ROPE, rope_attention (q, kc, vc, pos,
     inv_freq, o) or, with ROPE and KV_NEW, rope_attention_kv (q, k, v, kc, vc, pos, inv_freq,
@@ -339,7 +325,7 @@ def t_attention(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DQ: tl.constexpr, D
                   arena_ptr(A_BF16, A_F16, A_F32, A_I32, DVC) + uo, ugs, uss, uds, pos,
                   arena_ptr(A_BF16, A_F16, A_F32, A_I32, DO) + oo, on1, on2, os0, os1, os2,
                   hq, cg, cd, param_f(row, 1), fp, fn1, fn2, fs0, fs1, fs2, ROPE,
-                  BLOCK_T, BLOCK_D, BLOCK_Q, DOT, KV_ALIGN,
+                  BLOCK_T, BLOCK_D, BLOCK_Q, KV_ALIGN,
                   kp, kn1, kn2, ks0, ks1, ks2, vp, vn1, vn2, vs0, vs1, vs2, KV_NEW)
         st = status_ok()
     return st
@@ -367,14 +353,14 @@ def _call_attention(v: Variant) -> str:
     kva = 16 // DTYPE_BYTES[v.dtypes[1]] if v.flag("kvaligned") else 0
     rope = v.op == "rope_attention"
     return (f"t_attention({DECODER_ARGS}, {d[0]}, {d[1]}, {d[2]}, {d[3]}, {d[4]}, {d[5] if rope else d[4]}, "
-            f"{rope}, ATT_T, ATT_D, ATT_Q, ATT_DOT, {kva})")
+            f"{rope}, ATT_T, ATT_D, ATT_Q, {kva})")
 
 
 def _call_attention_kv(v: Variant) -> str:  # q, k, v, kc, vc, pos, inv_freq, o
     d = tl_dtypes(v)
     kva = 16 // DTYPE_BYTES[v.dtypes[3]] if v.flag("kvaligned") else 0
     return (f"t_attention({DECODER_ARGS}, {d[0]}, {d[3]}, {d[4]}, {d[5]}, {d[6]}, {d[7]}, "
-            f"True, ATT_T, ATT_D, ATT_Q, ATT_DOT, {kva}, {d[1]}, {d[2]}, True)")
+            f"True, ATT_T, ATT_D, ATT_Q, {kva}, {d[1]}, {d[2]}, True)")
 
 
 def _flags_attention(task, dtypes, descs, slots) -> dict[str, bool]:

@@ -34,7 +34,7 @@ import triton.language as tl
 from ir.program import DTYPE_BYTES
 from lowering.triton import layout as L
 from lowering.triton import ring as RG
-from lowering.triton.lang import aligned, device, flat_off, global_timer, l2_prefetch_bytes, l2_prefetch_lines
+from lowering.triton.lang import aligned, device, flat_off, global_timer, l2_prefetch_bytes
 from lowering.triton.lang import round_as, store_mirrored
 from lowering.triton.layout import DECODER_ARGS, GemvRoles, OpLowering, TableError, Variant, tl_dtypes
 from lowering.triton.ops.reduce import sum_rows
@@ -209,38 +209,6 @@ def _kblocks_pair(acc, x, a, rstd, w, rows, rm, kb, K, PRO: tl.constexpr, X_CONT
 
 
 @device
-def _kblocks_kroll(acc, x, a, rstd, w, rows, rm, n0, kb, N, K, PRO: tl.constexpr, X_CONTIG: tl.constexpr,
-                   W_CONTIG: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, X_ALIGN: tl.constexpr,
-                   UNROLL: tl.constexpr, KROLL: tl.constexpr):
-    """STAGES 1, UNROLL >= 4 with KROLL: the unrolled loop (_kblocks_unrolled) written out as
-    groups of UNROLL blocks so that each group can first start the L2 prefetch of the group
-    KROLL ahead (all rows of the row block at ``n0``): one 128-byte line per element of a
-    [BLOCK_N x LPR] tensor, one per thread at 8 warps for 16 x 128 bf16 blocks unrolled 8
-    times. Same summation order as the unrolled loop: bit-identical."""
-    wp, w_rs, w_cs = w
-    G: tl.constexpr = UNROLL * BLOCK_K
-    ES: tl.constexpr = wp.dtype.element_ty.primitive_bitwidth // 8
-    LPR: tl.constexpr = G * ES // 128  # lines per row of one group (gemv_ex checked >= 1)
-    li = tl.arange(0, BLOCK_N * LPR)
-    lrow = li // LPR
-    lcol = (li % LPR) * (128 // ES)
-    lok = lrow < N - n0
-    lp = wp + (n0 + lrow) * w_rs + lcol  # the lines of the group at column 0
-    for g in tl.static_range(KROLL):
-        l2_prefetch_lines(lp + (kb + g * G), lok & (kb + g * G + lcol < K))
-    for kc in range(kb, K, G):
-        c = kc + KROLL * G
-        l2_prefetch_lines(lp + c, lok & (c + lcol < K))
-        for u in tl.static_range(UNROLL):
-            cols = kc + u * BLOCK_K + tl.arange(0, BLOCK_K)
-            cm = cols < K
-            wv = _gemv_wload(w, rows, rm, cols, cm, W_CONTIG)
-            xv, av = _gemv_xload(x, a, cols, cm, PRO, X_CONTIG, X_ALIGN)
-            acc += wv * _gemv_xfn(x[0], xv, av, rstd, PRO)[None, :]
-    return acc
-
-
-@device
 def _kblocks_unrolled(acc, x, a, rstd, w, rows, rm, kb, K, PRO: tl.constexpr, X_CONTIG: tl.constexpr,
                       W_CONTIG: tl.constexpr, BLOCK_K: tl.constexpr, X_ALIGN: tl.constexpr, UNROLL: tl.constexpr):
     """STAGES 1, UNROLL 4, 8 or 16: the loop unrolled by the compiler, straight-line code in
@@ -322,15 +290,14 @@ def gemv_epilogue(out, rows, rm, b, y, m1, m2, m3, HAS_BIAS: tl.constexpr, MIRRO
 def gemv_stream(x, a, rstd, w, b, y, N, K, PRO: tl.constexpr, HAS_BIAS: tl.constexpr, X_CONTIG: tl.constexpr,
                 W_CONTIG: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
                 X_ALIGN: tl.constexpr, UNROLL: tl.constexpr, wpre, W_PRE: tl.constexpr, ROLL: tl.constexpr, roll_ok,
-                KROLL: tl.constexpr, m1, m2, m3, MIRRORS: tl.constexpr, W_TMA: tl.constexpr):
+                m1, m2, m3, MIRRORS: tl.constexpr, W_TMA: tl.constexpr):
     """The streaming core: y[rows] = W[rows, :] @ f(x) (+ b) for every BLOCK_N rows, f the
     prologue ``PRO`` with the RMSNorm factor ``rstd`` already known; the K loop of each row
-    block is one of the ``_kblocks_*`` forms (gemv_ex's STAGES / UNROLL / KROLL), then
+    block is one of the ``_kblocks_*`` forms (gemv_ex's STAGES / UNROLL), then
     gemv_epilogue. ``W_PRE`` > 0: ``wpre`` holds W[0:BLOCK_N, 0:W_PRE] (gemv_wpre); the
     first row block takes those columns from it and streams only the rest. ``ROLL`` > 0 and
     ``roll_ok``: at each row block, start an L2 prefetch of the row block ``ROLL`` blocks
-    later. ``KROLL`` > 0 (UNROLL >= 4, STAGES = 1, a group of at least one 128-byte line
-    per row: the caller checked): _kblocks_kroll. ``W_TMA`` (STAGES >= 2; W contiguous with
+    later. ``W_TMA`` (STAGES >= 2; W contiguous with
     a 16-byte aligned start and row stride: the caller checked): W's blocks come through a
     tensor descriptor (TMA copies into shared memory; gemv_ex)."""
     wp, w_rs, w_cs = w
@@ -360,9 +327,6 @@ def gemv_stream(x, a, rstd, w, b, y, N, K, PRO: tl.constexpr, HAS_BIAS: tl.const
                 kb = tl.minimum(K, W_PRE)
         if STAGES <= 1 and UNROLL == 2:
             acc = _kblocks_pair(acc, x, a, rstd, w, rows, rm, kb, K, PRO, X_CONTIG, W_CONTIG, BLOCK_K, X_ALIGN)
-        elif STAGES <= 1 and UNROLL > 2 and KROLL > 0:
-            acc = _kblocks_kroll(acc, x, a, rstd, w, rows, rm, n0, kb, N, K, PRO, X_CONTIG, W_CONTIG, BLOCK_N,
-                                 BLOCK_K, X_ALIGN, UNROLL, KROLL)
         elif STAGES <= 1 and UNROLL > 2:
             acc = _kblocks_unrolled(acc, x, a, rstd, w, rows, rm, kb, K, PRO, X_CONTIG, W_CONTIG, BLOCK_K, X_ALIGN,
                                     UNROLL)
@@ -383,7 +347,7 @@ def gemv_ex(x, a, eps, w, b, y, N, K, PRO: tl.constexpr, HAS_BIAS: tl.constexpr,
             W_CONTIG: tl.constexpr, W_ALIGN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
             STAGES: tl.constexpr = 1, PROF=None, PROFILE: tl.constexpr = False, X_ALIGN: tl.constexpr = 0,
             UNROLL: tl.constexpr = 1, XS=None, X_STAGE: tl.constexpr = False, x_ready=0, X_CHUNK: tl.constexpr = 0,
-            wpre=0, W_PRE: tl.constexpr = 0, ROLL: tl.constexpr = 0, KROLL: tl.constexpr = 0,
+            wpre=0, W_PRE: tl.constexpr = 0, ROLL: tl.constexpr = 0,
             m1=0, m2=0, m3=0, MIRRORS: tl.constexpr = 0, r=None, KP=1, p_rs=0, W_TMA: tl.constexpr = False):
     """y[N] = W[N, K] @ f(x)[K] (+ b), fp32 accumulation, f the prologue ``PRO`` (module
     doc): the prologue (gemv_rstd or gemv_stage), then the streaming core (gemv_stream) and
@@ -421,12 +385,6 @@ def gemv_ex(x, a, eps, w, b, y, N, K, PRO: tl.constexpr, HAS_BIAS: tl.constexpr,
     row block j + ROLL, when the rows of W are one contiguous range (W_CONTIG, W_ALIGN and
     a row stride of K; checked here at run time), so a tile of many row blocks streams
     from L2 as a task of one row block does after the kernel's task-ahead prefetch.
-    ``KROLL`` (groups of UNROLL x BLOCK_K columns, 0 = off; STAGES = 1 and UNROLL >= 4 only):
-    within each row block, prefetch the columns KROLL groups ahead of the loop into L2, one
-    128-byte line per thread (W_CONTIG and W_ALIGN; off when a group is shorter than a line
-    per row), so a tile of few long rows (the down projection: 16 x 8192) streams from L2
-    too; ROLL cannot help a tile of one row block, and the task-ahead prefetch's byte cap
-    covers only its first rows (measured slower on the H200: docs/triton.md).
 
     ``STAGES`` (weight-streaming pipeline depth, >= 1; the same arithmetic for every value,
     except that S >= 2 sums PRO_NORM's x^2 in chunks of BLOCK_N * BLOCK_K elements instead of
@@ -467,8 +425,6 @@ def gemv_ex(x, a, eps, w, b, y, N, K, PRO: tl.constexpr, HAS_BIAS: tl.constexpr,
     roll_ok = 0
     if ROLL > 0 and W_CONTIG and W_ALIGN > 1:
         roll_ok = (w_rs == K).to(tl.int32)
-    KR: tl.constexpr = KROLL if (W_CONTIG and W_ALIGN > 1 and STAGES <= 1 and UNROLL > 2 and
-                                 UNROLL * BLOCK_K * (wp.dtype.element_ty.primitive_bitwidth // 8) >= 128) else 0
     STAGED: tl.constexpr = (X_STAGE and PRO != PRO_PLAIN) or PRO == PRO_RNORM
     if PRO == PRO_RNORM:
         tl.static_assert(X_ALIGN > 1, "reduce_norm_gemv needs aligned contiguous rows")
@@ -493,12 +449,12 @@ def gemv_ex(x, a, eps, w, b, y, N, K, PRO: tl.constexpr, HAS_BIAS: tl.constexpr,
             tl.store(PROF + 4, global_timer())
         f = (xs, 1, K, 0, 0, 1)
         gemv_stream(f, f, rstd, w, b, y, N, K, PRO_PLAIN, HAS_BIAS, True, W_CONTIG, BLOCK_N, BLOCK_K, STAGES, XA,
-                    UNROLL, wpre, W_PRE, ROLL, roll_ok, KR, m1, m2, m3, MIRRORS, W_TMA)
+                    UNROLL, wpre, W_PRE, ROLL, roll_ok, m1, m2, m3, MIRRORS, W_TMA)
     else:
         if PROFILE:
             tl.store(PROF + 4, global_timer())
         gemv_stream(x, a, rstd, w, b, y, N, K, PRO, HAS_BIAS, X_CONTIG, W_CONTIG, BLOCK_N, BLOCK_K, STAGES,
-                    X_ALIGN, UNROLL, wpre, W_PRE, ROLL, roll_ok, KR, m1, m2, m3, MIRRORS, W_TMA)
+                    X_ALIGN, UNROLL, wpre, W_PRE, ROLL, roll_ok, m1, m2, m3, MIRRORS, W_TMA)
     if PROFILE:
         tl.store(PROF + 5, global_timer())
 
@@ -517,9 +473,9 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
            X_CONTIG: tl.constexpr, W_CONTIG: tl.constexpr, W_ALIGN: tl.constexpr, BLOCK_N: tl.constexpr,
            BLOCK_K: tl.constexpr, STAGES: tl.constexpr = 1, PROF=None, PROFILE: tl.constexpr = False,
            X_ALIGN: tl.constexpr = 0, UNROLL: tl.constexpr = 1, XS=None, X_STAGE: tl.constexpr = False,
-           X_CHUNK: tl.constexpr = 0, W_PRE: tl.constexpr = 0, ROLL: tl.constexpr = 0, KROLL: tl.constexpr = 0, fl=0,
+           X_CHUNK: tl.constexpr = 0, W_PRE: tl.constexpr = 0, ROLL: tl.constexpr = 0, fl=0,
            nw=0, w0=0, wc=0, wn=0, wb=0, WAITS=None, i=0, epoch=0, abort_ptr=None, timeout=0, SYS: tl.constexpr = False,
-           RELAXED: tl.constexpr = False, MIRRORS: tl.constexpr = 0, W_TMA: tl.constexpr = False,
+           MIRRORS: tl.constexpr = 0, W_TMA: tl.constexpr = False,
            RING: tl.constexpr = False, STREAMS=None, se=0, rbase=0, rst=None, RING_S: tl.constexpr = 1,
            RING_PR: tl.constexpr = 4, RING_PC: tl.constexpr = 2048):
     """The row decoder of the five GEMV ops (gemv_ex; ``PRO`` the prologue, ``STAGES`` its
@@ -528,7 +484,7 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
     worker left the same f(x) there). Operands: x, [a (norm weight / up) when PRO != plain], W, [b (bias /
     residual)], y; PRO_RNORM: partials [KP, K], residual, a (norm weight), W, [bias], y.
 
-    Runs the row's waits itself (``nw`` .. ``RELAXED``: vm.run_waits's arguments, ``fl`` the
+    Runs the row's waits itself (``nw`` .. ``SYS``: vm.run_waits's arguments, ``fl`` the
     row flags) after decoding the operands, so the decode overlaps the wait. ``W_PRE`` > 0:
     the first ``W_PRE`` columns of the first row block of W are loaded before the waits when
     the row's ``FLAG_W_CONST`` says no task writes W (weights do not change during a step,
@@ -602,7 +558,7 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
     else:
         w_const = 1
         wpre = 0
-    ok = run_waits(nw, w0, wc, wn, wb, WAITS, A_I32, err, i, epoch, abort_ptr, timeout, SYS, RELAXED)
+    ok = run_waits(nw, w0, wc, wn, wb, WAITS, A_I32, err, i, epoch, abort_ptr, timeout, SYS)
     if ok != 0:
         if PROFILE:
             tl.store(PROF + 1, global_timer())
@@ -634,7 +590,7 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
     elif ok != 0:
         gemv_ex(x, a, eps, w, (bp, bn1, bn2, bs0, bs1, bs2), (yp, yn1, yn2, ys0, ys1, ys2), wn1, wn2,
                 PRO, HAS_BIAS, X_CONTIG, W_CONTIG, W_ALIGN, BLOCK_N, BLOCK_K, STAGES, PROF, PROFILE, X_ALIGN,
-                UNROLL, XS, X_STAGE, x_ready, X_CHUNK, wpre, W_PRE, ROLL, KROLL, m1, m2, m3, MIRRORS,
+                UNROLL, XS, X_STAGE, x_ready, X_CHUNK, wpre, W_PRE, ROLL, m1, m2, m3, MIRRORS,
                 rp, xn1, xs1, W_TMA)
     return ok, status_ok(), rst
 
