@@ -54,7 +54,8 @@ def run_tp(args, ctx) -> int:
     from rich.console import Console
 
     from amk.baselines import BaselineResult, make_reference
-    from amk.bench import backend_options, bench_config, cuda_target, measure_megakernel, write_result
+    from amk.bench import bench_config, cuda_target, measure_megakernel, write_result
+    from lowering.triton.blocks import kernel_options
     from ground.timing import measure_hbm_bandwidth
     from models.sources import resolve_model
     from search.evaluator import weight_bytes_per_rank
@@ -64,9 +65,10 @@ def run_tp(args, ctx) -> int:
     if args.tokens < 4:
         raise AmkError("--tokens must be at least 4")
     props = torch.cuda.get_device_properties(dev)
-    cfg = bench_config(args, props.multi_processor_count)
+    full = bench_config(args, props.multi_processor_count)
+    cfg = full.lowering
     target = cuda_target(props)
-    opts = backend_options(args)
+    opts = kernel_options(full.kernel)
     timings: dict[str, float] = {}
 
     t0 = time.perf_counter()
@@ -107,7 +109,7 @@ def run_tp(args, ctx) -> int:
             "transport": "NVSHMEM symmetric heap, peer stores + system-scope release/acquire",
             "command": "amk " + " ".join(sys.argv[1:]) if sys.argv else "amk bench",
             "python": platform.python_version(), "torch": torch.__version__,
-            "config": cfg.to_json() if hasattr(cfg, "to_json") else cfg.__dict__,
+            "config": cfg.to_json(), "kernel": full.kernel.to_json(),
             "tasks": len(session.program.tasks), "workers_per_rank": session.program.workers,
             "num_warps": ex.num_warps, "blocks": ex.blocks.__dict__, "occupancy": ex.occupancy,
             "hbm_bytes_per_s_per_rank": bws, "weight_bytes_per_rank": per_rank_bytes,

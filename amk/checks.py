@@ -82,10 +82,15 @@ def check_split(spec: Any, name: str, tp: int, tile: int = 64,
 def check_model_split(model_arg: str, tp: int, config: Any = None) -> ModelSplit:
     """``check_split`` for a MODEL argument, reading only its config. ``config``: the
     LoweringConfig (its ``tile`` and ``allreduce``; default LoweringConfig()). Raises
-    AmkError for a bad argument, an unsupported model or a split that does not fit."""
+    AmkError for a bad argument, an unsupported model, a split that does not fit, or a knob
+    that does nothing for this model (``late_append`` where attention has a q/k norm: the
+    lowering keeps the unfused attention there)."""
     from lowering.config import LoweringConfig
 
     cfg = config or LoweringConfig()
     source, spec = model_spec(model_arg)
+    if cfg.late_append and spec.qk_norm:
+        raise AmkError(f"--late-append 1 does nothing for {model_arg}: its attention has a q/k norm, which "
+                       "the fused attention does not take (set --late-append 0)")
     notes = check_split(spec, model_arg, tp, cfg.tile, cfg.allreduce)
     return ModelSplit(source, spec, notes)

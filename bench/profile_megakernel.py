@@ -1,7 +1,9 @@
 """Where does a megakernel step spend its time? In-kernel %globaltimer stamps per task.
 
-Usage: python bench/profile_megakernel.py MODEL [--workers 132] [--tile 32] [--warps 8]
-           [--gemv-block 32x512] [--steps 12] [--tp R [--spawn]] [--json FILE]
+Usage: python bench/profile_megakernel.py MODEL [--config FILE] [--workers 132] [--tile 32]
+           [--num-warps 8] [--gemv-block 32x512] ... [--steps 12] [--tp R [--spawn]] [--json FILE]
+The knobs are ``amk bench``'s: ``--config FILE`` and the same flags (lowering.knobs), with
+one worker per SM (per co-located rank) and bf16 unless set.
 Runs ``--steps`` decode steps with the profiling kernel (one extra global store per stamp)
 and reports, per op: task count, mean / p90 op time (op start -> signals released) and
 mean wait time (queue head -> waits satisfied), plus the step's span and the sum of op
@@ -21,54 +23,30 @@ import torch
 
 
 def main(argv: list[str] | None = None) -> int:
+    from lowering.config import KernelConfig, LoweringConfig
+    from lowering.knobs import add_flags
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
-    ap.add_argument("--workers", type=int, default=132)
-    ap.add_argument("--tile", type=int, default=32)
-    ap.add_argument("--warps", type=int, default=8)
-    ap.add_argument("--gemv-block", default="32x512")
-    ap.add_argument("--policy", default="balanced")
+    ap.add_argument("--config", metavar="FILE", default=None,
+                    help="config file (docs/lowering.md), as amk bench --config reads it; the knob flags "
+                         "override it")
     ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--fuse", action="store_true", help="lower with the fuse knob")
-    ap.add_argument("--wave", action="store_true", help="lower with the wave knob")
-    ap.add_argument("--prefetch", type=int, default=0, help="L2 prefetch look-ahead (Blocks.prefetch)")
     ap.add_argument("--tp", type=int, default=1,
                     help="ranks, co-located on this one GPU (workers is then per rank: R x W must be co-resident)")
     ap.add_argument("--spawn", action="store_true",
                     help="with --tp R: one process per GPU over NVSHMEM (R GPUs needed), as `amk generate --tp R`; "
                          "each rank profiles its own kernel, rank 0 prints, --json FILE gets one file per rank "
                          "(FILE with .r<rank> before the suffix)")
-    ap.add_argument("--sync-opt", type=int, default=1, help="1/0: Blocks.elide_waits and coalesce_signals")
-    ap.add_argument("--unroll", type=int, default=1, help="GEMV K-loop unroll (Blocks.gemv_unroll)")
-    ap.add_argument("--att-t", type=int, default=32, help="attention position block (Blocks.attention_t)")
-    ap.add_argument("--row-prefetch", type=int, default=1, help="0/1: Blocks.row_prefetch")
-    ap.add_argument("--maxnreg", type=int, default=0, help="register cap (Blocks.maxnreg; 0 = automatic)")
-    ap.add_argument("--x-stage", type=int, default=1, help="0/1: Blocks.x_stage")
-    ap.add_argument("--x-reuse", type=int, default=1, help="0/1: Blocks.x_reuse")
-    ap.add_argument("--w-preload", type=int, default=0, help="Blocks.w_preload (0 = off)")
-    ap.add_argument("--prefetch-cap", type=int, default=0, help="Blocks.prefetch_cap (bytes; 0 = whole tile)")
-    ap.add_argument("--prefetch-rows", type=int, default=0, help="Blocks.prefetch_rows (0 = no limit)")
-    ap.add_argument("--roll", type=int, default=0, help="Blocks.roll (row blocks; 0 = off)")
-    ap.add_argument("--lean-release", type=int, default=1, help="0/1: Blocks.lean_release")
-    ap.add_argument("--gemv-stages", type=int, default=1, help="GEMV pipeline depth (Blocks.gemv_stages)")
-    ap.add_argument("--gemv-tma", type=int, default=0, help="0/1: Blocks.gemv_tma (needs --gemv-stages >= 2)")
-    ap.add_argument("--ring", type=int, default=0, help="weight-ring pages per worker (Blocks.ring; 0 = off)")
-    ap.add_argument("--ring-rows", type=int, default=4, help="weight-ring page rows (Blocks.ring_rows)")
-    ap.add_argument("--ring-cols", type=int, default=2048, help="weight-ring page columns (Blocks.ring_cols)")
-    ap.add_argument("--tile-qkv", type=int, default=0, help="the tile_qkv lowering knob (0 = tile)")
-    ap.add_argument("--tile-gate-up", type=int, default=0, help="the tile_gate_up lowering knob (0 = tile)")
-    ap.add_argument("--tile-lm-head", type=int, default=0, help="the tile_lm_head lowering knob (0 = tile)")
-    ap.add_argument("--attn-split", type=int, default=1, help="the attn_split lowering knob")
-    ap.add_argument("--late-append", action="store_true", help="the late_append lowering knob")
-    ap.add_argument("--allreduce", default="oneshot", help="the allreduce lowering knob (oneshot, fused, twoshot)")
-    ap.add_argument("--tile-reduce", type=int, default=0, help="the tile_reduce lowering knob (0 = tile)")
-    ap.add_argument("--fuse-reduce", action="store_true", help="the fuse_reduce lowering knob")
     ap.add_argument("--layer", type=int, default=None,
                     help="also print the stage timeline of this layer (default: the middle one)")
     ap.add_argument("--all-layers", action="store_true",
                     help="also print every stage's timeline averaged over the layers, each layer's span and "
                          "the LM head's timeline")
     ap.add_argument("--json", default=None)
+    add_flags(ap.add_argument_group("lowering knobs (docs/lowering.md)"), LoweringConfig,
+              defaults={"workers": "the SMs / the co-located ranks", "dtype": "bf16", "max_seq": "256"})
+    add_flags(ap.add_argument_group("kernel knobs (docs/triton.md)"), KernelConfig)
     args = ap.parse_args(argv)
     ctx = None
     if args.spawn and args.tp > 1:
@@ -79,37 +57,23 @@ def main(argv: list[str] | None = None) -> int:
 
     from amk import pipeline
     from amk.bench import cuda_target
-    from lowering.config import LoweringConfig
+    from lowering.config import config_from_args
     from lowering.triton import vm as MK
-    from lowering.triton.runtime import Blocks
+    from lowering.triton.blocks import kernel_options
     from models.sources import resolve_model
 
     dev = ctx.device if ctx is not None else torch.device("cuda")
     props = torch.cuda.get_device_properties(dev)
-    resolved = resolve_model(args.model, dtype="bf16", device=dev if ctx is not None else None)
-    cfg = LoweringConfig(tile=args.tile, workers=args.workers, policy=args.policy, dtype="bf16",
-                         max_seq=256, fuse=args.fuse, wave=args.wave, attn_split=args.attn_split,
-                         tile_qkv=args.tile_qkv, tile_gate_up=args.tile_gate_up, tile_lm_head=args.tile_lm_head,
-                         late_append=args.late_append, allreduce=args.allreduce,
-                         tile_reduce=args.tile_reduce, fuse_reduce=args.fuse_reduce).validate()
+    sms = props.multi_processor_count // (1 if ctx is not None else args.tp)
+    full = config_from_args(args, "bench/profile_megakernel.py", ranks=args.tp,
+                            defaults={"workers": sms, "dtype": "bf16", "max_seq": max(256, args.steps)})
+    cfg = full.lowering
+    resolved = resolve_model(args.model, dtype="fp32" if cfg.dtype == "f32" else "bf16",
+                             device=dev if ctx is not None else None)
     target = cuda_target(props)
     session = pipeline.Session.build(args.model, args.tp, cfg, target, resolved=resolved)
-    bn, bk = (int(v) for v in args.gemv_block.split("x"))
     dec = session.decoder("triton", backend_options={
-        "num_warps": args.warps, "blocks": Blocks(gemv_n=bn, gemv_k=bk, prefetch=args.prefetch,
-                                                         elide_waits=bool(args.sync_opt),
-                                                         coalesce_signals=bool(args.sync_opt),
-                                                         gemv_unroll=args.unroll, attention_t=args.att_t,
-                                                         row_prefetch=bool(args.row_prefetch),
-                                                         maxnreg=args.maxnreg, x_stage=bool(args.x_stage),
-                                                         x_reuse=bool(args.x_reuse), w_preload=args.w_preload,
-                                                         prefetch_cap=args.prefetch_cap, roll=args.roll,
-                                                         prefetch_rows=args.prefetch_rows,
-                                                         lean_release=bool(args.lean_release),
-                                                         gemv_stages=args.gemv_stages,
-                                                         gemv_tma=bool(args.gemv_tma), ring=args.ring,
-                                                         ring_rows=args.ring_rows, ring_cols=args.ring_cols),
-        "profile": True, **({"dist": ctx} if ctx is not None else {})})
+        **kernel_options(full.kernel), "profile": True, **({"dist": ctx} if ctx is not None else {})})
     ex = dec.ex
     tok = 1
     for pos in range(args.steps):

@@ -173,8 +173,8 @@ def parse_step(step: Step, out: str = "OUT") -> argparse.Namespace | None:
     """Parse ``step``'s command with its program's own argparse parser, running nothing.
 
     ``amk bench`` steps are also checked the way `amk bench` checks them before touching a
-    GPU: the --config file loads as a LoweringConfig, the block flags pass Blocks' checks and
-    the model's shapes split over ``--tp`` ranks. Returns the parsed namespace (None for
+    GPU: the --config file and the knob flags make a valid AmkConfig (lowering.config) at
+    ``--tp`` ranks and the model's shapes split over them. Returns the parsed namespace (None for
     pytest steps, whose test files must exist). Raises AmkError naming the step.
     """
     argv = [a.replace("{out}", out) for a in step.argv]
@@ -237,25 +237,16 @@ def _parse_script(path: Path, argv: list[str]) -> argparse.Namespace:
 
 
 def _check_bench(ns: argparse.Namespace):
-    """`amk bench`'s own checks that need no GPU: config file, block flags, the split."""
+    """`amk bench`'s own checks that need no GPU: the config file and knob flags (as `amk
+    bench` reads them, --config relative to the repository), the workers and the split."""
+    from amk.bench import bench_config
     from amk.checks import check_counts, check_model_split
-    from amk.commands.bench import backend_options
-    from lowering.config import LoweringConfig
 
-    base = {}
     if ns.config:
-        try:
-            base = json.loads((ROOT / ns.config).read_text())
-        except (OSError, ValueError) as err:
-            raise AmkError(f"{ns.config}: cannot read the config: {err}") from None
-    base.setdefault("dtype", "bf16")
-    for key, value in (("workers", ns.workers), ("tile", ns.tile), ("attn_split", getattr(ns, "attn_split", None))):
-        if value:
-            base[key] = value
-    cfg = LoweringConfig.from_json(base, source=ns.config or "bench config")
-    check_counts(ns.tp, ns.workers)
-    check_model_split(ns.model, ns.tp, cfg)
-    backend_options(ns)
+        ns.config = str(ROOT / ns.config)
+    cfg = bench_config(ns, 1)
+    check_counts(ns.tp, getattr(ns, "workers", None))
+    check_model_split(ns.model, ns.tp, cfg.lowering)
     if not ns.out:
         raise AmkError("amk bench writes no result file: add --out {out}/NAME.json")
 

@@ -1,10 +1,12 @@
-"""Pick the fastest correct row of megakernel_sweep.py JSON files and turn it into `amk bench` flags.
+"""Pick the fastest correct row of megakernel_sweep.py JSON files and write its config file.
 
 Usage: python bench/sweep_best.py SWEEP.json [SWEEP.json ...] --config-out FILE
-Writes the row's lowering knobs (without workers, dtype and max_seq, which `amk bench` sets)
-to ``--config-out`` and prints the `amk bench` flags of the row on one line: ``--workers W
---config FILE --num-warps ...``. Rows with an error or a wrong verdict are skipped; exits 1
-(printing why on stderr) when no row is usable, so a device script can stop there.
+Writes the row's config (``{"lowering": ..., "kernel": ...}``, as a sweep row records it,
+without max_seq, which `amk bench` sizes to its tokens) to ``--config-out`` and prints the
+`amk bench` flags that use it on one line: ``--config FILE``. Rows with an error or a wrong
+verdict are skipped, and so are rows of sweeps written before their rows held the whole
+config; exits 1 (printing why on stderr) when no row is usable, so a device script can stop
+there.
 """
 
 from __future__ import annotations
@@ -12,38 +14,36 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import fields
 from pathlib import Path
-
-from amk.bench import BLOCKS_FLAGS
-from lowering.config import LoweringConfig
-
-# lowering knobs the bench takes from --config (workers / dtype / max_seq: its own flags)
-CONFIG_KEYS = tuple(f.name for f in fields(LoweringConfig) if f.name not in ("workers", "dtype", "max_seq"))
-# sweep-row keys -> the amk bench flag that sets each (a row records Blocks fields by name)
-FLAGS = (("num_warps", "--num-warps"), ("gemv_block", "--gemv-block"), *BLOCKS_FLAGS.items())
 
 
 def best_row(paths: list[str]) -> dict:
-    """The correct row with the lowest latency_ms_median over the files; rows with sync_opt
-    off are skipped (`amk bench` always elides waits and coalesces signals). Raises
-    ValueError naming the files when none is usable."""
+    """The correct row with the lowest latency_ms_median over the files, among rows whose
+    ``config`` is a whole config (a ``lowering`` and a ``kernel`` part). Raises ValueError
+    naming the files when none is usable."""
     rows = []
     for p in paths:
         rows += [r for r in json.loads(Path(p).read_text()).get("rows", [])
-                 if "error" not in r and r.get("correct") and r.get("sync_opt", True)]
+                 if "error" not in r and r.get("correct")
+                 and set(r.get("config") or {}) == {"lowering", "kernel"}]
     if not rows:
-        raise ValueError(f"no correct row in {', '.join(paths)}")
+        raise ValueError(f"no correct row with a whole config (lowering and kernel knobs) in {', '.join(paths)}")
     return min(rows, key=lambda r: r["latency_ms_median"])
 
 
-def bench_flags(row: dict, config_path: str) -> list[str]:
-    """`amk bench` flags reproducing ``row`` with its lowering knobs in ``config_path``."""
-    out = ["--workers", str(row["config"]["workers"]), "--config", config_path]
-    for key, flag in FLAGS:
-        if key in row:
-            out += [flag, str(int(row[key]) if isinstance(row[key], bool) else row[key])]
-    return out
+def config_of(row: dict) -> dict:
+    """The config file of ``row``: its config, checked (lowering.config.AmkConfig), without
+    max_seq. Raises AmkError for a config the knobs refuse."""
+    from lowering.config import AmkConfig
+
+    cfg = AmkConfig.from_json(row["config"], "the sweep row's config", combinations=False).to_json()
+    cfg["lowering"].pop("max_seq")
+    return cfg
+
+
+def bench_flags(config_path: str) -> list[str]:
+    """`amk bench` flags reproducing a row whose config is in ``config_path``."""
+    return ["--config", config_path]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,13 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     from ground.files import atomic_write_text  # whole file or none
 
     try:
-        atomic_write_text(args.config_out, json.dumps({k: row["config"][k] for k in CONFIG_KEYS
-                                                       if k in row["config"]}) + "\n")
+        atomic_write_text(args.config_out, json.dumps(config_of(row)) + "\n")
     except AmkError as e:
         print(f"sweep_best: {e}", file=sys.stderr)
         return 2
     print(f"sweep_best: {row['latency_ms_median']:.4f} ms", file=sys.stderr)
-    print(" ".join(bench_flags(row, args.config_out)))
+    print(" ".join(bench_flags(args.config_out)))
     return 0
 
 

@@ -1,176 +1,366 @@
-"""LoweringConfig: the knobs the lowering honours (the search surface), with JSON I/O.
+"""The knobs: ``LoweringConfig`` (how the lowering schedules a decode step: the search surface)
+and ``KernelConfig`` (how the Triton megakernel runs it), together an ``AmkConfig``, read from
+one JSON file and from generated command-line flags.
 
-Every knob changes the lowered program (tests/test_lowering.py checks that); a knob the
-lowering ignored would not exist here.
+Each knob is declared once, with its description, flag and allowed values, by
+``lowering.knobs.knob``; the flags of ``amk compile / generate / run / bench / search`` and of
+the bench scripts, the checks and their messages, and the tables of docs/lowering.md and
+docs/triton.md come from those declarations (``python scripts/knob_docs.py`` writes the
+tables). A config file is::
 
-============  =========================================================================
-knob          meaning
-============  =========================================================================
-tile          rows per GEMV tile (q/k/v, o, gate/up, down, lm_head) and columns per
-              all-reduce reduce tile (unless ``tile_reduce``); also the alignment of the
-              MLP-column and vocabulary splits over ranks
-workers       persistent workers (CTAs) per rank
-policy        tile -> worker assignment: ``round_robin`` (tile i of a stage -> worker
-              i mod W), ``balanced`` (greedy: the worker with the fewest bytes moved so
-              far gets the next tile) or ``stage`` (greedy per stage: the worker with the
-              fewest bytes in the tile's stage, i.e. among the work waiting on the same
-              values, then the fewest so far; ``balanced`` lets the whole step's totals
-              pile a stage's tiles up: Llama-3.2-1B layer 8's 130 q/k/v tiles landed two on
-              12 workers and none on 14)
-allreduce     cross-rank reduction algorithm: ``oneshot`` (every rank puts its partial
-              into every peer's receive buffer, then reduces locally), ``fused`` (one-shot
-              with the puts fused into the GEMV tiles: each tile stores its rows of the
-              partial into its own and every peer's receive buffer, mirror outputs of
-              ir/ops.py, and signals each peer; no put stage, the reduce waits on the
-              tiles) or ``twoshot`` (reduce-scatter: each rank reduces one column block,
-              then all-gathers it)
-max_seq       KV-cache length in tokens (positions 0 .. max_seq-1 can be decoded)
-dtype         dtype of weights, activations and KV cache: ``f32`` or ``bf16``
-fuse          emit fused ops (ir/ops.py): RMSNorm into the following GEMVs
-              (``norm_gemv``), RoPE into KV append / attention (``rope_append``,
-              ``rope_attention``), SiLU*mul into the down GEMV (``swiglu_gemv``) and, at one
-              rank, the residual add into the o / down GEMVs (``gemv_res`` / swiglu_gemv's
-              ``r``). Fewer stages and tasks; same results (see lowering/reference.py for
-              the exact rounding). Default off.
-wave          size each GEMV stage's tiles to fill one wave of workers: a stage of n rows
-              (q+k+v together, a gate/up tile pair, o, down, the LM head) gets tiles of
-              ``ceil(n / workers)`` rows rounded up to a multiple of ``tile`` (``tile`` is
-              then the granularity). Fewer, larger tasks: each worker streams one tile per
-              stage instead of paying the per-task cost several times. With ``fuse`` the
-              gate and up tiles are separate tasks on separate workers, sized over gate+up
-              together (2 x the MLP width). Default off.
-tile_qkv      rows per q/k/v tile (0, the default: ``tile``): q, k and v together are a
-              narrow stage (Llama-3.2-1B: 3072 rows, 192 16-row tiles, two rounds over 132
-              workers, the second 45% full); a tile that fits the stage in one round (24
-              rows: 130 tiles) trades a second task for a longer first one
-tile_gate_up  rows per gate/up tile (0, the default: ``tile``): the MLP's input stage streams
-              the most bytes of a layer, so larger tiles there cut the per-task cost where the
-              stage has rounds to spare, while the narrower stages keep ``tile``
-tile_lm_head  rows per LM-head tile (0, the default: ``tile``); the vocabulary split over
-              ranks stays aligned to ``tile``
-attn_split    attention tasks per KV head: the query heads attending with one KV head are
-              split into this many contiguous groups, each one task on its own worker
-              (capped at the GQA group size; 1 = one task per KV head, the default). The
-              decode step's attention is one serial phase whose length grows with the
-              context; splitting it over more workers shortens it. With ``fuse``, the
-              KV head's ``rope_append`` then signals a counter the attention tasks wait on
-              instead of sharing their worker.
-tile_reduce   columns per all-reduce reduce tile (0, the default: ``tile``). A reduce
-              tile moves a few hundred bytes, so at ``tile`` 16 the reduce of a 4096-wide
-              hidden state is 256 tasks, each a wait, a task header and a signal, and the
-              next stage waits for all 256 signals (Llama-3.1-8B at tp 2: 7.5 us per
-              reduce stage); fewer, wider tiles cut that
-late_append   with ``fuse`` (and no q/k norm): attention reads the current token's key and
-              value straight from the k / v projections (``rope_attention_kv``, waiting on
-              the q/k/v tiles only), and the rank's ``rope_append`` into the caches (one
-              task, after the attention tasks) runs on the least-loaded worker behind its
-              gate/up tiles, in that worker's slack, instead of between the projections and
-              the attention: one hand-off less on the step's critical path. Default off.
-fuse_reduce   with ``fuse``, at R > 1 and a one-shot all-reduce (``oneshot`` / ``fused``):
-              the GEMV tiles that consume an all-reduce through an RMSNorm (the next
-              layer's q/k/v, the gate/up tiles, the LM head) sum the received partials and
-              the residual themselves (``reduce_norm_gemv``) and wait on the partials'
-              arrival instead of on the reduce stage; the reduce tasks still write the
-              residual stream, now off the critical path (its next reader is the next
-              all-reduce). One hand-off and a reduce less per all-reduce. No effect at
-              R = 1, with ``twoshot`` or without ``fuse``. Default off.
-============  =========================================================================
+    {"lowering": {"tile": 16, "fuse": true, ...}, "kernel": {"gemv_block": "16x128", ...}}
+
+with either part optional and fields left out at their defaults. A file holding only lowering
+fields at the top level (the older form, e.g. a search's best config written before the
+kernel part existed) is read as the lowering part. ``--config FILE`` plus flags: the flags
+override the file.
+
+``validate`` refuses a bad value (naming the field and its flag) and, unless
+``combinations=False``, a combination in which a knob does nothing (``--late-append 1``
+without ``--fuse 1``, ``--fuse-reduce 1`` at ``--tp 1``, ``--x-reuse 1`` without
+``--x-stage 1``, ...; ``lowering.knobs.inert``). Every lowering knob changes the lowered
+program where it acts (tests/test_lowering.py).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
+from dataclasses import replace as dc_replace
 from pathlib import Path
 from typing import Any
 
 from ground.errors import AmkError
+from lowering.knobs import (check_fields, check_inert, equal, given, knob, knob_named, knobs_of, on, one_of,
+                            positive)
 
 POLICIES = ("round_robin", "balanced", "stage")
 ALLREDUCE_ALGOS = ("oneshot", "fused", "twoshot")
 DTYPES = ("f32", "bf16")
 
 
-@dataclass(frozen=True)
-class LoweringConfig:
-    """Knobs of the lowering (see the module table). Construct with ``LoweringConfig(...)``
-    then call ``validate()``, or use ``from_json`` which validates."""
+class _Knobs:
+    """What LoweringConfig and KernelConfig share: checks, JSON and copies."""
 
-    tile: int = 64
-    workers: int = 4
-    policy: str = "round_robin"
-    allreduce: str = "oneshot"
-    max_seq: int = 256
-    dtype: str = "f32"
-    fuse: bool = False
-    wave: bool = False
-    attn_split: int = 1
-    tile_qkv: int = 0
-    tile_gate_up: int = 0
-    tile_lm_head: int = 0
-    late_append: bool = False
-    tile_reduce: int = 0
-    fuse_reduce: bool = False
-
-    def validate(self, source: str = "config") -> "LoweringConfig":
-        """Return self, or raise AmkError naming the bad field and the allowed values."""
-        def bad(field: str, why: str) -> AmkError:
-            return AmkError(f"{source}: field {field!r}: {why}")
-
-        for names, low, note in ((("tile", "workers", "max_seq", "attn_split"), 1, ""),
-                                 (("tile_qkv", "tile_gate_up", "tile_lm_head", "tile_reduce"), 0,
-                                  " (0: the same as tile)")):
-            for name in names:
-                v = getattr(self, name)
-                if isinstance(v, bool) or not isinstance(v, int):
-                    raise bad(name, f"expected an integer, got {v!r}")
-                if v < low:
-                    raise bad(name, f"must be >= {low}{note}, got {v}")
-        for name in ("fuse", "wave", "late_append", "fuse_reduce"):
-            if not isinstance(getattr(self, name), bool):
-                raise bad(name, f"expected true or false, got {getattr(self, name)!r}")
-        if self.workers > 1024:
-            raise bad("workers", f"at most 1024 workers per rank, got {self.workers}")
-        for name, allowed in (("policy", POLICIES), ("allreduce", ALLREDUCE_ALGOS),
-                              ("dtype", DTYPES)):
-            v = getattr(self, name)
-            if v not in allowed:
-                raise bad(name, f"expected one of {', '.join(allowed)}, got {v!r}")
+    def validate(self, source: str = "config", ranks: int | None = None, combinations: bool = True):
+        """Return self, or raise AmkError (exit code 2) naming the bad field and its flag; with
+        ``combinations``, also a knob that does nothing here (at ``ranks`` ranks when given)."""
+        check_fields(self, source)
+        self._rules(source)
+        if combinations:
+            check_inert(self, source, ranks)
         return self
+
+    def _rules(self, source: str) -> None:
+        """Rules between fields that are not 'does nothing' (a value other knobs forbid)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, obj: Any, source: str = "config") -> "LoweringConfig":
-        """Build from a dict (missing fields take defaults). Raises AmkError naming an unknown
-        or ill-typed field."""
+    def from_json(cls, obj: Any, source: str = "config", ranks: int | None = None,
+                  combinations: bool = True):
+        """Build from a dict (missing fields take defaults) and validate. Raises AmkError
+        naming an unknown or ill-typed field."""
+        part = "lowering" if cls is LoweringConfig else "kernel"
         if not isinstance(obj, dict):
-            raise AmkError(f"{source}: expected a JSON object of lowering knobs, "
-                           f"got {type(obj).__name__}")
+            raise AmkError(f"{source}: expected a JSON object of {part} knobs, got {type(obj).__name__}")
         known = {f.name for f in fields(cls)}
+        other = KernelConfig if cls is LoweringConfig else LoweringConfig
         for k in obj:
             if k not in known:
-                raise AmkError(f"{source}: unknown field {k!r}; known fields: "
+                hint = (f" ({k!r} is a {'kernel' if part == 'lowering' else 'lowering'} knob: put it "
+                        f"under \"{'kernel' if part == 'lowering' else 'lowering'}\")"
+                        if k in {f.name for f in fields(other)} else "")
+                raise AmkError(f"{source}: unknown field {k!r}{hint}; known {part} fields: "
                                f"{', '.join(sorted(known))}")
-        return cls(**obj).validate(source)
+        return cls(**obj).validate(source, ranks, combinations)
+
+    def replace(self, **changes: Any):
+        """A copy with ``changes`` applied (None values ignored); each value is checked
+        (AmkError), combinations are not."""
+        return dc_replace(self, **{k: v for k, v in changes.items() if v is not None}).validate(
+            combinations=False)
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "LoweringConfig":
-        """Read a JSON file. Raises AmkError for a missing file or bad JSON (with line:column)."""
-        p = Path(path)
-        try:
-            text = p.read_text()
-        except OSError as e:
-            raise AmkError(f"{p}: cannot read config file: {e.strerror or e}") from None
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise AmkError(f"{p}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
-        return cls.from_json(obj, source=str(p))
+    def from_file(cls, path: str | Path):
+        """This part of a config file (``AmkConfig.from_file``)."""
+        cfg = AmkConfig.from_file(path)
+        return cfg.lowering if cls is LoweringConfig else cfg.kernel
 
-    def replace(self, **changes: Any) -> "LoweringConfig":
-        """A copy with ``changes`` applied (None values ignored), validated."""
-        d = self.to_json()
-        d.update({k: v for k, v in changes.items() if v is not None})
-        return LoweringConfig.from_json(d)
+
+@dataclass(frozen=True)
+class LoweringConfig(_Knobs):
+    """The lowering's knobs (the search surface; docs/lowering.md lists them). Construct with
+    ``LoweringConfig(...)`` then call ``validate()``, or use ``from_json`` which validates."""
+
+    tile: int = knob(64, "Rows per GEMV tile (q/k/v, o, gate/up, down, LM head) and columns per "
+                     "all-reduce reduce tile (unless tile_reduce); also the alignment of the MLP-column "
+                     "and vocabulary splits over ranks.", lo=1)
+    workers: int = knob(4, "Persistent workers (CTAs) per rank.", lo=1, hi=1024)
+    policy: str = knob("round_robin", "Tile -> worker assignment: round_robin (tile i of a stage on worker "
+                       "i mod W), balanced (greedy: the worker with the fewest bytes moved so far) or stage "
+                       "(greedy within each stage, then overall, so a stage's tiles spread evenly).",
+                       choices=POLICIES)
+    allreduce: str = knob("oneshot", "Cross-rank reduction: oneshot (each rank puts its partial into every "
+                          "peer's receive buffer, then reduces locally), fused (oneshot with the puts fused "
+                          "into the GEMV tiles: no put stage) or twoshot (reduce-scatter, then all-gather).",
+                          choices=ALLREDUCE_ALGOS, multi_rank=True)
+    max_seq: int = knob(256, "KV-cache length in tokens (positions 0 .. max_seq - 1 can be decoded).", lo=1)
+    dtype: str = knob("f32", "Dtype of weights, activations and KV cache.", choices=DTYPES)
+    fuse: bool = knob(False, "Emit the fused ops: RMSNorm into the following GEMVs (norm_gemv), RoPE into "
+                      "the KV append and attention (rope_append, rope_attention), SiLU x up into the down "
+                      "GEMV (swiglu_gemv) and, at one rank, the residual add into the o / down GEMVs "
+                      "(gemv_res); fewer stages and tasks, the same results.")
+    wave: bool = knob(False, "Size each GEMV stage's tiles to one wave of workers: ceil(rows / workers) "
+                      "rounded up to a multiple of tile (tile is then the granularity); with fuse, gate "
+                      "and up tiles are sized over gate + up together.")
+    attn_split: int = knob(1, "Attention tasks per KV head: its query heads split into this many "
+                           "contiguous groups, each one task on its own worker (capped at the group size).",
+                           lo=1)
+    tile_qkv: int = knob(0, "Rows per q/k/v tile (q, k and v are one narrow stage: a tile that fits it "
+                         "in one round of workers trades a second task for a longer first one).",
+                         lo=1, zero="tile")
+    tile_gate_up: int = knob(0, "Rows per gate/up tile (the MLP's input stage streams the most bytes of a "
+                             "layer; larger tiles there cut the per-task cost).", lo=1, zero="tile")
+    tile_lm_head: int = knob(0, "Rows per LM-head tile; the vocabulary split over ranks stays aligned "
+                             "to tile.", lo=1, zero="tile")
+    late_append: bool = knob(False, "Attention reads the current token's key and value straight from the "
+                             "k / v projections (rope_attention_kv) and the rank's one rope_append runs "
+                             "later, in a worker's slack: one hand-off less on the step's critical path "
+                             "(models without q/k norm).", needs=(on("fuse"),))
+    tile_reduce: int = knob(0, "Columns per all-reduce reduce tile (a reduce tile moves a few hundred "
+                            "bytes: fewer, wider tiles cut the per-task cost).", lo=1, zero="tile",
+                            multi_rank=True)
+    fuse_reduce: bool = knob(False, "The RMSNorm + GEMV tiles after a one-shot all-reduce sum its partials "
+                             "and the residual themselves (reduce_norm_gemv) and wait on the partials, not "
+                             "on the reduce stage: one hand-off less per all-reduce.",
+                             needs=(on("fuse"), one_of("allreduce", ("oneshot", "fused"))), multi_rank=True)
+
+
+def _gemv_block(value: str) -> tuple[int, int] | None:
+    """(N, K) of an ``NxK`` text, None when it is not one."""
+    try:
+        n, k = (int(v) for v in value.lower().split("x"))
+    except (AttributeError, ValueError):
+        return None
+    return n, k
+
+
+def _check_gemv_block(value: str) -> str | None:
+    nk = _gemv_block(value)
+    if nk is None:
+        return f"expected NxK, e.g. 32x512, got {value!r}"
+    for v, what in zip(nk, "NK"):
+        if v < 1 or v & (v - 1):
+            return f"{what} must be a power of two, got {v}"
+    return None
+
+
+def _check_pow2_or_zero(value: int) -> str | None:
+    return None if value == 0 or not value & (value - 1) else f"must be 0 or a power of two, got {value}"
+
+
+@dataclass(frozen=True)
+class KernelConfig(_Knobs):
+    """The Triton megakernel's knobs (docs/triton.md lists them): its warps, block sizes and
+    code options. ``lowering.triton.blocks.kernel_options`` turns them into the executor's
+    ``num_warps`` and ``Blocks``."""
+
+    num_warps: int = knob(8, "Warps per worker CTA.", pow2=True, lo=1, hi=32, metavar="W")
+    gemv_block: str = knob("32x512", "GEMV block: rows x columns of W (N x K elements) streamed per "
+                           "iteration.", check=_check_gemv_block, values="NxK, powers of two", metavar="NxK")
+    gemv_stages: int = knob(1, "GEMV weight pipeline depth: 1 = one block in flight; S >= 2 = S - 1 blocks "
+                            "in flight through asynchronous copies into S - 1 shared-memory buffers.",
+                            lo=1, hi=8, metavar="S")
+    gemv_unroll: int = knob(1, "The GEMV's K loop unrolled U times, U weight blocks in flight (above 2 it "
+                            "needs a K block below 32 x num_warps, e.g. 16x128 at 8 warps).",
+                            choices=(1, 2, 4, 8, 16), metavar="U", needs=(equal("gemv_stages", 1),))
+    prefetch: int = knob(0, "L2 prefetch look-ahead in tasks: at the start of task i the worker starts an L2 "
+                         "bulk prefetch of task i + D's GEMV weight tile, so weight streaming overlaps waits "
+                         "and other tasks.", lo=1, hi=8, zero="off", metavar="D")
+    prefetch_cap: int = knob(0, "The task-ahead L2 prefetch covers at most a tile's first BYTES.",
+                             lo=16, multiple=16, zero="the whole tile", metavar="BYTES",
+                             needs=(positive("prefetch"),))
+    prefetch_rows: int = knob(0, "The task-ahead L2 prefetch covers at most a tile's first N weight rows "
+                              "(unlike prefetch_cap it keeps a wide tile's whole first row block).",
+                              lo=1, zero="no limit", metavar="N", needs=(positive("prefetch"),))
+    roll: int = knob(0, "A GEMV tile of several row blocks prefetches the row block B blocks ahead into L2 "
+                     "while it streams.", lo=1, hi=8, zero="off", metavar="B")
+    attention_block: int = knob(32, "Decode attention: cache positions per block of its online softmax (a "
+                                "context of <= T positions takes one block; lowered where [Q, T, D] would "
+                                "exceed ~64 fp32 registers per thread).", pow2=True, lo=1, metavar="T")
+    row_prefetch: bool = knob(True, "At the start of each task, prefetch the next task's table row into "
+                              "L1, so its decode does not wait on L2 or DRAM.")
+    x_stage: bool = knob(True, "norm_gemv and swiglu_gemv compute their prologue f(x) (RMSNorm, SiLU x up) "
+                         "once per task into a per-worker scratch row instead of inside the weight loop.")
+    x_reuse: bool = knob(True, "A GEMV whose f(x) the worker's previous staging task already left in the "
+                         "scratch (same x, nothing waited on or written since) skips the x pass.",
+                         needs=(on("x_stage"),))
+    x_chunk: int = knob(8192, "Elements of x the staging pass loads at once (at least N x K of "
+                        "gemv_block); an x that fits is loaded once.", pow2=True, lo=1, metavar="E")
+    w_preload: int = knob(0, "Columns of its first weight row block a GEMV task loads before its waits "
+                          "(weights only), so the waits, the decode and the x pass overlap that part of "
+                          "the weight stream.", check=_check_pow2_or_zero, metavar="E",
+                          values="0 (off) or a power of two >= K of gemv_block (2 x K with gemv_unroll 2)")
+    lean_release: bool = knob(True, "A task that signals a peer fences at system scope once (thread 0, "
+                              "after the barrier) and signals each peer with a relaxed red, instead of a "
+                              "fence in every thread and one release per peer.")
+    gemv_tma: bool = knob(False, "GEMVs whose W is contiguous and 16-byte aligned stream it with TMA copies "
+                          "into gemv_stages - 1 shared-memory buffers that hold no registers (needs "
+                          "gemv_stages 2..8, w_preload 0, N and K of gemv_block at most 256).")
+    ring: int = knob(0, "Weight ring: GEMV tasks whose bf16 weights no task writes stream them through S "
+                     "shared-memory pages per worker, copied ahead of the tasks that use them, across "
+                     "their waits.", lo=1, hi=32, zero="off", metavar="S")
+    ring_rows: int = knob(4, "Rows of a weight-ring page.", pow2=True, lo=1, hi=64, metavar="R",
+                          needs=(positive("ring"),))
+    ring_cols: int = knob(2048, "Columns of a weight-ring page (a page is ring_rows x ring_cols bf16).",
+                          pow2=True, lo=8, hi=8192, metavar="C", needs=(positive("ring"),))
+    maxnreg: int = knob(0, "ptxas's register cap per thread; automatic: none while the workers fit one "
+                        "CTA per SM, else the most that lets ceil(workers / SMs) CTAs share an SM.",
+                        lo=24, hi=255, zero="automatic", metavar="R")
+    elide_waits: bool = knob(True, "Skip a wait that an earlier task of the same worker already did.")
+    coalesce_signals: bool = knob(True, "Release several consecutive tiles' signals with one atomic.")
+
+    @property
+    def gemv_n(self) -> int:
+        """Rows of the GEMV block (N of gemv_block)."""
+        return _gemv_block(self.gemv_block)[0]
+
+    @property
+    def gemv_k(self) -> int:
+        """Columns of the GEMV block (K of gemv_block)."""
+        return _gemv_block(self.gemv_block)[1]
+
+    def _rules(self, source: str) -> None:
+        least = self.gemv_k * (2 if self.gemv_unroll == 2 else 1)
+        if self.w_preload and self.w_preload < least:
+            raise AmkError(f"{source}: field 'w_preload' (--w-preload): must be 0 or a power of two of at "
+                           f"least --gemv-block K = {self.gemv_k} ({2 * self.gemv_k} with --gemv-unroll 2), "
+                           f"got {self.w_preload}")
+        if self.gemv_tma:
+            if self.gemv_stages < 2:
+                raise AmkError(f"{source}: --gemv-tma 1 needs --gemv-stages 2..8 (its copies are pipelined), "
+                               f"got --gemv-stages {self.gemv_stages}")
+            if self.w_preload:
+                raise AmkError(f"{source}: --gemv-tma 1 needs --w-preload 0 (the first block would be loaded "
+                               f"twice), got --w-preload {self.w_preload}")
+            if self.gemv_n > 256 or self.gemv_k > 256:
+                raise AmkError(f"{source}: --gemv-tma 1 needs N and K of --gemv-block at most 256 (a TMA "
+                               f"box's limit), got --gemv-block {self.gemv_block}")
+
+
+def _read_json(path: str | Path) -> Any:
+    """A JSON file's value. Raises AmkError for a missing file or bad JSON (with line:column)."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise AmkError(f"{p}: cannot read config file: {e.strerror or e}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise AmkError(f"{p}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
+
+
+def split_parts(obj: Any, source: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(lowering fields, kernel fields) of a config file's JSON value: ``{"lowering": {...},
+    "kernel": {...}}`` (either part optional), or a flat object of lowering fields (the older
+    form). Raises AmkError for anything else."""
+    if not isinstance(obj, dict):
+        raise AmkError(f"{source}: expected a JSON object {{\"lowering\": {{...}}, \"kernel\": {{...}}}}, "
+                       f"got {type(obj).__name__}")
+    if obj and set(obj) <= {"lowering", "kernel"}:
+        parts = []
+        for name in ("lowering", "kernel"):
+            part = obj.get(name, {})
+            if not isinstance(part, dict):
+                raise AmkError(f"{source}: \"{name}\" must be a JSON object of {name} knobs, got "
+                               f"{type(part).__name__}")
+            parts.append(dict(part))
+        return parts[0], parts[1]
+    return dict(obj), {}
+
+
+@dataclass(frozen=True)
+class AmkConfig:
+    """Both knob sets: ``lowering`` (LoweringConfig) and ``kernel`` (KernelConfig); the JSON
+    form is ``{"lowering": {...}, "kernel": {...}}``."""
+
+    lowering: LoweringConfig = field(default_factory=LoweringConfig)
+    kernel: KernelConfig = field(default_factory=KernelConfig)
+
+    def validate(self, source: str = "config", ranks: int | None = None,
+                 combinations: bool = True) -> "AmkConfig":
+        """Return self, or raise AmkError naming the bad field or the combination that does
+        nothing (see the parts' ``validate``)."""
+        self.lowering.validate(source, ranks, combinations)
+        self.kernel.validate(source, ranks, combinations)
+        return self
+
+    def to_json(self) -> dict[str, Any]:
+        return {"lowering": self.lowering.to_json(), "kernel": self.kernel.to_json()}
+
+    @classmethod
+    def from_json(cls, obj: Any, source: str = "config", ranks: int | None = None,
+                  combinations: bool = True) -> "AmkConfig":
+        """Build from a config file's JSON value (see ``split_parts``) and validate."""
+        low, ker = split_parts(obj, source)
+        return cls(LoweringConfig.from_json(low, source, ranks, combinations),
+                   KernelConfig.from_json(ker, source, ranks, combinations))
+
+    @classmethod
+    def from_file(cls, path: str | Path, ranks: int | None = None, combinations: bool = True) -> "AmkConfig":
+        """Read a config file. Raises AmkError for a missing file, bad JSON (line:column), an
+        unknown field, a bad value or (``combinations``) a knob that does nothing."""
+        return cls.from_json(_read_json(path), str(path), ranks, combinations)
+
+
+def file_fields(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(lowering fields, kernel fields) of ``--config FILE`` as written (empty without one)."""
+    path = getattr(args, "config", None)
+    if not path:
+        return {}, {}
+    return split_parts(_read_json(path), str(path))
+
+
+def config_from_args(args: argparse.Namespace, command: str, ranks: int | None = None,
+                     defaults: dict[str, Any] | None = None, combinations: bool = True) -> AmkConfig:
+    """The AmkConfig of a command line: ``--config FILE`` (``args.config``), overridden by the
+    knob flags in ``args`` (lowering.knobs.add_flags: present only when given), with
+    ``defaults`` (a command's own lowering defaults, e.g. ``amk bench``'s one worker per SM)
+    for lowering fields that neither sets. Validated at ``ranks`` ranks; errors name the file
+    or ``command``, the field and its flag (AmkError, exit code 2)."""
+    low, ker = file_fields(args)
+    path = getattr(args, "config", None)
+    src_file = str(path) if path else None
+    # each part as the file has it, checked on its own first: a file's mistake names the file
+    LoweringConfig.from_json(low, src_file or command, combinations=False)
+    KernelConfig.from_json(ker, src_file or command, combinations=False)
+    flags_low, flags_ker = given(args, LoweringConfig), given(args, KernelConfig)
+    for cls, vals in ((LoweringConfig, flags_low), (KernelConfig, flags_ker)):
+        for name, v in vals.items():
+            why = knob_named(cls, name).problem(v)
+            if why:
+                raise AmkError(f"{command}: {knob_named(cls, name).flag}: {why}")
+    for k, v in (defaults or {}).items():
+        low.setdefault(k, v)
+    low.update(flags_low)
+    ker.update(flags_ker)
+    source = (f"{command} --config {src_file}" if (flags_low or flags_ker) else src_file) if src_file \
+        else command
+    return AmkConfig(LoweringConfig.from_json(low, source, ranks, combinations),
+                     KernelConfig.from_json(ker, source, ranks, combinations))
+
+
+def sets(args: argparse.Namespace, name: str) -> bool:
+    """Whether ``--config FILE`` or a flag in ``args`` sets the knob ``name`` explicitly."""
+    if getattr(args, name, None) is not None:
+        return True
+    low, ker = file_fields(args)
+    return name in low or name in ker
+
+
+__all__ = ["ALLREDUCE_ALGOS", "AmkConfig", "DTYPES", "KernelConfig", "LoweringConfig", "POLICIES",
+           "config_from_args", "file_fields", "knobs_of", "sets", "split_parts"]

@@ -87,7 +87,10 @@ class SearchSettings:
     policy for the gate; hooks: test-only dotted names passed to the worker;
     llm_fallback: after a failed LLM request, continue with a mutation however many
     requests failed in a row; llm_max_failures: without llm_fallback, the search stops
-    after this many consecutive failed LLM requests.
+    after this many consecutive failed LLM requests; start: lowering knobs of trial 0 (from
+    ``--config`` and the knob flags; None: the lowering's defaults); kernel: the kernel knobs
+    (a KernelConfig's JSON, held for the whole search: the triton backend runs every candidate
+    with them; {}: the defaults), written with the best lowering knobs to best/config.json.
     """
 
     model: str
@@ -116,6 +119,8 @@ class SearchSettings:
     hooks: dict[str, str] = field(default_factory=dict)
     llm_fallback: bool = False
     llm_max_failures: int = LLM_MAX_FAILURES
+    start: dict[str, Any] | None = None
+    kernel: dict[str, Any] = field(default_factory=dict)
 
     def check(self) -> None:
         """Raise AmkError naming the bad setting."""
@@ -371,6 +376,8 @@ class Search:
         self._spec = None
         self._graph = None
         self.space = self._build_space()
+        if self.s.start:
+            self.start_candidate()  # a start outside the space is refused before any trial
         created = not self.out.exists()
         _prepare_dir(self.out)
         self.records = self.store.load()
@@ -402,6 +409,24 @@ class Search:
         spec = self._model_spec()
         return space_for(spec, self.s.tp, self.s.max_workers,
                          fixed={"dtype": self.s.dtype, "max_seq": self.s.max_seq})
+
+    def start_candidate(self) -> dict[str, Any]:
+        """Trial 0's candidate from ``settings.start`` (knobs left out: the lowering's
+        defaults). Raises AmkError naming a knob the search holds at another value or a value
+        outside the space."""
+        from lowering.knobs import flag_of
+
+        cand = {}
+        for k, v in (self.s.start or {}).items():
+            if k in self.space.names:
+                cand[k] = v
+            elif self.space.fixed.get(k, v) != v:
+                raise AmkError(f"start config: {flag_of(k)} {v!r}: this search holds {k} at "
+                               f"{self.space.fixed[k]!r} (for this model and --tp)")
+        problems = self.space.check(cand)
+        if problems:
+            raise AmkError("start config: not a point of the search space: " + "; ".join(problems))
+        return self.space.canonical(cand)
 
     def _make_proposer(self, llm_client: Any):
         if self.s.proposer == "optuna":
@@ -466,9 +491,11 @@ class Search:
         })
 
     def _save_schedule(self, rec: Record, where: str) -> None:
-        """Write ``OUT/where/``: config.json (the lowering config alone, the file
-        ``amk compile/generate/bench --config`` read), trial.json (where it came from: trial,
-        candidate id, latency, ...), schedule.json and schedule.amk."""
+        """Write ``OUT/where/``: config.json (the config file ``amk compile / generate / run /
+        bench --config`` read: the candidate's lowering knobs, with any that do nothing at its
+        other knobs set back to their defaults, the same program, and the search's kernel
+        knobs), trial.json (where it came from: trial, candidate id, latency, ...),
+        schedule.json and schedule.amk."""
         from ir.io import save_program
 
         d = self.out / where
@@ -482,11 +509,17 @@ class Search:
                       "evaluated (lowering is not deterministic?)[/]")
         save_program(prog, d / "schedule.json")
         save_program(prog, d / "schedule.amk")
-        config = self.space.lowering_config(rec.config)
+        from lowering.config import AmkConfig, KernelConfig, LoweringConfig
+        from lowering.knobs import without_inert
+
+        low = LoweringConfig.from_json(self.space.lowering_config(rec.config), "candidate config",
+                                       combinations=False)
+        config = AmkConfig(without_inert(low, self.s.tp),
+                           KernelConfig.from_json(dict(self.s.kernel), "the search's kernel knobs")).to_json()
         atomic_write_json(d / "config.json", config)
         atomic_write_json(d / "trial.json", {
             "trial": rec.trial, "candidate_id": rec.candidate_id, "config_file": "config.json",
-            "lowering_config": config, "model": self.s.model, "tp": self.s.tp,
+            "lowering_config": config["lowering"], "model": self.s.model, "tp": self.s.tp,
             "backend": self.s.backend, "latency_ms": rec.latency_ms,
             "timing_source": rec.timing_source, "pct_roofline": rec.pct_roofline,
             "status": rec.status, "same_schedule_as_evaluated": same,
@@ -509,6 +542,8 @@ class Search:
         """The next proposal, or None when the proposer has nothing left."""
         ctx = self._context(trial)
         if not self.records:
+            if self.s.start:
+                return Proposal(self.start_candidate(), "baseline", None, "the start config")
             return Proposal(self.space.default(), "baseline", None, "the lowering's default")
         if self.state.restart_pending:
             p = RandomProposer().propose(ctx)
@@ -587,6 +622,7 @@ class Search:
             "sim_seed": self.s.seed * 7919 + trial, "sim_policy": self.s.sim_policy,
             "seq_len": self.s.seq_len, "tolerance": self.s.gate_tolerance(),
             "timing": dict(self.s.timing), "hooks": dict(self.s.hooks), "trial": trial,
+            "kernel": dict(self.s.kernel),
         }
 
     def run_trial(self, trial: int, proposal: Proposal) -> Record:

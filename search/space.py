@@ -6,10 +6,13 @@ A *candidate* is a plain dict ``{knob name: value}`` holding every searchable kn
 held constant for the whole search and are part of the candidate's lowering config but
 not of the space.
 
-The knobs come FROM the lowering's config class, never from a list kept here:
-``LoweringConfig.knob_space(...)`` declares, per field, whether it is searchable and
-which values it may take. Every searchable value must change the lowered program (a knob
-the lowering ignores is a bug; tests/test_search_space.py checks it for every value).
+The knobs are the lowering's config class's fields: ``space_for`` classifies each as
+searchable or fixed (a field it does not classify is an error) and derives its values from
+the model and target; each knob's description is its declaration's (lowering.knobs). Every
+searchable value must change the lowered program where the knob acts (a knob the lowering
+ignores is a bug; tests/test_search_space.py checks it for every value). A candidate may set
+a knob that another leaves without effect (``late_append`` without ``fuse``): it lowers to
+the same program, and the config files the search writes hold it at its default.
 
 The canonical id of a candidate is ``"k-" + sha256(canonical JSON)[:12]`` where the
 canonical JSON is the full lowering config (fixed fields included) with sorted keys, so
@@ -247,7 +250,7 @@ def space_from_knob_specs(specs: Sequence[Any], fixed: dict[str, Any]) -> Search
     """Build a SearchSpace from the lowering's knob declarations.
 
     ``specs``: objects or dicts with ``name``, ``values``, ``default`` and optionally
-    ``ordinal`` and ``help`` (what ``LoweringConfig.knob_space`` returns).
+    ``ordinal`` and ``help``.
     """
     knobs = []
     for s in specs:
@@ -258,35 +261,16 @@ def space_from_knob_specs(specs: Sequence[Any], fixed: dict[str, Any]) -> Search
 
 
 # -- the space of the lowering's knobs ------------------------------------------------
-# How `amk search` treats each field of lowering.config.LoweringConfig. The allowed values
-# of the enumerated fields come from lowering.config (POLICIES, ALLREDUCE_ALGOS); integer
-# ranges are derived from the model and target by ``space_for``. A field missing here is
-# an error (tests/test_search_space.py), so a new knob cannot be silently left out.
-SEARCHABLE = {
-    "tile": "rows per GEMV tile and columns per reduce tile; also aligns the MLP-column and "
-            "vocabulary splits over ranks",
-    "workers": "persistent workers (CTAs) per rank",
-    "policy": "tile -> worker assignment: round_robin, balanced (greedy by bytes moved) or stage "
-              "(greedy by bytes within each stage, then overall)",
-    "allreduce": "cross-rank reduction: oneshot (put partial to every peer, reduce locally), "
-                 "fused (oneshot with the peer stores in the GEMV tiles, no put stage) "
-                 "or twoshot (reduce-scatter then all-gather)",
-    "fuse": "fused ops (norm_gemv, rope_append, rope_attention, gemv_res, swiglu_gemv) "
-            "instead of separate rmsnorm / rope / silu_mul / add stages",
-    "wave": "size each GEMV stage's tiles to one per worker (tile is then the granularity)",
-    "attn_split": "attention tasks per KV head (its query heads split over that many workers)",
-    "tile_qkv": "rows per q/k/v tile (0: tile)",
-    "tile_gate_up": "rows per gate/up tile (0: tile)",
-    "tile_lm_head": "rows per LM-head tile (0: tile)",
-    "tile_reduce": "columns per all-reduce reduce tile (0: tile)",
-    "late_append": "with fuse: attention takes the current k/v from the projections and the KV "
-                   "append runs after it (rope_attention_kv)",
-    "fuse_reduce": "with fuse and a one-shot all-reduce: the GEMV tiles after it sum the received "
-                   "partials and the residual in their prologue (reduce_norm_gemv)",
-}
+# How `amk search` treats each field of lowering.config.LoweringConfig: searchable, or fixed
+# for a whole search. The allowed values of the enumerated fields come from lowering.config
+# (POLICIES, ALLREDUCE_ALGOS); integer ranges are derived from the model and target by
+# ``space_for``; each knob's description is its declaration's (lowering.knobs). A field missing
+# here is an error (tests/test_search_space.py), so a new knob cannot be silently left out.
+SEARCHABLE = ("tile", "workers", "policy", "allreduce", "fuse", "wave", "attn_split", "tile_qkv",
+              "tile_gate_up", "tile_lm_head", "tile_reduce", "late_append", "fuse_reduce")
 # Fixed for a whole search: they change what is computed or how much can be decoded, not
-# how the step is scheduled (the user picks them with --dtype / --max-seq).
-FIXED = {"max_seq": "KV-cache length in tokens", "dtype": "weights/activations dtype"}
+# how the step is scheduled (the user picks them with --dtype / --max-seq or --config).
+FIXED = ("max_seq", "dtype")
 
 TILE_CHOICES = (16, 32, 64, 128, 256, 512)
 # q/k/v is a narrow stage: the tiles that fit it in one or two rounds of workers are small,
@@ -329,6 +313,8 @@ def space_for(spec: Any, ranks: int, max_workers: int, fixed: dict[str, Any] | N
 
     from lowering import config as lc
 
+    from lowering.knobs import knob_named
+
     cls = config_cls or lc.LoweringConfig
     names = [f.name for f in dc_fields(cls)]
     unknown = [n for n in names if n not in SEARCHABLE and n not in FIXED]
@@ -345,34 +331,34 @@ def space_for(spec: Any, ranks: int, max_workers: int, fixed: dict[str, Any] | N
         d = getattr(default, name)
         if name == "tile":
             vals = sorted({t for t in TILE_CHOICES if t <= _next_pow2(extent)} | {d})
-            knobs.append(Knob(name, tuple(vals), d, True, SEARCHABLE[name]))
+            knobs.append(Knob(name, tuple(vals), d, True, knob_named(cls, name).help))
         elif name == "workers":
             cap = min(max_workers, _next_pow2(-(-extent // min(TILE_CHOICES))))
             vals = sorted({w for w in WORKER_CHOICES if w <= cap} | ({d} if d <= cap else set()))
             dd = d if d in vals else vals[-1]
-            knobs.append(Knob(name, tuple(vals), dd, True, SEARCHABLE[name]))
+            knobs.append(Knob(name, tuple(vals), dd, True, knob_named(cls, name).help))
         elif name in ("tile_gate_up", "tile_lm_head"):
             # 0 (= tile) or a coarser tile that still cuts the stage: the heavy stages want
             # fewer, larger tasks; a tile covering the whole stage equals wave's choice
             rows = -(-int(spec.intermediate if name == "tile_gate_up" else spec.vocab) // ranks)
             vals = sorted({0, d} | {t for t in TILE_CHOICES if default.tile < t < rows})
             if len(vals) > 1:
-                knobs.append(Knob(name, tuple(vals), d, True, SEARCHABLE[name]))
+                knobs.append(Knob(name, tuple(vals), d, True, knob_named(cls, name).help))
         elif name == "tile_qkv":
             # q, k and v are tiled apart: a tile covering a rank's q rows covers k and v too
             # (any larger one is the same schedule), and the default tile is what 0 means
             q_rows = -(-int(spec.heads) // ranks) * int(spec.head_dim)
             vals = sorted({0, d} | {t for t in QKV_TILE_CHOICES if t < q_rows and t != default.tile})
             if len(vals) > 1:
-                knobs.append(Knob(name, tuple(vals), d, True, SEARCHABLE[name]))
+                knobs.append(Knob(name, tuple(vals), d, True, knob_named(cls, name).help))
         elif name == "policy":
-            knobs.append(Knob(name, tuple(lc.POLICIES), d, False, SEARCHABLE[name]))
+            knobs.append(Knob(name, tuple(lc.POLICIES), d, False, knob_named(cls, name).help))
         elif name in ("fuse", "wave"):
-            knobs.append(Knob(name, (False, True), d, False, SEARCHABLE[name]))
+            knobs.append(Knob(name, (False, True), d, False, knob_named(cls, name).help))
         elif name == "late_append":
             # only the fused attention of a model without q/k norm has a late append
             if not getattr(spec, "qk_norm", False):
-                knobs.append(Knob(name, (False, True), d, False, SEARCHABLE[name]))
+                knobs.append(Knob(name, (False, True), d, False, knob_named(cls, name).help))
         elif name == "attn_split":
             from lowering.partition import partition
 
@@ -381,17 +367,17 @@ def space_for(spec: Any, ranks: int, max_workers: int, fixed: dict[str, Any] | N
             grp = max([hi - lo for r, s in enumerate(part.shards) for g in range(*s.kv_heads)
                        for lo, hi in [part.kv_group_heads(r, g)]] or [1])
             vals = sorted({s for s in (1, 2, 4, 8, 16) if s < grp} | {1, grp})
-            knobs.append(Knob(name, tuple(vals), d, True, SEARCHABLE[name]))
+            knobs.append(Knob(name, tuple(vals), d, True, knob_named(cls, name).help))
         elif name == "tile_reduce":
             vals = sorted({0, d} | {t for t in REDUCE_TILE_CHOICES if default.tile < t < int(spec.hidden)})
             if ranks > 1 and len(vals) > 1:
-                knobs.append(Knob(name, tuple(vals), d, True, SEARCHABLE[name]))
+                knobs.append(Knob(name, tuple(vals), d, True, knob_named(cls, name).help))
         elif name == "fuse_reduce":
             if ranks > 1:  # R = 1 has no all-reduce
-                knobs.append(Knob(name, (False, True), d, False, SEARCHABLE[name]))
+                knobs.append(Knob(name, (False, True), d, False, knob_named(cls, name).help))
         elif name == "allreduce":
             if ranks > 1:
-                knobs.append(Knob(name, tuple(lc.ALLREDUCE_ALGOS), d, False, SEARCHABLE[name]))
+                knobs.append(Knob(name, tuple(lc.ALLREDUCE_ALGOS), d, False, knob_named(cls, name).help))
         else:  # a searchable field with no rule here
             raise SpaceError(f"search/space.py has no value rule for knob {name!r}")
     fx = {n: getattr(default, n) for n in names if n in FIXED}

@@ -91,7 +91,8 @@ def lower_config(graph: Any, ranks: int, config: dict[str, Any], target: Any) ->
     from lowering.config import LoweringConfig
     from lowering.lower import lower
 
-    cfg = LoweringConfig.from_json(dict(config), source="candidate config")
+    # a candidate may set a knob another one leaves without effect: the same program
+    cfg = LoweringConfig.from_json(dict(config), source="candidate config", combinations=False)
     return lower(graph, ranks, config=cfg, target=target)
 
 
@@ -224,7 +225,9 @@ def correctness_gate(program: Any, ctx: ModelContext, req: dict[str, Any],
             "why": "; ".join(why)}
 
 
-def default_executor_factory(backend: str) -> Callable[..., Any]:
+def default_executor_factory(backend: str, kernel: dict[str, Any] | None = None) -> Callable[..., Any]:
+    """The executor of ``backend`` for a candidate's program: the sim, or the Triton megakernel
+    with the kernel knobs ``kernel`` (a KernelConfig's JSON; None or {}: its defaults)."""
     if backend == "sim":
         from lowering.sim import SimExecutor
 
@@ -233,10 +236,14 @@ def default_executor_factory(backend: str) -> Callable[..., Any]:
             return SimExecutor(program, init_fn, seed=seed, policy=policy, check=False)
         return make
     if backend == "triton":
+        from lowering.config import KernelConfig
+        from lowering.triton.blocks import kernel_options
         from lowering.triton.runtime import TritonExecutor  # noqa: the GPU backend
 
+        opts = kernel_options(KernelConfig.from_json(dict(kernel or {}), "the search's kernel knobs"))
+
         def make(program, init_fn, seed=0, policy="random"):
-            return TritonExecutor(program, init_fn, check=False)
+            return TritonExecutor(program, init_fn, check=False, **opts)
         return make
     raise AmkError(f"unknown backend {backend!r}")
 
@@ -370,7 +377,7 @@ def evaluate(req: dict[str, Any]) -> dict[str, Any]:
         res["floor_ms"] = floor
         # 3. correctness gate
         res["stage"] = "correctness"
-        factory = _resolve_hook(hooks.get("executor")) or default_executor_factory(backend)
+        factory = _resolve_hook(hooks.get("executor")) or default_executor_factory(backend, req.get("kernel"))
         t = time.perf_counter()
         gate = correctness_gate(program, ctx, req, factory)
         times["gate_s"] = time.perf_counter() - t

@@ -1,104 +1,92 @@
-"""`amk bench` option parsing into TritonExecutor options (amk.bench.backend_options)."""
+"""`amk bench` options: --config FILE and the knob flags into one AmkConfig (amk.bench.bench_config),
+then the Triton executor's options (lowering.triton.blocks.kernel_options)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 
 import pytest
 
-from amk.bench import MAX_WORKERS_PER_SM, backend_options, cuda_target
+from amk.bench import MAX_WORKERS_PER_SM, bench_config, cuda_target
 from ground.errors import AmkError
+from lowering.triton.blocks import kernel_options
 
 
-def _args(**kw):
-    base = dict(gemv_block="16x512", num_warps=8, gemv_stages=1, prefetch=0, attention_block=32, gemv_unroll=1)
-    base.update(kw)
-    return argparse.Namespace(**base)
+def _cfg(*flags: str, sms: int = 132):
+    from amk.cli import build_parser
+
+    return bench_config(build_parser().parse_args(["bench", "config:tiny-llama", *flags]), sms)
 
 
 def test_blocks_from_flags():
-    opts = backend_options(_args(gemv_block="16x1024", gemv_unroll=2, attention_block=64, num_warps=4))
+    opts = kernel_options(_cfg("--gemv-block", "16x1024", "--gemv-unroll", "2", "--attention-block", "64",
+                               "--num-warps", "4").kernel)
     b = opts["blocks"]
     assert opts["num_warps"] == 4
     assert (b.gemv_n, b.gemv_k, b.gemv_unroll, b.attention_t) == (16, 1024, 2, 64)
     assert b.elide_waits and b.coalesce_signals  # the table sync optimisations are on by default
 
 
-@pytest.mark.parametrize("kw,needle", [
-    (dict(gemv_block="16by512"), "expected NxK"),
-    (dict(gemv_block="12x512"), "power of two"),
-    (dict(attention_block=48), "--attention-block must be a power of two"),
-    (dict(gemv_stages=9), "--gemv-stages"),
-    (dict(prefetch=9), "--prefetch"),
+def test_bench_defaults():
+    """Without a file or flags: one worker per SM, bf16, max_seq from the tokens, and the
+    kernel knobs' defaults (8 warps, 32 x 512 GEMV blocks)."""
+    cfg = _cfg("--tokens", "300", sms=114)
+    assert (cfg.lowering.workers, cfg.lowering.dtype, cfg.lowering.max_seq) == (114, "bf16", 316)
+    assert (cfg.kernel.num_warps, cfg.kernel.gemv_block) == (8, "32x512")
+    assert _cfg("--workers", "66", "--dtype", "f32").lowering.workers == 66
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (("--gemv-block", "16by512"), "--gemv-block: expected NxK"),
+    (("--gemv-block", "12x512"), "power of two"),
+    (("--attention-block", "48"), "--attention-block: must be a power of two"),
+    (("--gemv-stages", "9"), "--gemv-stages"),
+    (("--prefetch", "9"), "--prefetch"),
+    (("--gemv-unroll", "3"), "--gemv-unroll: expected one of 1, 2, 4, 8, 16"),
+    (("--maxnreg", "300"), "--maxnreg"),
+    (("--x-chunk", "3000"), "--x-chunk: must be a power of two"),
+    (("--w-preload", "1000"), "--w-preload"),
+    (("--gemv-block", "16x128", "--w-preload", "64"), "--w-preload): must be 0 or a power of two of at least "
+                                                      "--gemv-block K = 128"),
+    (("--prefetch", "1", "--prefetch-cap", "1000"), "--prefetch-cap"),
+    (("--roll", "9"), "--roll"),
+    (("--prefetch-rows", "-1"), "--prefetch-rows"),
+    (("--prefetch-cap", "65536"), "--prefetch-cap 65536 does nothing without --prefetch >= 1"),
+    (("--x-stage", "0"), "--x-reuse 1 does nothing without --x-stage 1"),
+    (("--fuse", "1", "--fuse-reduce", "1"), "--fuse-reduce 1 does nothing at one rank (--tp 1)"),
 ])
-def test_bad_flags_name_the_flag(kw, needle):
-    with pytest.raises(AmkError, match=needle):
-        backend_options(_args(**kw))
-
-
-def test_bad_unroll_is_refused():
-    with pytest.raises(AmkError, match="--gemv-unroll must be 1, 2, 4, 8 or 16"):
-        backend_options(_args(gemv_unroll=3))
-
-
-def test_blocks_errors_use_flag_names():
-    """Blocks' own range checks reach the user with the flag names, field names replaced."""
+def test_bad_flags_name_the_flag(flags, needle):
     with pytest.raises(AmkError) as e:
-        backend_options(_args(gemv_block="16x128", w_preload=64))
-    assert "--w-preload" in str(e.value) and "--gemv-block K = 128" in str(e.value)
-    assert "w_preload" not in str(e.value) and "gemv_k" not in str(e.value)
+        _cfg(*flags)
+    assert needle in str(e.value) and e.value.exit_code == 2, str(e.value)
+
+
+def test_flags_reach_blocks():
+    b = kernel_options(_cfg().kernel)["blocks"]
+    assert (b.maxnreg, b.x_stage, b.x_reuse, b.x_chunk, b.w_preload, b.prefetch_cap, b.roll) == \
+        (0, True, True, 8192, 0, 0, 0)  # the defaults: automatic cap, staging on, the rest off
+    b = kernel_options(_cfg("--maxnreg", "128", "--x-stage", "0", "--x-reuse", "0", "--x-chunk", "1024",
+                            "--w-preload", "1024", "--prefetch", "1", "--prefetch-cap", "65536",
+                            "--prefetch-rows", "16", "--roll", "1").kernel)["blocks"]
+    assert (b.maxnreg, b.x_stage, b.x_reuse, b.x_chunk, b.w_preload, b.prefetch, b.prefetch_cap,
+            b.prefetch_rows, b.roll) == (128, False, False, 1024, 1024, 1, 65536, 16, 1)
+
+
+def test_config_file_and_flags(tmp_path):
+    """A config file's kernel part reaches the kernel; a flag overrides it."""
+    f = tmp_path / "c.json"
+    f.write_text(json.dumps({"lowering": {"tile": 16, "fuse": True}, "kernel": {"gemv_block": "16x128",
+                                                                               "gemv_unroll": 8}}))
+    cfg = _cfg("--config", str(f), "--gemv-unroll", "4")
+    assert (cfg.lowering.tile, cfg.lowering.fuse, cfg.kernel.gemv_block, cfg.kernel.gemv_unroll) == \
+        (16, True, "16x128", 4)
 
 
 def test_cuda_target_allows_several_workers_per_sm():
     props = argparse.Namespace(name="GPU", multi_processor_count=132)
     t = cuda_target(props)
     assert (t.sms, t.max_workers, t.backend) == (132, MAX_WORKERS_PER_SM * 132, "triton")
-
-
-def test_maxnreg_flag_reaches_blocks_and_is_checked():
-    assert backend_options(_args()).get("blocks").maxnreg == 0  # automatic by default
-    assert backend_options(_args(maxnreg=128))["blocks"].maxnreg == 128
-    with pytest.raises(AmkError, match="--maxnreg"):
-        backend_options(_args(maxnreg=300))
-
-
-def test_x_stage_flag_reaches_blocks():
-    assert backend_options(_args()).get("blocks").x_stage is True  # on by default
-    assert backend_options(_args(x_stage=0))["blocks"].x_stage is False
-
-
-def test_x_reuse_and_x_chunk_flags_reach_blocks():
-    b = backend_options(_args())["blocks"]
-    assert b.x_reuse is True and b.x_chunk == 8192  # the defaults
-    b = backend_options(_args(x_reuse=0, x_chunk=1024))["blocks"]
-    assert b.x_reuse is False and b.x_chunk == 1024
-    with pytest.raises(AmkError, match="--x-chunk must be a power of two"):
-        backend_options(_args(x_chunk=3000))
-
-
-def test_w_preload_flag_reaches_blocks():
-    assert backend_options(_args())["blocks"].w_preload == 0  # off by default
-    assert backend_options(_args(w_preload=1024))["blocks"].w_preload == 1024
-    for bad in (1000, 8):  # not a power of two; below the GEMV block's K
-        with pytest.raises(AmkError, match="--w-preload"):
-            backend_options(_args(w_preload=bad))
-
-
-def test_prefetch_cap_and_roll_flags_reach_blocks():
-    b = backend_options(_args())["blocks"]
-    assert (b.prefetch_cap, b.roll) == (0, 0)  # off by default
-    b = backend_options(_args(prefetch_cap=65536, roll=1))["blocks"]
-    assert (b.prefetch_cap, b.roll) == (65536, 1)
-    with pytest.raises(AmkError, match="--prefetch-cap"):
-        backend_options(_args(prefetch_cap=1000))
-    with pytest.raises(AmkError, match="--roll"):
-        backend_options(_args(roll=9))
-
-
-def test_prefetch_rows_flag_reaches_blocks():
-    assert backend_options(_args(prefetch_rows=16))["blocks"].prefetch_rows == 16
-    with pytest.raises(AmkError, match="--prefetch-rows"):
-        backend_options(_args(prefetch_rows=-1))
 
 
 def test_register_cap_lets_every_worker_be_resident():

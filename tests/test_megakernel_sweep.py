@@ -1,14 +1,15 @@
-"""bench/megakernel_sweep.py's grid (CPU): every knob flag is a named axis; a point's lowering
-knobs build a LoweringConfig and its Blocks knobs a Blocks, so a new knob cannot be dropped or
-misaligned between the flag, the config and the row."""
+"""bench/megakernel_sweep.py's grid (CPU): every knob is an axis with ``amk bench``'s spelling, and
+a point's config is what ``amk bench`` would read from the same flags, so a knob cannot be
+dropped or misspelled between the sweep, the config and the row."""
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import fields
 from pathlib import Path
 
-from lowering.config import LoweringConfig
-from lowering.triton.runtime import Blocks
+import pytest
+
+from lowering.config import KernelConfig, LoweringConfig
+from lowering.knobs import knobs_of
 
 _spec = importlib.util.spec_from_file_location("megakernel_sweep",
                                                Path(__file__).parent.parent / "bench" / "megakernel_sweep.py")
@@ -17,28 +18,45 @@ _spec.loader.exec_module(sweep)
 
 
 def test_grid_is_the_product_of_named_axes():
+    from amk.bench import bench_config
+
     args = sweep.parser().parse_args(["config:llama-3.2-1b", "--workers", "132", "--tile", "16",
-                                      "--policy", "balanced,stage", "--warps", "8", "--gemv-block", "16x128",
-                                      "--late-append", "0,1", "--roll", "1", "--att-t", "64", "--fuse", "1"])
+                                      "--policy", "balanced,stage", "--num-warps", "8", "--gemv-block", "16x128",
+                                      "--late-append", "0,1", "--roll", "1", "--attention-block", "64",
+                                      "--fuse", "1"])
     pts = sweep.sweep_points(args)
     assert len(pts) == 4
-    assert {(p["config"]["policy"], p["config"]["late_append"]) for p in pts} == {
+    assert {(p["policy"], p["late_append"]) for p in pts} == {
         ("balanced", False), ("balanced", True), ("stage", False), ("stage", True)}
     for p in pts:
-        cfg = LoweringConfig(dtype="bf16", **p["config"]).validate()
-        assert cfg.workers == 132 and cfg.fuse
-        b = Blocks(gemv_n=16, gemv_k=128, **p["blocks"])
-        assert b.roll == 1 and b.attention_t == 64
+        cfg = bench_config(sweep.point_args(args, p), 114)
+        assert cfg.lowering.workers == 132 and cfg.lowering.fuse and cfg.lowering.dtype == "bf16"
+        assert cfg.kernel.roll == 1 and cfg.kernel.attention_block == 64 and cfg.kernel.gemv_block == "16x128"
     assert sweep.varying_knobs(pts) == {"policy", "late_append"}
     assert sweep.tag_of(pts[1], {"policy", "late_append"}) == "policy=balanced late_append=1"
 
 
-def test_every_lowering_knob_is_an_axis():
-    """Each LoweringConfig field the sweep can set, and each Blocks axis, names a real field."""
-    lc = {f.name for f in fields(LoweringConfig)}
-    assert set(sweep.LOWERING_AXES) == lc - {"dtype", "max_seq"}
-    bf = {f.name for f in fields(Blocks)}
-    assert {f for f, _ in sweep.BLOCKS_AXES.values()} <= bf
+def test_every_knob_is_an_axis_with_the_bench_spelling():
+    """Each knob of both config classes has a sweep flag, spelled as in amk bench."""
+    from amk.cli import build_parser
+
+    sweep_flags = {a.option_strings[0] for a in sweep.parser()._actions if a.option_strings}
+    bench = next(a for a in build_parser()._actions if hasattr(a, "choices") and a.choices and "bench" in a.choices)
+    bench_flags = {a.option_strings[0] for a in bench.choices["bench"]._actions if a.option_strings}
+    for cls in (LoweringConfig, KernelConfig):
+        for k in knobs_of(cls):
+            assert k.flag in sweep_flags and k.flag in bench_flags, k.flag
+
+
+def test_a_point_whose_knob_does_nothing_is_refused_as_amk_bench_would():
+    from amk.bench import bench_config
+    from ground.errors import AmkError
+
+    args = sweep.parser().parse_args(["m", "--x-stage", "0,1"])
+    pts = sweep.sweep_points(args)
+    with pytest.raises(AmkError, match="--x-reuse 1 does nothing without --x-stage 1"):
+        bench_config(sweep.point_args(args, pts[0]), 132)
+    assert bench_config(sweep.point_args(args, pts[1]), 132).kernel.x_stage is True
 
 
 def test_tp_spawns_one_process_per_rank(monkeypatch):
@@ -65,7 +83,7 @@ def test_tp_spawns_one_process_per_rank(monkeypatch):
     assert prof.main(argv) == 7
     assert calls[-1][0] == argv and calls[-1][1] == 4 and calls[-1][2][1].endswith("profile_megakernel.py")
     pts = sweep.sweep_points(sweep.parser().parse_args(["m", "--tile-reduce", "0,256", "--allreduce", "oneshot,twoshot"]))
-    assert {(p["config"]["tile_reduce"], p["config"]["allreduce"]) for p in pts} == {
+    assert {(p["tile_reduce"], p["allreduce"]) for p in pts} == {
         (0, "oneshot"), (0, "twoshot"), (256, "oneshot"), (256, "twoshot")}
 
 

@@ -368,7 +368,7 @@ def test_cli_bad_config_and_unsupported_model(tmp_path, capsys):
 
 def test_cli_generate_verify_json(capsys):
     rc = main(["generate", "config:tiny-qwen2", "--prompt", "Hello", "--max-new-tokens", "6",
-               "--tp", "3", "--workers", "2", "--verify", "--json", "--policy", "adversarial"])
+               "--tp", "3", "--workers", "2", "--verify", "--json", "--sim-policy", "adversarial"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0
     assert out["match"] is True and out["first_divergence"] is None

@@ -88,7 +88,7 @@ def test_safe_schedule_on_sim(capsys):
 
     # Deterministic in the seed; another seed gives other inputs.
     # A validated schedule gives the same result under any interleaving policy.
-    code, out2, _ = run_cli(capsys, SAFE, "--steps", 2, "--json", "--policy", "adversarial")
+    code, out2, _ = run_cli(capsys, SAFE, "--steps", 2, "--json", "--sim-policy", "adversarial")
     assert code == 0 and json.loads(out2)["policy"] == "adversarial"
     assert json.loads(out2)["outputs"][0]["crc32"] == o["crc32"]
     code, out3, _ = run_cli(capsys, SAFE, "--steps", 2, "--json", "--seed", 1)

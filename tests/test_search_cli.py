@@ -124,15 +124,19 @@ def test_best_config_is_accepted_by_compile_generate_bench_and_run(relative_sear
     from amk.bench import bench_config
     from amk.commands.compile import config_from_args
     from ir.io import load_program
+    from lowering.config import AmkConfig, KernelConfig
     from search.space import program_fingerprint
 
     best = relative_search / "best"
     cfg_file = best / "config.json"
     raw = json.loads(cfg_file.read_text())
-    known = set(LoweringConfig.__dataclass_fields__)
-    assert set(raw) == known  # the config and nothing else
+    # a config file and nothing else: every lowering knob, and the kernel part the search ran
+    # with (it set none: the defaults)
+    assert set(raw) == {"lowering", "kernel"}
+    assert set(raw["lowering"]) == set(LoweringConfig.__dataclass_fields__)
+    assert raw["kernel"] == KernelConfig().to_json()
     meta = read_json(best / "trial.json")  # where it came from sits beside it
-    assert meta["candidate_id"].startswith("k-") and meta["lowering_config"] == raw
+    assert meta["candidate_id"].startswith("k-") and meta["lowering_config"] == raw["lowering"]
     assert meta["latency_ms"] > 0 and meta["timing_source"] == "predicted"
     summary = read_json(relative_search / "summary.json")
     assert summary["best_config_file"] == str(cfg_file.resolve())
@@ -144,16 +148,41 @@ def test_best_config_is_accepted_by_compile_generate_bench_and_run(relative_sear
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     built = load_program(tmp_path / "build" / "schedule.json")
     assert program_fingerprint(built) == program_fingerprint(load_program(best / "schedule.json"))
-    # generate reads --config through compile's loader; bench through its own
-    want = LoweringConfig.from_json(raw)
-    ns = argparse.Namespace(config=str(cfg_file), workers=None, tp=2, backend="sim")
-    assert config_from_args(ns) == want
-    ns = argparse.Namespace(config=str(cfg_file), workers=None, tile=None, attn_split=None,
-                            prompt_len=8, tokens=128)
-    assert bench_config(ns, 132) == want
-    # run takes the saved schedule
-    r = _amk("run", str(best / "schedule.json"), "--steps", "2", cwd=tmp_path)
+    # compile for the triton backend takes the kernel part too (no check: no GPU needed)
+    r = _amk("compile", MODEL, "--tp", "2", "--config", str(cfg_file), "--backend", "triton", "--no-check",
+             "--out", "build-t", cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert read_json(tmp_path / "build-t" / "report.json")["kernel"] == raw["kernel"]
+    # generate reads --config through compile's loader; bench through its own
+    want = AmkConfig.from_json(raw)
+    ns = argparse.Namespace(config=str(cfg_file), tp=2, backend="sim", command="generate")
+    assert config_from_args(ns) == want
+    ns = argparse.Namespace(config=str(cfg_file), tp=2, prompt_len=8, tokens=128)
+    assert bench_config(ns, 132) == want
+    # run takes the saved schedule, and the config's kernel part
+    r = _amk("run", str(best / "schedule.json"), "--steps", "2", "--config", str(cfg_file), cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+
+
+def test_search_starts_from_a_config_file(tmp_path):
+    """--config FILE: trial 0 is the file's lowering knobs (the rest at their defaults), its
+    max_seq is the whole search's; kernel knobs are refused on the sim backend, and a start
+    outside the search space is refused before any trial."""
+    f = tmp_path / "start.json"
+    f.write_text(json.dumps({"lowering": {"tile": 32, "fuse": True, "policy": "stage", "max_seq": 128}}))
+    out = tmp_path / "s"
+    r = _search(tmp_path, "--config", str(f), "--out", str(out), "--quiet", trials=1)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rec = json.loads((out / "results.jsonl").read_text().splitlines()[0])
+    assert (rec["config"]["tile"], rec["config"]["fuse"], rec["config"]["policy"]) == (32, True, "stage")
+    assert read_json(out / "state.json")["settings"]["max_seq"] == 128
+    assert json.loads((out / "best" / "config.json").read_text())["lowering"]["max_seq"] == 128
+    f.write_text(json.dumps({"kernel": {"gemv_block": "16x128"}}))
+    r = _search(tmp_path, "--config", str(f), "--out", str(tmp_path / "s2"), "--quiet", trials=1)
+    assert r.returncode == 2 and "--gemv-block is a knob of the triton backend's kernel" in r.stderr, r.stderr
+    r = _search(tmp_path, "--workers", "3", "--out", str(tmp_path / "s3"), "--quiet", trials=1)
+    assert r.returncode == 2 and "start config: not a point of the search space" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "s3").exists()
 
 
 def test_hand_written_config_with_an_unknown_field_is_still_refused(tmp_path):

@@ -96,10 +96,16 @@ def test_search_in_process_records_everything(tmp_path):
     assert summary["timing_source"] == "predicted" and summary["trials"] == 6
     assert (out / "latency.png").read_bytes()[:4] == b"\x89PNG"
     if result.state.incumbent is not None:
-        cfg = read_json(out / "incumbent" / "config.json")
+        from lowering.config import KernelConfig, LoweringConfig
+        from lowering.knobs import without_inert
+
+        whole = read_json(out / "incumbent" / "config.json")
+        cfg = whole["lowering"]
         inc = read_json(out / "incumbent" / "trial.json")
         assert inc["trial"] == result.state.incumbent.trial and inc["lowering_config"] == cfg
-        assert cfg == search.space.lowering_config(result.state.incumbent.config)
+        # the candidate's knobs, those that do nothing at its others set back (the same program)
+        cand = LoweringConfig(**search.space.lowering_config(result.state.incumbent.config))
+        assert cfg == without_inert(cand, 2).to_json() and whole["kernel"] == KernelConfig().to_json()
         prog = load_program(out / "incumbent" / "schedule.json")
         assert prog.ranks == 2 and prog.workers == cfg["workers"]
         assert inc["same_schedule_as_evaluated"] is True

@@ -592,7 +592,7 @@ def test_blocks_gemv_tma_rules():
     from lowering.triton.runtime import Blocks, TritonError
 
     Blocks(gemv_n=64, gemv_k=128, gemv_stages=4, gemv_tma=True)
-    for kw, msg in ((dict(gemv_stages=1), "gemv_stages 2..8"), (dict(gemv_stages=4, w_preload=1024), "w_preload 0"),
+    for kw, msg in ((dict(gemv_stages=1), "--gemv-stages 2..8"), (dict(gemv_stages=4, w_preload=1024), "--w-preload 0"),
                     (dict(gemv_stages=4, gemv_k=512), "at most 256")):
         with pytest.raises(TritonError, match=msg):
             Blocks(**{"gemv_n": 64, "gemv_k": 128, **kw, "gemv_tma": True})

@@ -21,7 +21,7 @@ import platform
 import sys
 from pathlib import Path
 
-from amk.bench import backend_options, bench_config, cuda_target, measure_megakernel, write_result
+from amk.bench import bench_config, cuda_target, measure_megakernel, write_result
 from ground.errors import AmkError
 
 
@@ -34,68 +34,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="tensor-parallel degree: R > 1 runs one process per GPU over NVSHMEM")
     p.add_argument("--tokens", type=int, default=128, help="decode steps timed (default 128)")
     p.add_argument("--prompt-len", type=int, default=8, help="random prompt tokens (default 8)")
-    p.add_argument("--config", metavar="FILE", help="lowering config JSON (knobs)")
-    p.add_argument("--workers", type=int, help="workers per rank (default: one per SM)")
-    p.add_argument("--tile", type=int, help="GEMV tile rows")
-    p.add_argument("--attn-split", type=int, metavar="S",
-                   help="attention tasks per KV head (lowering knob attn_split; default 1)")
-    p.add_argument("--num-warps", type=int, default=8, help="warps per worker CTA (default 8)")
-    p.add_argument("--gemv-block", default="32x512", metavar="NxK",
-                   help="GEMV block: rows x columns streamed per iteration (default 32x512)")
-    p.add_argument("--gemv-stages", type=int, default=1, metavar="S",
-                   help="GEMV weight pipeline depth: 1 = one block in flight (default); S >= 2 = "
-                        "S-1 blocks in flight via cp.async into S-1 shared-memory buffers")
-    p.add_argument("--prefetch", type=int, default=0, metavar="D",
-                   help="L2 prefetch look-ahead in tasks: task i starts prefetching task i+D's GEMV "
-                        "weight tile (0 = off, default)")
-    p.add_argument("--gemv-unroll", type=int, default=1, choices=(1, 2, 4, 8, 16), metavar="U",
-                   help="GEMV K loop unrolled U times, U weight blocks in flight (1, 2, 4, 8 or 16; "
-                        "above 2 needs a K block below 32 x warps, e.g. 16x128 at 8 warps; default 1)")
-    p.add_argument("--attention-block", type=int, default=32, metavar="T",
-                   help="decode attention: cache positions per block of its online softmax "
-                        "(power of two, default 32); a context of <= T positions takes one block")
-    p.add_argument("--row-prefetch", type=int, default=1, choices=(0, 1), metavar="0|1",
-                   help="1 (default): prefetch the next task's table row into L1 during each task")
-    p.add_argument("--x-stage", type=int, default=1, choices=(0, 1), metavar="0|1",
-                   help="1 (default): norm_gemv / swiglu_gemv compute their prologue (RMSNorm, SiLU x up) "
-                        "once per task into a per-worker scratch instead of inside the weight loop")
-    p.add_argument("--x-reuse", type=int, default=1, choices=(0, 1), metavar="0|1",
-                   help="1 (default, with --x-stage 1): a GEMV task whose prologue the worker's previous "
-                        "task already staged (same x, same norm weight, nothing waited on or written "
-                        "since) skips it")
-    p.add_argument("--x-chunk", type=int, default=8192, metavar="E",
-                   help="elements of x the GEMV prologue loads at once (power of two, default 8192); "
-                        "an x that fits is loaded once")
-    p.add_argument("--w-preload", type=int, default=0, metavar="E",
-                   help="columns of its weight tile a GEMV task loads before its waits (0 = off, the "
-                        "default; else a power of two of at least the --gemv-block K)")
-    p.add_argument("--prefetch-cap", type=int, default=0, metavar="BYTES",
-                   help="the --prefetch L2 prefetch covers at most a tile's first BYTES (a multiple of "
-                        "16; 0, the default: the whole tile)")
-    p.add_argument("--prefetch-rows", type=int, default=0, metavar="N",
-                   help="the --prefetch L2 prefetch covers at most a tile's first N weight rows (0, the "
-                        "default: no limit); unlike --prefetch-cap it keeps a wide tile's whole first rows")
-    p.add_argument("--roll", type=int, default=0, metavar="B",
-                   help="a GEMV tile of several row blocks prefetches the row block B blocks ahead into "
-                        "L2 while it streams (0..8; 0, the default: off)")
-    p.add_argument("--lean-release", type=int, default=1, choices=(0, 1), metavar="0|1",
-                   help="1 (default): a task that signals a peer fences once (thread 0, after the barrier) "
-                        "and signals each peer with a relaxed red; 0: a fence in every thread and one "
-                        "release per peer")
-    p.add_argument("--gemv-tma", type=int, default=0, choices=(0, 1), metavar="0|1",
-                   help="1: GEMVs with a contiguous 16-byte aligned W stream it with TMA copies into the "
-                        "--gemv-stages - 1 shared-memory buffers (no registers held by the copies in "
-                        "flight; needs --gemv-stages 2..8, --w-preload 0, --gemv-block N and K <= 256; "
-                        "default 0)")
-    p.add_argument("--ring", type=int, default=0, metavar="S",
-                   help="weight ring: each worker streams its GEMVs' bf16 weights through S shared-memory "
-                        "pages copied ahead of the tasks, across their waits (0 = off, default)")
-    p.add_argument("--ring-rows", type=int, default=4, metavar="R", help="rows of a weight-ring page (default 4)")
-    p.add_argument("--ring-cols", type=int, default=2048, metavar="C",
-                   help="columns of a weight-ring page (default 2048; a page is R x C bf16)")
-    p.add_argument("--maxnreg", type=int, default=0, metavar="R",
-                   help="register cap per thread (24..255); 0 (default) = automatic: capped only when "
-                        "--workers exceeds the SM count, so that two (or more) workers share an SM")
+    p.add_argument("--config", metavar="FILE",
+                   help="config file: {\"lowering\": {...}, \"kernel\": {...}} (docs/lowering.md); the knob "
+                        "flags below override it")
+    from amk.bench import BENCH_DEFAULTS
+    from lowering.config import KernelConfig, LoweringConfig
+    from lowering.knobs import add_flags
+
+    add_flags(p.add_argument_group("lowering knobs (docs/lowering.md)"), LoweringConfig, defaults=BENCH_DEFAULTS)
+    add_flags(p.add_argument_group("kernel knobs (docs/triton.md)"), KernelConfig)
     p.add_argument("--no-baselines", action="store_true", help="skip the HF baselines")
     p.add_argument("--baseline-compile-mode", default="default,max-autotune-no-cudagraphs", metavar="MODES",
                    help="comma list of torch.compile modes, one baseline (b) row each (default: "
@@ -139,8 +86,8 @@ def results_table(title: str, results: list, rows: list[dict]):
 def run(args: argparse.Namespace) -> int:
     from amk.checks import check_counts, check_model_split
 
-    check_counts(args.tp, args.workers)  # before torch is imported
-    check_model_split(args.model, args.tp, bench_config(args, 1))  # tile / allreduce; config only
+    check_counts(args.tp, getattr(args, "workers", None))  # before torch is imported
+    check_model_split(args.model, args.tp, bench_config(args, 1).lowering)  # tile / allreduce; config only
     import torch
 
     from rich.console import Console
@@ -150,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
     from amk.baselines import (BaselineResult, compile_modes, compiled_graph_name, hf_compiled_graph, hf_eager,
                                judge, make_reference)
     from ground.timing import decode_weight_bytes, measure_hbm_bandwidth, roofline_ms
+    from lowering.triton.blocks import kernel_options
     con = Console(stderr=True)
     if args.out:  # a run takes minutes: refuse an unwritable --out before it starts
         check_writable_dir(Path(args.out).parent, "--out")
@@ -165,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
     modes = compile_modes(getattr(args, "baseline_compile_mode", "default"), "--baseline-compile-mode")
     dev = torch.device("cuda")
     props = torch.cuda.get_device_properties(dev)
-    cfg = bench_config(args, props.multi_processor_count)
+    full = bench_config(args, props.multi_processor_count)
+    cfg = full.lowering
     target = cuda_target(props)
 
     with con.status("measuring HBM bandwidth"):
@@ -180,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
         ref = make_reference(model, prompt.to(dev), args.tokens)
     with con.status("megakernel: lower, validate, build, check logits, decode in a CUDA graph"):
         ours, session, ex = measure_megakernel(args.model, resolved, cfg, target, prompt, ref,
-                                               args.tokens, backend_options(args))
+                                               args.tokens, kernel_options(full.kernel))
     timing = ours.timing
     nbytes = decode_weight_bytes(model)
     floor = roofline_ms(nbytes, bw)
@@ -209,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
         "device": props.name, "model": args.model, "tp": 1, "backend": "triton",
         "command": "amk " + " ".join(sys.argv[1:]) if sys.argv else "amk bench",
         "python": platform.python_version(), "torch": torch.__version__,
-        "config": cfg.to_json() if hasattr(cfg, "to_json") else cfg.__dict__,
+        "config": cfg.to_json(), "kernel": full.kernel.to_json(),
         "tasks": len(session.program.tasks), "workers": ex.workers,
         "num_warps": ex.num_warps, "blocks": ex.blocks.__dict__,
         "occupancy": ex.occupancy, "build_s": ours.extra["build_s"],

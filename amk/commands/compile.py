@@ -16,7 +16,8 @@ config.json only), and when its estimated memory (``amk.pipeline.check_memory``:
 model + the executor's buffers) exceeds the available memory. The schedule is still written
 and the exit code is 0.
 
-report.json: model, source, family, ranks, workers, config (the lowering knobs), counts
+report.json: model, source, family, ranks, workers, config (the lowering knobs), kernel (the
+kernel knobs, with --backend triton), counts
 (tasks, buffers, counters, tasks per rank), validation (ok, seconds, errors), correctness
 (per position: max abs error, relative error, argmax agreement; or ``skipped``: why), notes
 (ranks without query heads), cost (PREDICTED latency from the roofline cost model), timings
@@ -39,40 +40,62 @@ from ground.errors import AmkError
 
 
 def add_common_args(p: argparse.ArgumentParser) -> None:
-    """Arguments shared by compile and generate."""
+    """Arguments shared by compile and generate: MODEL, --tp, the backend and its sim options,
+    --config FILE and one flag per knob (lowering.knobs.add_flags)."""
+    from lowering.config import KernelConfig, LoweringConfig
+    from lowering.knobs import add_flags
+
     p.add_argument("model", metavar="MODEL",
                    help="HF directory | file.gguf | smollm2-135m | config:NAME")
     p.add_argument("--tp", type=int, default=1, metavar="R",
                    help="tensor-parallel ranks (GPUs); default 1")
-    p.add_argument("--workers", type=int, default=None, metavar="W",
-                   help="persistent workers per rank (overrides the config file)")
     p.add_argument("--config", metavar="FILE", default=None,
-                   help="JSON file of lowering knobs (tile, workers, policy, allreduce, "
-                        "max_seq, dtype); see docs/lowering.md")
+                   help="config file: {\"lowering\": {...}, \"kernel\": {...}} (docs/lowering.md); the knob "
+                        "flags below override it")
     p.add_argument("--backend", choices=("sim", "triton"), default="sim",
                    help="executor: sim (CPU reference, default) or triton (GPU)")
     p.add_argument("--seed", type=int, default=0,
                    help="interleaving seed of the sim backend (default 0)")
-    p.add_argument("--policy", choices=("random", "in_order", "adversarial"), default="random",
+    p.add_argument("--sim-policy", choices=("random", "in_order", "adversarial"), default="random",
                    help="interleaving policy of the sim backend (default random)")
     p.add_argument("--colocate", action="store_true",
                    help="triton with --tp R > 1: run all R ranks' workers on one GPU in one process "
                         "(testing) instead of one process per GPU over NVSHMEM")
+    add_flags(p.add_argument_group("lowering knobs (docs/lowering.md)"), LoweringConfig)
+    add_flags(p.add_argument_group("kernel knobs of --backend triton (docs/triton.md)"), KernelConfig)
 
 
 def config_from_args(args: argparse.Namespace):
-    """The LoweringConfig from --config FILE and --workers, after ``amk.checks.check_counts``
-    of --tp / --workers (AmkError on bad input). Imports neither torch nor transformers."""
+    """The AmkConfig of compile / generate: --config FILE and the knob flags, checked at
+    --tp ranks, after ``amk.checks.check_counts`` of --tp / --workers (AmkError on bad input;
+    kernel flags with --backend sim are refused: that backend has no kernel). Imports neither
+    torch nor transformers."""
     from amk.checks import check_counts
-    from lowering.config import LoweringConfig
+    from lowering.config import KernelConfig, config_from_args as from_args
+    from lowering.knobs import given
 
-    check_counts(args.tp, args.workers, target_for(args.backend).max_workers)
-    cfg = LoweringConfig.from_file(args.config) if args.config else LoweringConfig()
-    if args.workers is not None:
-        cfg = cfg.replace(workers=args.workers)
-    check_counts(workers=cfg.workers, max_workers=target_for(args.backend).max_workers,
-                 workers_flag=f"{args.config}: workers" if args.config else "--workers")
+    workers = getattr(args, "workers", None)
+    check_counts(args.tp, workers, target_for(args.backend).max_workers)
+    kernel_flags = given(args, KernelConfig)
+    if kernel_flags and args.backend != "triton":
+        flag = "--" + next(iter(kernel_flags)).replace("_", "-")
+        raise AmkError(f"{flag} is a knob of the triton backend's kernel; --backend {args.backend} has none "
+                       "(add --backend triton)")
+    cfg = from_args(args, f"amk {getattr(args, 'command', None) or 'compile'}", ranks=args.tp)
+    from_file = args.config and workers is None
+    check_counts(workers=cfg.lowering.workers, max_workers=target_for(args.backend).max_workers,
+                 workers_flag=f"{args.config}: workers" if from_file else "--workers")
     return cfg
+
+
+def backend_options(backend: str, cfg) -> dict | None:
+    """The executor options of ``backend`` for AmkConfig ``cfg``: the triton backend's warps
+    and Blocks from the kernel knobs (lowering.triton.blocks.kernel_options); None for sim."""
+    if backend != "triton":
+        return None
+    from lowering.triton.blocks import kernel_options
+
+    return kernel_options(cfg.kernel)
 
 
 def target_for(backend: str):
@@ -81,16 +104,6 @@ def target_for(backend: str):
     from ir.program import Target
 
     return Target(backend=backend)
-
-
-def config_sets(args: argparse.Namespace, field: str) -> bool:
-    """Whether the --config file sets ``field`` explicitly."""
-    if not args.config:
-        return False
-    try:
-        return field in json.loads(Path(args.config).read_text())
-    except (OSError, ValueError):
-        return False
 
 
 HELP = "lower a model to a validated schedule and check it against HF"
@@ -128,7 +141,8 @@ def _write(path: Path, text: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from amk.checks import check_model_split
 
-    cfg = config_from_args(args)  # before any heavy import: --tp 0 is refused at once
+    full = config_from_args(args)  # before any heavy import: --tp 0 is refused at once
+    cfg = full.lowering
     split = check_model_split(args.model, args.tp, cfg)  # the config only, no weights
 
     from rich.console import Console
@@ -195,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
             "model": g.name, "source": session.resolved.source.describe(),
             "family": spec.family, "spec": spec.to_json(), "ranks": prog.ranks,
             "workers": prog.workers, "config": cfg.to_json(), "program": prog.name,
+            **({"kernel": full.kernel.to_json()} if args.backend == "triton" else {}),
             "notes": split.notes,
             "counts": {"tasks": len(prog.tasks), "buffers": len(prog.buffers),
                        "counters": len(prog.counters),
@@ -228,7 +243,8 @@ def run(args: argparse.Namespace) -> int:
                 progress.update(bars[part], completed=done)
 
             def correctness():
-                dec = session.decoder(args.backend, seed=args.seed, policy=args.policy)
+                dec = session.decoder(args.backend, seed=args.seed, policy=args.sim_policy,
+                                      backend_options=backend_options(args.backend, full))
                 return session.check(dec, progress=on_step), dec
             corr, dec = stage(f"correctness vs HF eager ({args.backend}, positions 0/7/31)",
                               correctness)

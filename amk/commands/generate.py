@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from amk.commands.compile import add_common_args, config_from_args, config_sets, target_for
+from amk.commands.compile import add_common_args, backend_options, config_from_args, target_for
 from ground.errors import AmkError
 
 
@@ -44,11 +44,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from amk.checks import check_model_split
+    from lowering.config import sets
     from models.sources import require_weights
 
     if args.max_new_tokens < 1:
         raise AmkError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    cfg = config_from_args(args)  # before any heavy import
+    full = config_from_args(args)  # before any heavy import
+    cfg = full.lowering
     split = check_model_split(args.model, args.tp, cfg)  # the config only, no weights
     require_weights(split.source, "amk generate")
 
@@ -74,9 +76,10 @@ def run(args: argparse.Namespace) -> int:
         raise AmkError("the prompt tokenizes to no tokens")
     need = len(prompt_ids) + args.max_new_tokens
     if need > cfg.max_seq:
-        if config_sets(args, "max_seq"):
+        if sets(args, "max_seq"):
             raise AmkError(f"prompt ({len(prompt_ids)} tokens) + --max-new-tokens "
-                           f"{args.max_new_tokens} exceed max_seq {cfg.max_seq} of {args.config}")
+                           f"{args.max_new_tokens} exceed max_seq {cfg.max_seq} (--max-seq"
+                           f"{' or ' + args.config if args.config else ''})")
         cfg = cfg.replace(max_seq=need)
     with err.status(f"lowering for {args.tp} ranks and validating"):
         session = pipeline.Session.build(args.model, args.tp, cfg, target_for(args.backend),
@@ -88,8 +91,10 @@ def run(args: argparse.Namespace) -> int:
             emit_json({"ok": False, "model": session.graph.name, "error": msg})
         err.print(f"[bold red]error:[/] {escape(msg)}")
         return 1
-    dec = session.decoder(args.backend, seed=args.seed, policy=args.policy,
-                          backend_options={"dist": ctx} if ctx is not None else None)
+    opts = backend_options(args.backend, full)
+    if ctx is not None:
+        opts = {**(opts or {}), "dist": ctx}
+    dec = session.decoder(args.backend, seed=args.seed, policy=args.sim_policy, backend_options=opts)
     eos = pipeline.eos_ids(resolved.model)
     t0 = time.perf_counter()
     with err.status(f"decoding on {args.backend} ({len(prompt_ids)} prompt tokens, one step each)"):

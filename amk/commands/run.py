@@ -9,6 +9,10 @@ io_output buffer is printed. With ``--backend triton`` the sim also runs on the 
 and every io_output (after every step) and every activation / kv_cache buffer (after the
 last step) is compared: ``matches sim: yes/no (max abs err)``.
 
+``--config FILE`` and the kernel knobs' flags (lowering.config.KernelConfig; ``--backend
+triton`` only) set the megakernel's warps and blocks; the file's lowering part is checked but
+not used (FILE is lowered already).
+
 Exit codes: 0 ran (and, on triton, matched the sim); 1 refused by the validator, the run
 failed (sim deadlock, triton watchdog, an op refused its operands) or triton disagreed with
 the sim; 2 unusable input (missing or unparsable file with file:line:column, bad option,
@@ -64,7 +68,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="decode steps (epochs) to run (default 3: exercises slot and credit reuse)")
     p.add_argument("--seed", type=int, default=0, metavar="S",
                    help="seed of the inputs and of the sim's interleaving (default 0)")
-    p.add_argument("--policy", choices=POLICIES, default="random",
+    p.add_argument("--sim-policy", choices=POLICIES, default="random",
                    help="the sim's interleaving policy (docs/sim.md; default random)")
     p.add_argument("--unsafe", action="store_true",
                    help="skip validation and run the program anyway (deadlocks end in an error; "
@@ -73,6 +77,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="triton on a GPU: watchdog bound per counter wait (default 2 s). Under "
                         "the interpreter the watchdog counts polls instead (2 per wait)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--config", metavar="FILE", default=None,
+                   help="config file (docs/lowering.md): --backend triton runs with its kernel part; its "
+                        "lowering part is checked but not used (FILE is lowered already)")
+    from lowering.config import KernelConfig
+    from lowering.knobs import add_flags
+
+    add_flags(p.add_argument_group("kernel knobs of --backend triton (docs/triton.md)"), KernelConfig)
     p.set_defaults(func=run)
 
 
@@ -297,12 +308,13 @@ def _make_executor(backend: str, prog: Any, plan: InputPlan, args: argparse.Name
         from lowering.sim import SimError, SimExecutor
 
         try:
-            return SimExecutor(prog, init, seed=args.seed, policy=args.policy, check=False)
+            return SimExecutor(prog, init, seed=args.seed, policy=args.sim_policy, check=False)
         except SimError as e:
             raise AmkError(f"{args.file}: the sim cannot execute this program: {e}") from None
+    from lowering.triton.blocks import kernel_options
     from lowering.triton.runtime import TritonExecutor
 
-    return TritonExecutor(prog, init, check=False, timeout_s=args.timeout)
+    return TritonExecutor(prog, init, check=False, timeout_s=args.timeout, **kernel_options(args.kernel_config))
 
 
 def _execute(ex: Any, prog: Any, plan: InputPlan, steps: int, backend: str,
@@ -427,6 +439,17 @@ def run(args: argparse.Namespace) -> int:
         fail("input_error", f"--steps must be at least 1, got {args.steps}", 2)
     if not (args.timeout > 0 and math.isfinite(args.timeout)):
         fail("input_error", f"--timeout must be a positive number of seconds, got {args.timeout}", 2)
+    from lowering.config import KernelConfig, config_from_args
+    from lowering.knobs import given
+
+    kernel_flags = given(args, KernelConfig)
+    if kernel_flags and args.backend != "triton":
+        fail("input_error", f"--{next(iter(kernel_flags)).replace('_', '-')} is a knob of the triton backend's "
+                            f"kernel; --backend {args.backend} has none (add --backend triton)", 2)
+    try:
+        args.kernel_config = config_from_args(args, "amk run").kernel
+    except AmkError as e:
+        fail("input_error", str(e), 2)
     if args.backend == "triton":
         # Must precede any `import triton`: it picks the CPU interpreter when no GPU is present.
         try:
@@ -503,7 +526,7 @@ def run(args: argparse.Namespace) -> int:
         "inputs": plan.describe(), "outputs": outputs,
     }
     if args.backend == "sim":
-        result.update(policy=args.policy)
+        result.update(policy=args.sim_policy)
     else:
         interp = getattr(ex, "interpret", False)
         result.update(device=str(ex.device), interpreter=bool(interp), kernel_workers=ex.workers,
@@ -515,7 +538,7 @@ def run(args: argparse.Namespace) -> int:
         except _RunFailed as e:
             cmp = {"matches": False, "max_abs_err": None, "compared": 0, "worst": None,
                    "mismatches": [], "sim_error": str(e)}
-        result["sim"] = {"policy": args.policy, **cmp}
+        result["sim"] = {"policy": args.sim_policy, **cmp}
         result["ok"] = bool(cmp["matches"])
 
     if args.json:
@@ -529,7 +552,7 @@ def _print_result(out: Any, args: argparse.Namespace, prog: Any, res: dict[str, 
     from rich.markup import escape
 
     if args.backend == "sim":
-        where = f"sim (policy {args.policy}, seed {args.seed})"
+        where = f"sim (policy {args.sim_policy}, seed {args.seed})"
     else:
         mode = (f"Triton interpreter, {res['kernel_workers']} worker over the linearized queues"
                 if res["interpreter"] else f"{res['kernel_workers']} persistent workers")

@@ -9,9 +9,12 @@ MEASURED) -> KEEP / REVERT / REJECTED / FAIL / TIMEOUT -> one row in DIR/results
 DIR/results.jsonl -> checkpoint. A killed search continues with ``--resume DIR``.
 See docs/search.md.
 
-The best candidate is saved as DIR/best/config.json (the lowering config alone, what
-``amk compile/generate/bench --config`` read) beside DIR/best/trial.json (its trial, id and
-latency) and DIR/best/schedule.json; the summary prints the ``amk compile`` line that uses it.
+``--config FILE`` (and the knob flags) sets trial 0's lowering knobs, the dtype and max_seq of
+the whole search and the kernel knobs every triton candidate runs with. The best candidate is
+saved as DIR/best/config.json (a config file, ``{"lowering": ..., "kernel": ...}``, what
+``amk compile / generate / run / bench --config`` read) beside DIR/best/trial.json (its trial,
+id and latency) and DIR/best/schedule.json; the summary prints the ``amk compile`` line that
+uses it.
 
 Exit codes: 0 when at least one candidate passed the correctness gate, 1 when none did
 (the search ran and found nothing correct), 2 for bad input (including an unwritable
@@ -82,8 +85,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "--llm-fallback (default 3)")
     p.add_argument("--seed", type=int, default=None, help="seed of proposers, prompts and "
                                                           "interleavings (0)")
-    p.add_argument("--dtype", choices=("f32", "bf16"), default=None, help="schedule dtype (f32)")
-    p.add_argument("--max-seq", type=int, default=None, help="KV-cache length (256)")
     p.add_argument("--positions", type=_positions, default=None, metavar="P,P,...",
                    help="decode positions whose logits are checked against HF eager (0,3,7)")
     p.add_argument("--seq-len", type=int, default=None,
@@ -108,6 +109,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true",
                    help="print the summary (as summary.json) as one JSON object on stdout; the live "
                         "view, trial lines and warnings go to stderr")
+    p.add_argument("--config", metavar="FILE", default=None,
+                   help="config file (docs/lowering.md): its lowering knobs are trial 0 (dtype and max_seq "
+                        "held for the whole search), its kernel knobs run every triton candidate and go "
+                        "into best/config.json; the knob flags below override it")
+    from lowering.config import KernelConfig, LoweringConfig
+    from lowering.knobs import add_flags
+
+    add_flags(p.add_argument_group("lowering knobs: trial 0's (dtype, max_seq: the whole search's)"),
+              LoweringConfig)
+    add_flags(p.add_argument_group("kernel knobs of --backend triton, held for the whole search "
+                                   "(docs/triton.md)"), KernelConfig)
     p.set_defaults(func=run)
 
 
@@ -121,7 +133,7 @@ def _settings_from_args(args: argparse.Namespace) -> Any:
     out = args.out or f"amk-search/{name}-tp{tp}-{time.strftime('%Y%m%d-%H%M%S')}"
     s = SearchSettings(model=args.model, out=out, tp=tp)
     simple = {"backend": "backend", "proposer": "proposer", "minutes": "minutes",
-              "seed": "seed", "dtype": "dtype", "max_seq": "max_seq", "positions": "positions",
+              "seed": "seed", "positions": "positions",
               "seq_len": "seq_len", "timeout": "timeout_s", "plateau": "plateau",
               "target_pct": "target_pct", "replay": "replay", "llm_model": "llm_model",
               "isolation": "isolation", "max_workers": "max_workers",
@@ -142,11 +154,37 @@ def _settings_from_args(args: argparse.Namespace) -> Any:
         s.timing["audit_prefixes"] = [x for x in args.audit_kernels.split(",") if x]
     if args.replay and not args.proposer:
         s.proposer = "replay"
+    _config_settings(args, s)
     s.check()
     from amk.checks import check_counts, check_model_split
     check_counts(s.tp, s.max_workers, workers_flag="--max-workers")
     check_model_split(s.model, s.tp)  # before the search starts: the config only
     return s
+
+
+def _config_settings(args: argparse.Namespace, s: Any) -> None:
+    """--config FILE and the knob flags into the settings: dtype and max_seq (fixed for the
+    search), the other lowering knobs they set (trial 0, ``start``) and the kernel knobs
+    (``kernel``; kernel knobs with --backend sim are refused: that backend has no kernel)."""
+    from lowering.config import KernelConfig, LoweringConfig, config_from_args, file_fields
+    from lowering.knobs import given
+
+    flags_low, flags_ker = given(args, LoweringConfig), given(args, KernelConfig)
+    if not (args.config or flags_low or flags_ker):
+        return
+    cfg = config_from_args(args, "amk search", ranks=s.tp)
+    low, ker = file_fields(args)
+    if (ker or flags_ker) and s.backend != "triton":
+        flag = "--" + next(iter(flags_ker or ker)).replace("_", "-")
+        raise AmkError(f"{flag} is a knob of the triton backend's kernel; --backend {s.backend} has none "
+                       "(add --backend triton)")
+    explicit = set(low) | set(flags_low)
+    if "dtype" in explicit:
+        s.dtype = cfg.lowering.dtype
+    if "max_seq" in explicit:
+        s.max_seq = cfg.lowering.max_seq
+    s.start = {k: getattr(cfg.lowering, k) for k in sorted(explicit - {"dtype", "max_seq"})} or None
+    s.kernel = cfg.kernel.to_json() if (ker or flags_ker) else {}
 
 
 class LiveView:
@@ -244,6 +282,12 @@ def run(args: argparse.Namespace) -> int:
     from search.loop import open_search
 
     if args.resume:
+        from lowering.config import KernelConfig, LoweringConfig
+        from lowering.knobs import given
+
+        if args.config or given(args, LoweringConfig) or given(args, KernelConfig):
+            raise AmkError("--resume DIR reuses the search's settings: --config and the knob flags "
+                           "cannot change them")
         if args.model:
             overrides: dict[str, Any] = {"model": args.model}
         else:
