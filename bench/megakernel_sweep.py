@@ -71,6 +71,10 @@ def tag_of(pt: dict, keys: set[str], invert: bool = False) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    from lowering.config import AmkConfig
+
+    if args.config:  # a file every point reads: refused once, before any GPU work
+        AmkConfig.from_file(args.config, combinations=False)
     points = sweep_points(args)
     ctx = None
     if args.tp > 1:

@@ -262,7 +262,7 @@ def add_flags(parser: Any, cls: type, *, lists: bool = False, skip: Sequence[str
         text = k.help.rstrip(".") + (f"; {allowed}" if allowed and k.kind is not bool else "") \
             + f" (default {dflt})"
         metavar = k.metavar or ("0|1" if k.kind is bool else "|".join(map(show, k.choices)) if k.choices
-                                else k.name.upper().split("_")[-1])
+                                else "N" if k.kind is int else "VALUE")
         parser.add_argument(k.flag, dest=k.name, default=argparse.SUPPRESS,
                             type=k.parse_list if lists else k.parse,
                             metavar=f"{metavar},..." if lists else metavar,
