@@ -65,8 +65,8 @@ def summarise(rows: list[dict]) -> dict:
     """Fastest ms and relative spread ((max - min) / min) of one side's successful runs."""
     ms = [r["ms"] for r in rows if isinstance(r.get("ms"), (int, float))]
     if not ms:
-        return {"runs": len(rows), "ok": 0}
-    return {"runs": len(rows), "ok": len(ms), "fastest_ms": min(ms),
+        return {"n_runs": len(rows), "ok": 0}
+    return {"n_runs": len(rows), "ok": len(ms), "fastest_ms": min(ms),
             "spread": (max(ms) - min(ms)) / min(ms),
             "all_correct": all(r.get("correct") is True for r in rows)}
 
