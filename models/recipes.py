@@ -101,6 +101,20 @@ def _llama_3_1_8b():
                   tie_word_embeddings=False)
 
 
+def _llama_3_2_3b():
+    return _llama(**{**_LLAMA3, "num_attention_heads": 24}, hidden_size=3072,
+                  intermediate_size=8192, num_hidden_layers=28, head_dim=128,
+                  rope_scaling=_llama3_scaling(32.0, 8192), tie_word_embeddings=True)
+
+
+def _qwen3_1_7b():
+    return _qwen3(vocab_size=151936, hidden_size=2048, intermediate_size=6144,
+                  num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                  head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6,
+                  rope_theta=1000000.0, tie_word_embeddings=True, use_sliding_window=False,
+                  bos_token_id=151643, eos_token_id=151645, initializer_range=0.02)
+
+
 def _qwen2_5_0_5b():
     return _qwen2(vocab_size=151936, hidden_size=896, intermediate_size=4864,
                   num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
@@ -148,6 +162,8 @@ def _tiny_qwen3():
 RECIPES: dict[str, Recipe] = {r.name: r for r in [
     Recipe("llama-3.2-1b", "Llama-3.2-1B shapes (16 layers, 2048 hidden, 32/8 heads)", _llama_3_2_1b),
     Recipe("llama-3.1-8b", "Llama-3.1-8B shapes (32 layers, 4096 hidden, 32/8 heads)", _llama_3_1_8b),
+    Recipe("llama-3.2-3b", "Llama-3.2-3B shapes (28 layers, 3072 hidden, 24/8 heads)", _llama_3_2_3b),
+    Recipe("qwen3-1.7b", "Qwen3-1.7B shapes (28 layers, 2048 hidden, 16/8 heads x 128, q/k norm)", _qwen3_1_7b),
     Recipe("qwen2.5-0.5b", "Qwen2.5-0.5B shapes (24 layers, 896 hidden, 14/2 heads)", _qwen2_5_0_5b),
     Recipe("smollm2-135m", "SmolLM2-135M shapes (30 layers, 576 hidden, 9/3 heads)", _smollm2_135m),
     Recipe("tiny-llama", "test model: 2 layers, 96 hidden, 3/1 heads, llama3 RoPE", _tiny_llama),
