@@ -51,6 +51,8 @@ from search.tunespace import FAMILIES, OP_FAMILY, SMEM_PER_BLOCK_SM90, TuneSpace
 
 #: Relative margin a predicted latency must beat (the cost model is deterministic).
 PREDICTED_EPS = 1e-9
+#: The GPU name of the sim's database entries (predicted latencies).
+SIM_GPU = "sim (cost model)"
 #: Minutes of tuning when neither a trial nor a minute budget is given.
 DEFAULT_MINUTES = 20.0
 
@@ -280,8 +282,10 @@ class Tuner:
         self.trials = 0
         self.elapsed_before = 0.0
         self.round = 0
+        self._replaying = True
         for row in self.rows:
             self._apply(row)
+        self._replaying = False
         if elapsed_before is not None:
             self.elapsed_before = elapsed_before
         from search.evaluator import Evaluator
@@ -330,11 +334,12 @@ class Tuner:
 
     def gpu_key(self) -> Any:
         """The database's GPU key: the device's name and SMs; the sim's is ``sim (cost model)``
-        (its entries hold predicted latencies and never match a GPU)."""
+        with the target's workers as its SMs (its entries hold predicted latencies and never
+        match a GPU)."""
         from search.tunedb import GpuKey
 
         if self.s.backend == "sim" or not self.s.gpu:
-            return GpuKey(name="sim (cost model)", sms=0)
+            return GpuKey(name=SIM_GPU, sms=self.s.max_workers)
         return GpuKey(name=str(self.s.gpu["name"]), sms=int(self.s.gpu["sms"]))
 
     # -- state -------------------------------------------------------------------------------
@@ -343,12 +348,14 @@ class Tuner:
         if row.get("kind") == "profile":
             if self.incumbent is not None and row.get("id") == self.incumbent.id:
                 self.incumbent.profile = row.get("profile")
-            self.elapsed_before = max(self.elapsed_before, float(row.get("elapsed_s") or 0.0))
+            if self._replaying:
+                self.elapsed_before = max(self.elapsed_before, float(row.get("elapsed_s") or 0.0))
             return
         self.seen.add(row["id"])
         if row.get("trial") is not None:
             self.trials = max(self.trials, int(row["trial"]) + 1)
-        self.elapsed_before = max(self.elapsed_before, float(row.get("elapsed_s") or 0.0))
+        if self._replaying:  # a resumed run: the time the earlier runs used
+            self.elapsed_before = max(self.elapsed_before, float(row.get("elapsed_s") or 0.0))
         self.round = max(self.round, int(row.get("round") or 0))
         if row["status"] == "KEEP":
             self.incumbent = Incumbent(row["config"], row["id"], int(row["trial"]), float(row["ms"]),
@@ -407,7 +414,8 @@ class Tuner:
 
         gpu = self.gpu_key() if self.s.backend == "triton" else None
         out = []
-        heur, dropped = self.space.adapt(heuristic_config(self.shape_key(), gpu, self.s.tp))
+        heur, dropped = self.space.adapt(heuristic_config(self.shape_key(), gpu, self.s.tp,
+                                                          qk_norm=bool(getattr(self.spec, "qk_norm", False))))
         out.append((heur, "heuristic" + (f" (set back: {', '.join(dropped)})" if dropped else "")))
         try:
             near = self.db.nearest(self.shape_key(), self.gpu_key(), self.s.tp, k=self.s.warm)
@@ -618,7 +626,14 @@ class Tuner:
 
     # -- the end -----------------------------------------------------------------------------
     def bench_command(self) -> str:
-        return f"amk bench {shlex.quote(self.s.model)} --tp {self.s.tp}"
+        """The command that now runs the tuned config: ``amk bench MODEL --tp R`` (its default
+        config is the database entry; ``AMK_TUNE_DB=DIR`` in front for a --db of its own). The
+        sim's entry is keyed to the sim, not a GPU: its line compiles best/config.json."""
+        if self.s.backend == "sim":
+            return (f"amk compile {shlex.quote(self.s.model)} --tp {self.s.tp} --backend sim --config "
+                    f"{shlex.quote(str(self.out / 'best' / 'config.json'))}")
+        env = f"AMK_TUNE_DB={shlex.quote(self.s.db)} " if self.s.db else ""
+        return f"{env}amk bench {shlex.quote(self.s.model)} --tp {self.s.tp}"
 
     def finish(self) -> dict[str, Any]:
         """Write best/config.json, the database entry, report.json and report.md; return the
@@ -786,8 +801,11 @@ def report_markdown(s: dict[str, Any]) -> str:
         lines.append("none measured" + (" (the sim has none)" if s["backend"] == "sim" else ""))
     lines += ["", "## Database", "", f"{s['db']['message'] or '-'}", ""]
     if s["use"]:
-        lines += ["## Use", "", f"`{s['use']}` (the tuned entry is its default config), or "
-                  f"`--config {s['best_config_file']}`.", ""]
+        if s["backend"] == "sim":
+            lines += ["## Use", "", f"`{s['use']}` (the sim's entry is keyed to the sim, not to a GPU).", ""]
+        else:
+            lines += ["## Use", "", f"`{s['use']}` (the tuned entry is its default config), or "
+                      f"`--config {s['best_config_file']}` with any command.", ""]
     return "\n".join(lines)
 
 
