@@ -731,7 +731,7 @@ def _reason_class(reason: str) -> str:
         return "validator"
     if reason.startswith("lowering refused"):
         return "lowering refused"
-    if "needs" in reason:
+    if "needs" in reason or "of at least" in reason:
         return "a rule between knobs"
     return reason[:60]
 

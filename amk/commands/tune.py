@@ -180,12 +180,10 @@ class Progress:
     """The progress bar on stderr (elapsed / budget, trials, the incumbent's ms and its ratio
     to the fastest baseline) and one line per trial."""
 
-    def __init__(self, tuner: Any, quiet: bool):
-        from rich.console import Console
-
+    def __init__(self, tuner: Any, quiet: bool, console: Any):
         self.t = tuner
         self.quiet = quiet
-        self.console = Console(stderr=True, highlight=False)
+        self.console = console
         self.bar = None
 
     def describe(self) -> str:
@@ -271,18 +269,19 @@ def print_summary(summary: dict[str, Any], console: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
     from amk.output import emit_json, human_console, json_mode
     from search.tune import open_tune
 
+    err = Console(stderr=True, highlight=False)  # progress, trial lines, warnings
     if args.resume:
         overrides = {"trials": args.trials, "minutes": args.minutes, "timeout_s": args.timeout,
                      "replace": args.replace, "db": args.db, "tp": args.tp, "backend": args.backend}
-        tuner_kw: dict[str, Any] = {}
-        tuner = open_tune(resume=args.resume, overrides=overrides, **tuner_kw)
+        tuner = open_tune(resume=args.resume, overrides=overrides, console=err)
     else:
-        tuner = open_tune(_settings(args))
-    view = Progress(tuner, quiet=args.quiet)
-    tuner.console = view.console
+        tuner = open_tune(_settings(args), console=err)
+    view = Progress(tuner, quiet=args.quiet, console=err)
     s = tuner.s
     view.console.print(f"amk tune {s.model} --tp {s.tp} --backend {s.backend}: "
                        f"{len(tuner.space.knobs)} knobs ({', '.join(tuner.space.names)}); "
