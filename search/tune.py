@@ -71,7 +71,8 @@ class TuneSettings:
     {"name", "sms"} of the device the run tunes for (None: the sim); max_workers: co-resident
     workers per rank; ring: search the weight ring; per_round: one-knob neighbours tried per
     round; mutations: random two-knob mutations per round; warm: database entries tried at
-    the start; profile: rank the knobs by the in-kernel profile (triton).
+    the start; profile: rank the knobs by the in-kernel profile (triton); hbm_bw: the
+    bandwidth of the roofline floor in bytes/s (None: the worker measures it on the GPU).
     """
 
     model: str
@@ -100,6 +101,7 @@ class TuneSettings:
     mutations: int = 2
     warm: int = 3
     profile: bool = True
+    hbm_bw: float | None = None
 
     def check(self) -> None:
         """Raise AmkError naming the bad setting."""
@@ -483,11 +485,11 @@ class Tuner:
             "prompt_seed": self.s.seed * 1_000_003 + trial, "sim_seed": self.s.seed * 7919 + trial,
             "sim_policy": "random", "seq_len": self.s.seq_len, "tolerance": self.s.gate_tolerance(),
             "timing": dict(self.s.timing), "hooks": dict(self.s.hooks), "trial": trial,
-            "profile": profile,
+            "profile": profile, **({"hbm_bw": self.s.hbm_bw} if self.s.hbm_bw else {}),
         }
 
     def _use_profile(self) -> bool:
-        return self.s.backend == "triton" and self.s.profile and not self.s.hooks.get("executor")
+        return self.s.backend == "triton" and self.s.profile
 
     def try_candidate(self, cand: dict[str, Any], kind: str, note: str) -> dict[str, Any]:
         """Screen, evaluate (unless refused) and record one candidate; returns its row."""

@@ -330,3 +330,67 @@ def test_bad_input_is_one_line(tmp_path):
     assert r.returncode == 2 and "the sim backend has no baselines" in r.stderr
     r = _amk("tune", "--resume", str(tmp_path / "nothing"))
     assert r.returncode == 2 and "not an amk tune directory" in r.stderr
+    r = _amk("tune", MODEL, "--trials", "2", "--out", str(tmp_path / "x"), "--json")  # triton, no GPU here
+    assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr and json.loads(r.stdout)["ok"] is False
+
+
+def test_triton_path_keeps_each_incumbent_kernel_and_the_baselines(tmp_path):
+    """The triton loop on the CPU (the sim executor and a fixed timer through the worker's
+    hooks): kernel knobs are walked, every request carries the incumbent's own kernel knobs,
+    equal timings are never kept, the baselines give the ratio stored in the entry."""
+    from search.tune import TuneSettings, open_tune
+
+    ev = RecordingEvaluator()
+    s = TuneSettings(model=MODEL, out=str(tmp_path / "t"), backend="triton", dtype="f32", trials=8,
+                     db=str(tmp_path / "db"), baselines=["eager"], gpu={"name": "Test GPU", "sms": 132},
+                     max_workers=528, hbm_bw=3.0e12, timing={"rounds": 2, "steps": 2, "warmup": 0, "min_gain": 0.01},
+                     hooks={"executor": "tests.test_search_cheats:sim_executor",
+                            "timer": "tests.test_search_cheats:plausible_timer"})
+    t = open_tune(s, evaluator=ev)
+    assert "gemv_block" in t.space.names
+    t.measure_baselines(lambda st: [{"name": "hf_eager", "ms": 500.0, "runs": [500.0, 510.0], "correct": True}])
+    summary = t.run()
+    assert summary["trials"] == 8 and summary["timing_source"] == "measured"
+    first = ev.requests[0]
+    assert first["incumbent"] is None and first["incumbent_kernel"] is None
+    inc = summary["best"]["config"]
+    for req in ev.requests[1:]:
+        assert req["incumbent"] == inc["lowering"] and req["incumbent_kernel"] == inc["kernel"]
+    assert any(req["kernel"] != inc["kernel"] for req in ev.requests[1:])   # kernel moves were tried
+    assert summary["by_status"].get("KEEP") == 1                           # 1000 ms vs 1000 ms: never faster
+    assert summary["ratio_vs_fastest_baseline"] == pytest.approx(0.5)
+    entry = json.loads(next((tmp_path / "db").glob("*.json")).read_text())
+    assert entry["gpu"] == {"name": "Test GPU", "sms": 132} and entry["baseline"] == "hf_eager"
+    assert entry["ratio"] == pytest.approx(0.5) and entry["ms"] == pytest.approx(1000.0)
+    assert json.loads((tmp_path / "t" / "baselines.json").read_text())["baselines"][0]["ms"] == 500.0
+    assert "AMK_TUNE_DB=" in summary["use"] and "amk bench config:tiny-llama --tp 1" in summary["use"]
+
+
+class ProfilingEvaluator(RecordingEvaluator):
+    """Answers the incumbent's profile request with an attention-heavy in-kernel profile."""
+
+    def evaluate(self, request, workdir, timeout_s=None):
+        if request.get("profile_only"):
+            self.requests.append(request)
+            return {"status": "ok", "profile": {"source": "in-kernel profile",
+                                                "op_us": {"rope_attention": 80.0, "norm_gemv": 15.0, "embed": 5.0}}}
+        return super().evaluate(request, workdir, timeout_s)
+
+
+def test_the_in_kernel_profile_ranks_the_knobs(tmp_path):
+    from search.tune import TuneSettings, open_tune
+
+    ev = ProfilingEvaluator()
+    s = TuneSettings(model=MODEL, out=str(tmp_path / "t"), backend="triton", dtype="f32", trials=4,
+                     db=str(tmp_path / "db"), gpu={"name": "Test GPU", "sms": 132}, max_workers=528,
+                     hbm_bw=3.0e12, timing={"rounds": 2, "steps": 2, "warmup": 0, "min_gain": 0.01},
+                     hooks={"executor": "tests.test_search_cheats:sim_executor",
+                            "timer": "tests.test_search_cheats:plausible_timer"})
+    summary = open_tune(s, evaluator=ev).run()
+    assert [r.get("profile_only") for r in ev.requests].count(True) == 1   # once for the incumbent
+    assert summary["shares"]["source"] == "in-kernel profile (measured)"
+    assert summary["shares"]["families"]["attention"] == pytest.approx(0.8)
+    rows = [json.loads(x) for x in (tmp_path / "t" / "trials.jsonl").read_text().splitlines()]
+    assert [r["kind"] for r in rows][:2] == ["warm", "profile"]
+    moved = [r["note"].split(":")[0] for r in rows if r.get("kind") == "neighbour"]
+    assert moved and set(moved) <= {"attn_split", "late_append", "attention_block"}, moved
