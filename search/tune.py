@@ -276,6 +276,10 @@ class Tuner:
         _prepare_dir(self.out)
         self.log = TrialLog(self.out / "trials.jsonl")
         self.rows = self.log.load(warn=self._warn)
+        if db is None:  # a --db that cannot be a database is refused before any trial
+            from search.tunedb import open_db
+
+            db = open_db(self.s.db)
         self._db = db
         self.rng = random.Random(self.s.seed * 1_000_003 + len(self.rows))
         self.incumbent: Incumbent | None = None
@@ -641,15 +645,21 @@ class Tuner:
         """Write best/config.json, the database entry, report.json and report.md; return the
         summary (what report.json holds)."""
         inc = self.incumbent
-        put_ok, put_msg, best_file = None, "", None
+        put_ok, put_msg, best_file, failed = None, "", None, None
         if inc is not None:
             best_file = self.out / "best" / "config.json"
             (self.out / "best").mkdir(parents=True, exist_ok=True)
             atomic_write_json(best_file, inc.config)
-            put_ok, put_msg = self.db.put(self.entry(), replace=self.s.replace)
+            try:
+                put_ok, put_msg = self.db.put(self.entry(), replace=self.s.replace)
+            except AmkError as err:  # the report and best/config.json still get written
+                failed = err
+                put_ok, put_msg = False, f"not stored: {err}"
         summary = self.summary(put_ok, put_msg, best_file)
         atomic_write_json(self.out / "report.json", summary)
         atomic_write_text(self.out / "report.md", report_markdown(summary))
+        if failed is not None:
+            raise AmkError(f"{failed} (the run's best is {best_file}; its report {self.out / 'report.md'})")
         return summary
 
     def entry(self) -> Any:
@@ -705,7 +715,9 @@ class Tuner:
             "timing_source": src,
             "timing_note": ("the sim's latency is the cost model's PREDICTION (lowering/costmodel.py), "
                             "not a measurement" if src == "predicted" else
-                            "measured: interleaved A/B of one executor step per token (CUDA events)"),
+                            "measured: interleaved A/B of one executor step per token (CUDA events)"
+                            + (f"; the {self.s.tp} ranks run co-located on one GPU in the evaluation worker"
+                               if self.s.tp > 1 else "")),
             "gpu": self.s.gpu, "trials": self.trials, "rows": len(trials), "by_status": by_status,
             "rejected_by_reason": rejected, "stop_reason": self.stop_reason,
             "elapsed_s": self.elapsed(), "budget": {"trials": self.s.trials, "minutes": self.s.minutes},

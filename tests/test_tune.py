@@ -328,6 +328,10 @@ def test_bad_input_is_one_line(tmp_path):
     assert r.returncode == 2 and "--trials must be >= 1" in r.stderr and "Traceback" not in r.stderr
     r = _amk("tune", MODEL, "--backend", "sim", "--baselines", "eager", "--out", str(tmp_path / "x"))
     assert r.returncode == 2 and "the sim backend has no baselines" in r.stderr
+    (tmp_path / "file").write_text("x")
+    r = _amk("tune", MODEL, "--backend", "sim", "--trials", "2", "--out", str(tmp_path / "y"), "--db",
+             str(tmp_path / "file"))
+    assert r.returncode == 2 and "must be a directory" in r.stderr and not (tmp_path / "y" / "trials.jsonl").exists()
     r = _amk("tune", "--resume", str(tmp_path / "nothing"))
     assert r.returncode == 2 and "not an amk tune directory" in r.stderr
     r = _amk("tune", MODEL, "--trials", "2", "--out", str(tmp_path / "x"), "--json")  # triton, no GPU here

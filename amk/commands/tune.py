@@ -55,16 +55,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="store the result even if the database holds a faster entry of the same key")
     p.add_argument("--dtype", choices=("bf16", "f32"), default=None,
                    help="weights and activations (default bf16 on triton, f32 on sim)")
-    p.add_argument("--max-seq", type=int, default=None, help="KV-cache length (256)")
-    p.add_argument("--seq-len", type=int, default=None, help="context length the latency refers to (128)")
+    p.add_argument("--max-seq", type=int, default=None, metavar="N", help="KV-cache length (256)")
+    p.add_argument("--seq-len", type=int, default=None, metavar="N", help="context length the latency refers to (128)")
     p.add_argument("--timeout", type=float, default=None, metavar="S",
                    help="per-candidate evaluation timeout in seconds (600)")
-    p.add_argument("--seed", type=int, default=None, help="seed of prompts, interleavings and mutations (0)")
+    p.add_argument("--seed", type=int, default=None, metavar="N", help="seed of prompts, interleavings and mutations (0)")
     p.add_argument("--ring", action="store_true", default=None, help="search the weight ring's pages too")
     p.add_argument("--no-profile", action="store_true", default=None,
                    help="rank the knobs by the cost model, not the in-kernel profile")
-    p.add_argument("--ab-rounds", type=int, default=None, help="triton: A/B rounds (7)")
-    p.add_argument("--ab-steps", type=int, default=None, help="triton: steps per side per round (20)")
+    p.add_argument("--ab-rounds", type=int, default=None, metavar="N", help="triton: A/B rounds (7)")
+    p.add_argument("--ab-steps", type=int, default=None, metavar="N", help="triton: steps per side per round (20)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or trial lines")
     p.add_argument("--json", action="store_true",
                    help="print the summary as one JSON object on stdout (progress and lines go to stderr)")
