@@ -21,7 +21,8 @@ from amk import __version__
 from ground.errors import AmkError
 
 # Subcommand modules, in the order `amk --help` lists them.
-COMMANDS = ["doctor", "info", "compile", "generate", "validate", "validate_corpus", "run", "bench", "search"]
+COMMANDS = ["doctor", "info", "compile", "generate", "validate", "validate_corpus", "run", "bench", "search",
+            "tune"]
 
 
 def build_parser() -> argparse.ArgumentParser:

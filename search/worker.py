@@ -12,13 +12,20 @@ the incumbent or null; triton A/B only), ``target`` (Target fields), ``positions
 positions whose logits are compared), ``prompt_seed`` (fresh random prompt tokens),
 ``sim_seed`` / ``sim_policy`` (interleaving of the sim), ``seq_len`` (the context length the
 latency refers to), ``tolerance`` ({"rel_err", "min_argmax_agree"}), ``timing`` (A/B
-parameters), ``hooks`` (tests only: dotted names of an executor factory, a timer, or a
-predictor; never set by the CLI).
+parameters), ``kernel`` (the candidate's kernel knobs, a KernelConfig's JSON; absent or {}:
+the defaults), ``incumbent_kernel`` (the incumbent's kernel knobs; absent: the candidate's,
+as when one set of kernel knobs served a whole search), ``profile`` (triton: after the
+timing, one step of the candidate with the in-kernel profile, per-op time in the result),
+``profile_only`` (triton: lower, validate and profile; no gate, no timing),
+``hooks`` (tests only: dotted names of an executor (a factory of executors), an
+executor_factory (``(backend, kernel) -> factory``, called once for the candidate's and once
+for the incumbent's kernel knobs), a timer, or a predictor; never set by the CLI).
 
 Result: ``status`` ok | rejected | fail, ``stage`` where it stopped, ``reason``, ``verdict``,
 ``program`` (stats, op counts, cost-model estimate), ``correctness``, ``timing``
 (``source`` predicted | measured, ``median_ms``, ``spread_ms``, ``incumbent_ms``, A/B
-statistics), ``floor_ms``, ``times`` (seconds per stage), ``restart_worker``.
+statistics), ``floor_ms``, ``times`` (seconds per stage), ``restart_worker``, ``profile``
+(with ``profile``: ``{"source": "in-kernel profile", "op_us": {op: summed op time}}``).
 """
 
 from __future__ import annotations
@@ -268,9 +275,13 @@ def _hbm(req: dict[str, Any]) -> tuple[float, int]:
 
 
 def time_triton(program: Any, inc_program: Any | None, ctx: ModelContext, req: dict[str, Any],
-                executor_factory: Callable[..., Any], timer: Any) -> dict[str, Any]:
+                executor_factory: Callable[..., Any], timer: Any,
+                inc_factory: Callable[..., Any] | None = None) -> dict[str, Any]:
     """Interleaved A/B timing of the candidate against the incumbent (or A/A on itself when
-    there is no incumbent yet) at position ``seq_len - 1``."""
+    there is no incumbent yet) at position ``seq_len - 1``. The candidate runs with
+    ``executor_factory``, the incumbent with ``inc_factory`` (its own kernel knobs; default
+    the candidate's factory); ``inc_program`` may be the candidate's own program when only
+    the kernel knobs differ."""
     import torch
 
     from search.evaluator import ab_interleaved
@@ -278,8 +289,8 @@ def time_triton(program: Any, inc_program: Any | None, ctx: ModelContext, req: d
     tp = req.get("timing", {})
     pos = max(0, int(req.get("seq_len", 128)) - 1)
 
-    def prepared(prog):
-        ex = executor_factory(prog, ctx.init_fn, seed=0, policy="in_order")
+    def prepared(prog, factory=executor_factory):
+        ex = factory(prog, ctx.init_fn, seed=0, policy="in_order")
         state = {"e": 0}
         for r in range(prog.ranks):
             ex.write(f"token.r{r}", r, torch.tensor([1], dtype=torch.int32))
@@ -292,7 +303,7 @@ def time_triton(program: Any, inc_program: Any | None, ctx: ModelContext, req: d
 
     _, run_b = prepared(program)
     if inc_program is not None:
-        _, run_a = prepared(inc_program)
+        _, run_a = prepared(inc_program, inc_factory or executor_factory)
     else:
         run_a = run_b
     prefixes = tp.get("audit_prefixes")
@@ -322,6 +333,36 @@ def time_sim(program: Any, req: dict[str, Any], predict: Callable[..., float] | 
     else:
         ms = estimate(program, seq_len=seq_len).predicted_latency_s * 1e3
     return {"source": "predicted", "median_ms": ms, "spread_ms": 0.0, "incumbent_ms": None}
+
+
+def profile_ops(program: Any, ctx: ModelContext, req: dict[str, Any], kernel: dict[str, Any],
+                steps: int = 3) -> dict[str, Any]:
+    """Where one decode step of ``program`` spends its time, from the megakernel's in-kernel
+    profile (``TritonExecutor(profile=True)``: %globaltimer stamps per task, lowering/triton/vm.py
+    PROF_W): per op, the summed op time (waits done -> signals released) of the last of
+    ``steps`` steps, in microseconds. The profiled kernel is a little slower than the plain
+    one; the shares rank the op families, they are not the latency. CUDA only."""
+    import torch
+
+    from lowering.config import KernelConfig
+    from lowering.triton import vm as VM
+    from lowering.triton.blocks import kernel_options
+    from lowering.triton.runtime import TritonExecutor
+
+    opts = kernel_options(KernelConfig.from_json(dict(kernel or {}), "the candidate's kernel knobs"))
+    ex = TritonExecutor(program, ctx.init_fn, check=False, profile=True, **opts)
+    pos = max(0, int(req.get("seq_len", 128)) - 1)
+    for e in range(steps):
+        for r in range(program.ranks):
+            ex.write(f"token.r{r}", r, torch.tensor([1], dtype=torch.int32))
+            ex.write(f"pos.r{r}", r, torch.tensor([pos], dtype=torch.int32))
+        ex.step(e)
+    torch.cuda.synchronize()
+    prof = ex._prof.view(-1, VM.PROF_W).cpu().tolist()
+    op_us: dict[str, float] = {}
+    for row, op in enumerate(ex.table.task_ops):
+        op_us[op] = op_us.get(op, 0.0) + max(0, prof[row][2] - prof[row][1]) / 1e3
+    return {"source": "in-kernel profile", "op_us": op_us}
 
 
 # -- one request ----------------------------------------------------------------------
@@ -366,6 +407,11 @@ def evaluate(req: dict[str, Any]) -> dict[str, Any]:
             res.update(status="rejected", reason=f"validator: {', '.join(sorted(verdict.classes))}"
                        f" ({len(verdict.errors)} errors; first: {first.message})"[:400])
             return res
+        if req.get("profile_only"):  # the incumbent's profile: no gate, no timing
+            res["stage"] = "profile"
+            res["profile"] = profile_ops(program, ctx, req, req.get("kernel") or {})
+            res.update(status="ok", stage="done")
+            return res
         # floor: sim uses the cost model's bandwidth, no cache; triton a measured one
         if backend == "sim":
             from lowering.costmodel import DEFAULT_HBM_BW
@@ -377,7 +423,10 @@ def evaluate(req: dict[str, Any]) -> dict[str, Any]:
         res["floor_ms"] = floor
         # 3. correctness gate
         res["stage"] = "correctness"
-        factory = _resolve_hook(hooks.get("executor")) or default_executor_factory(backend, req.get("kernel"))
+        maker = _resolve_hook(hooks.get("executor_factory")) or default_executor_factory
+        kernel = req.get("kernel") or {}
+        inc_kernel = req["incumbent_kernel"] if req.get("incumbent_kernel") is not None else kernel
+        factory = _resolve_hook(hooks.get("executor")) or maker(backend, kernel)
         t = time.perf_counter()
         gate = correctness_gate(program, ctx, req, factory)
         times["gate_s"] = time.perf_counter() - t
@@ -398,10 +447,13 @@ def evaluate(req: dict[str, Any]) -> dict[str, Any]:
                 from search.evaluator import cuda_event_timer
 
                 timer = cuda_event_timer()
-            inc = None
-            if req.get("incumbent") and req["incumbent"] != req["config"]:
-                inc = lower_config(ctx.graph, int(req["ranks"]), req["incumbent"], target)
-            timing = time_triton(program, inc, ctx, req, factory, timer)
+            inc, inc_factory = None, None
+            if req.get("incumbent") and (req["incumbent"] != req["config"] or inc_kernel != kernel):
+                inc = program if req["incumbent"] == req["config"] else \
+                    lower_config(ctx.graph, int(req["ranks"]), req["incumbent"], target)
+                # the incumbent runs with its own kernel knobs, not the candidate's
+                inc_factory = _resolve_hook(hooks.get("executor")) or maker(backend, inc_kernel)
+            timing = time_triton(program, inc, ctx, req, factory, timer, inc_factory)
         times["timing_s"] = time.perf_counter() - t
         res["timing"] = timing
         if not math.isfinite(timing["median_ms"]) or timing["median_ms"] <= 0 or \
@@ -410,6 +462,9 @@ def evaluate(req: dict[str, Any]) -> dict[str, Any]:
                 f"timing {timing['median_ms']:.4g} ms ({timing['source']}) is below the "
                 f"roofline floor {floor:.4g} ms: a measurement error, not a speedup"))
             return res
+        if req.get("profile") and backend == "triton" and not hooks.get("executor"):
+            res["stage"] = "profile"
+            res["profile"] = profile_ops(program, ctx, req, kernel)
         res.update(status="ok", stage="done")
         return res
     except AmkError as err:

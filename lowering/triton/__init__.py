@@ -22,6 +22,12 @@ from __future__ import annotations
 
 import os
 
+#: The megakernel's version for tuned configs (search/tunedb.py's kernel fingerprint): bump it
+#: when the generated kernel changes in speed or meaning for a given config, so tuned entries
+#: measured on the old kernel stop being used by default. Read as text, without importing
+#: this package.
+VM_VERSION = 1
+
 
 def _default_interpret() -> None:
     if "TRITON_INTERPRET" in os.environ:
