@@ -339,8 +339,10 @@ def config_from_args(args: argparse.Namespace, command: str, ranks: int | None =
     low, ker = file_fields(args)
     path = getattr(args, "config", None)
     src_file = str(path) if path else None
+    from_base: tuple[set, set] = (set(), set())
     if base is not None and not src_file:
         low, ker = split_parts(base, f"{command}: base config")
+        from_base = (set(low), set(ker))
     # each part as the file has it, checked on its own first: a file's mistake names the file
     LoweringConfig.from_json(low, src_file or command, combinations=False)
     KernelConfig.from_json(ker, src_file or command, combinations=False)
@@ -355,27 +357,28 @@ def config_from_args(args: argparse.Namespace, command: str, ranks: int | None =
     low.update(flags_low)
     ker.update(flags_ker)
     if base is not None and not src_file:
-        low, ker = _settle_base(low, ker, flags_low, flags_ker, ranks)
+        low, ker = _settle_base(low, ker, (from_base[0] - set(flags_low), from_base[1] - set(flags_ker)), ranks)
     source = (f"{command} --config {src_file}" if (flags_low or flags_ker) else src_file) if src_file \
         else command
     return AmkConfig(LoweringConfig.from_json(low, source, ranks, combinations),
                      KernelConfig.from_json(ker, source, ranks, combinations))
 
 
-def _settle_base(low: dict[str, Any], ker: dict[str, Any], flags_low: dict[str, Any],
-                 flags_ker: dict[str, Any], ranks: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Set back the knobs that came from a base config (not from a flag) and do nothing
-    next to the flags; a flag's own inert knob stays, for validate to refuse."""
+def _settle_base(low: dict[str, Any], ker: dict[str, Any], from_base: tuple[set, set],
+                 ranks: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Set back the knobs a base config set (``from_base``: its lowering and kernel field
+    names) that do nothing next to the flags; the flags' own inert knobs and the defaults'
+    stay, for validate to refuse as without a base."""
     from lowering.knobs import inert
 
-    for cls, part, flags in ((LoweringConfig, low, flags_low), (KernelConfig, ker, flags_ker)):
+    for cls, part, names in ((LoweringConfig, low, from_base[0]), (KernelConfig, ker, from_base[1])):
         for _ in range(len(knobs_of(cls)) + 1):
             try:
                 obj = cls(**part)
             except TypeError:
                 break  # an unknown field: from_json names it
             reset = {k.name: False if k.kind is bool else k.default
-                     for k, _ in inert(obj, ranks) if k.name not in flags}
+                     for k, _ in inert(obj, ranks) if k.name in names and part.get(k.name) != k.default}
             if not reset:
                 break
             part.update(reset)

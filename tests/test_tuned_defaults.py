@@ -62,7 +62,8 @@ def test_compile_uses_the_heuristic_an_entry_or_the_plain_defaults(tmp_path):
     assert json.loads(r.stdout)["config_source"] == rep["config_source"]
     assert rep["config"]["workers"] == 132 and rep["config"]["fuse"] is True
     # an entry for this shape, GPU and tp: its config, and the line naming it
-    path = put(db, {"lowering": {"tile": 8, "workers": 3, "policy": "stage", "fuse": True, "attn_split": 2},
+    path = put(db, {"lowering": {"tile": 8, "workers": 3, "policy": "stage", "fuse": True, "attn_split": 2,
+                                 "late_append": True},
                     "kernel": {}})
     r = amk("compile", "config:tiny-llama", "--no-check", "--db", str(db), *gpu, "--out", str(tmp_path / "e"),
             env_extra=cache)
@@ -81,6 +82,7 @@ def test_compile_uses_the_heuristic_an_entry_or_the_plain_defaults(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     rep = report(tmp_path / "f")
     assert (rep["config"]["tile"], rep["config"]["workers"], rep["config"]["fuse"]) == (8, 5, False)
+    assert rep["config"]["late_append"] is False
     # another GPU: no entry of it, the heuristic
     r = amk("compile", "config:tiny-llama", "--no-check", "--db", str(db), "--gpu", "Other GPU:100",
             "--out", str(tmp_path / "o"), env_extra=cache)
