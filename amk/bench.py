@@ -77,9 +77,28 @@ def bench_config(args, sms: int):
     the file or flag and the field."""
     from lowering.config import config_from_args
 
-    need = max(256, args.prompt_len + args.tokens + 8)
-    return config_from_args(args, "amk bench", ranks=getattr(args, "tp", None),
-                            defaults={"workers": sms, "dtype": "bf16", "max_seq": need})
+    return config_from_args(args, "amk bench", ranks=getattr(args, "tp", None), defaults=bench_defaults(args, sms))
+
+
+def bench_defaults(args, sms: int) -> dict:
+    """``amk bench``'s own lowering defaults: one worker per SM (``sms``), bf16, the max_seq
+    that --prompt-len + --tokens need (at least 256)."""
+    return {"workers": sms, "dtype": "bf16", "max_seq": max(256, args.prompt_len + args.tokens + 8)}
+
+
+def run_config(args, gpu):
+    """(AmkConfig, config source line) of ``amk bench``: with --config FILE or --no-tuned as
+    ``bench_config``; otherwise the tuned entry of the model on ``gpu`` (a GpuKey, None: no
+    GPU here) at --tp, else the cost-model heuristic (search/defaults.py), flags over it and
+    the bench defaults (``bench_defaults``) for what it leaves out."""
+    from amk.checks import model_spec
+    from search.defaults import command_config
+    from search.heuristic import DEFAULT_SMS
+
+    tuned = not (getattr(args, "config", None) or getattr(args, "no_tuned", False))
+    spec = model_spec(args.model)[1] if tuned else None
+    sms = gpu.sms if gpu is not None else DEFAULT_SMS
+    return command_config(args, "amk bench", spec, getattr(args, "tp", 1), gpu, defaults=bench_defaults(args, sms))
 
 
 #: ``amk bench``'s own defaults of lowering knobs, in words (its --help)

@@ -54,7 +54,7 @@ def run_tp(args, ctx) -> int:
     from rich.console import Console
 
     from amk.baselines import BaselineResult, make_reference
-    from amk.bench import bench_config, cuda_target, measure_megakernel, write_result
+    from amk.bench import cuda_target, measure_megakernel, run_config, write_result
     from lowering.triton.blocks import kernel_options
     from ground.timing import measure_hbm_bandwidth
     from models.sources import resolve_model
@@ -65,7 +65,10 @@ def run_tp(args, ctx) -> int:
     if args.tokens < 4:
         raise AmkError("--tokens must be at least 4")
     props = torch.cuda.get_device_properties(dev)
-    full = bench_config(args, props.multi_processor_count)
+    from search.tunedb import GpuKey
+
+    full, config_source = run_config(args, GpuKey(str(props.name), int(props.multi_processor_count)))
+    con.print(config_source, markup=False, highlight=False, soft_wrap=True)
     cfg = full.lowering
     target = cuda_target(props)
     opts = kernel_options(full.kernel)
@@ -109,7 +112,7 @@ def run_tp(args, ctx) -> int:
             "transport": "NVSHMEM symmetric heap, peer stores + system-scope release/acquire",
             "command": "amk " + " ".join(sys.argv[1:]) if sys.argv else "amk bench",
             "python": platform.python_version(), "torch": torch.__version__,
-            "config": cfg.to_json(), "kernel": full.kernel.to_json(),
+            "config": cfg.to_json(), "kernel": full.kernel.to_json(), "config_source": config_source,
             "tasks": len(session.program.tasks), "workers_per_rank": session.program.workers,
             "num_warps": ex.num_warps, "blocks": ex.blocks.__dict__, "occupancy": ex.occupancy,
             "hbm_bytes_per_s_per_rank": bws, "weight_bytes_per_rank": per_rank_bytes,

@@ -326,15 +326,23 @@ def file_fields(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any
 
 
 def config_from_args(args: argparse.Namespace, command: str, ranks: int | None = None,
-                     defaults: dict[str, Any] | None = None, combinations: bool = True) -> AmkConfig:
+                     defaults: dict[str, Any] | None = None, combinations: bool = True,
+                     base: dict[str, Any] | None = None) -> AmkConfig:
     """The AmkConfig of a command line: ``--config FILE`` (``args.config``), overridden by the
     knob flags in ``args`` (lowering.knobs.add_flags: present only when given), with
     ``defaults`` (a command's own lowering defaults, e.g. ``amk bench``'s one worker per SM)
-    for lowering fields that neither sets. Validated at ``ranks`` ranks; errors name the file
-    or ``command``, the field and its flag (AmkError, exit code 2)."""
+    for lowering fields that neither sets. ``base``: an AmkConfig JSON that stands in for the
+    file when there is no ``--config`` (the tuned or heuristic config, search/defaults.py); a
+    knob of it that the flags leave without effect is set back (``--fuse 0`` over a base with
+    late_append). Validated at ``ranks`` ranks; errors name the file or ``command``, the field
+    and its flag (AmkError, exit code 2)."""
     low, ker = file_fields(args)
     path = getattr(args, "config", None)
     src_file = str(path) if path else None
+    from_base: tuple[set, set] = (set(), set())
+    if base is not None and not src_file:
+        low, ker = split_parts(base, f"{command}: base config")
+        from_base = (set(low), set(ker))
     # each part as the file has it, checked on its own first: a file's mistake names the file
     LoweringConfig.from_json(low, src_file or command, combinations=False)
     KernelConfig.from_json(ker, src_file or command, combinations=False)
@@ -348,10 +356,33 @@ def config_from_args(args: argparse.Namespace, command: str, ranks: int | None =
         low.setdefault(k, v)
     low.update(flags_low)
     ker.update(flags_ker)
+    if base is not None and not src_file:
+        low, ker = _settle_base(low, ker, (from_base[0] - set(flags_low), from_base[1] - set(flags_ker)), ranks)
     source = (f"{command} --config {src_file}" if (flags_low or flags_ker) else src_file) if src_file \
         else command
     return AmkConfig(LoweringConfig.from_json(low, source, ranks, combinations),
                      KernelConfig.from_json(ker, source, ranks, combinations))
+
+
+def _settle_base(low: dict[str, Any], ker: dict[str, Any], from_base: tuple[set, set],
+                 ranks: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Set back the knobs a base config set (``from_base``: its lowering and kernel field
+    names) that do nothing next to the flags; the flags' own inert knobs and the defaults'
+    stay, for validate to refuse as without a base."""
+    from lowering.knobs import inert
+
+    for cls, part, names in ((LoweringConfig, low, from_base[0]), (KernelConfig, ker, from_base[1])):
+        for _ in range(len(knobs_of(cls)) + 1):
+            try:
+                obj = cls(**part)
+            except TypeError:
+                break  # an unknown field: from_json names it
+            reset = {k.name: False if k.kind is bool else k.default
+                     for k, _ in inert(obj, ranks) if k.name in names and part.get(k.name) != k.default}
+            if not reset:
+                break
+            part.update(reset)
+    return low, ker
 
 
 def sets(args: argparse.Namespace, name: str) -> bool:

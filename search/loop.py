@@ -121,6 +121,7 @@ class SearchSettings:
     llm_max_failures: int = LLM_MAX_FAILURES
     start: dict[str, Any] | None = None
     kernel: dict[str, Any] = field(default_factory=dict)
+    config_source: str | None = None  # where start and kernel came from (search/defaults.py)
 
     def check(self) -> None:
         """Raise AmkError naming the bad setting."""

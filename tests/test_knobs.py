@@ -70,7 +70,7 @@ def _amk(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["compile", "config:tiny-llama", "--late-append", "1", "--no-check"],
+    (["compile", "config:tiny-llama", "--late-append", "1", "--no-check", "--no-tuned"],
      "amk compile: --late-append 1 does nothing without --fuse 1: set --fuse 1 or --late-append 0"),
     (["compile", "config:tiny-llama", "--fuse", "1", "--fuse-reduce", "1", "--no-check"],
      "--fuse-reduce 1 does nothing at one rank (--tp 1)"),

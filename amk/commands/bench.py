@@ -21,7 +21,7 @@ import platform
 import sys
 from pathlib import Path
 
-from amk.bench import bench_config, cuda_target, measure_megakernel, write_result
+from amk.bench import cuda_target, measure_megakernel, run_config, write_result
 from ground.errors import AmkError
 
 
@@ -43,6 +43,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     add_flags(p.add_argument_group("lowering knobs (docs/lowering.md)"), LoweringConfig, defaults=BENCH_DEFAULTS)
     add_flags(p.add_argument_group("kernel knobs (docs/triton.md)"), KernelConfig)
+    from search.defaults import add_args
+
+    add_args(p.add_argument_group("default config (docs/tuning.md)"))
     p.add_argument("--no-baselines", action="store_true", help="skip the HF baselines")
     p.add_argument("--baseline-compile-mode", default="default,max-autotune-no-cudagraphs", metavar="MODES",
                    help="comma list of torch.compile modes, one baseline (b) row each (default: "
@@ -86,8 +89,11 @@ def results_table(title: str, results: list, rows: list[dict]):
 def run(args: argparse.Namespace) -> int:
     from amk.checks import check_counts, check_model_split
 
-    check_counts(args.tp, getattr(args, "workers", None))  # before torch is imported
-    check_model_split(args.model, args.tp, bench_config(args, 1).lowering)  # tile / allreduce; config only
+    from search.tunedb import GpuKey
+
+    check_counts(args.tp, getattr(args, "workers", None))  # before the model is read
+    full, config_source = run_config(args, GpuKey.local())
+    check_model_split(args.model, args.tp, full.lowering)  # tile / allreduce; config only
     import torch
 
     from rich.console import Console
@@ -99,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
     from ground.timing import decode_weight_bytes, measure_hbm_bandwidth, roofline_ms
     from lowering.triton.blocks import kernel_options
     con = Console(stderr=True)
+    con.print(config_source, markup=False, highlight=False, soft_wrap=True)
     if args.out:  # a run takes minutes: refuse an unwritable --out before it starts
         check_writable_dir(Path(args.out).parent, "--out")
     if not torch.cuda.is_available():
@@ -113,7 +120,6 @@ def run(args: argparse.Namespace) -> int:
     modes = compile_modes(getattr(args, "baseline_compile_mode", "default"), "--baseline-compile-mode")
     dev = torch.device("cuda")
     props = torch.cuda.get_device_properties(dev)
-    full = bench_config(args, props.multi_processor_count)
     cfg = full.lowering
     target = cuda_target(props)
 
@@ -158,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
         "device": props.name, "model": args.model, "tp": 1, "backend": "triton",
         "command": "amk " + " ".join(sys.argv[1:]) if sys.argv else "amk bench",
         "python": platform.python_version(), "torch": torch.__version__,
-        "config": cfg.to_json(), "kernel": full.kernel.to_json(),
+        "config": cfg.to_json(), "kernel": full.kernel.to_json(), "config_source": config_source,
         "tasks": len(session.program.tasks), "workers": ex.workers,
         "num_warps": ex.num_warps, "blocks": ex.blocks.__dict__,
         "occupancy": ex.occupancy, "build_s": ours.extra["build_s"],

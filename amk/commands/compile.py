@@ -63,29 +63,49 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
                         "(testing) instead of one process per GPU over NVSHMEM")
     add_flags(p.add_argument_group("lowering knobs (docs/lowering.md)"), LoweringConfig)
     add_flags(p.add_argument_group("kernel knobs of --backend triton (docs/triton.md)"), KernelConfig)
+    from search.defaults import add_args
+
+    add_args(p.add_argument_group("default config (docs/tuning.md)"), gpu=True)
 
 
 def config_from_args(args: argparse.Namespace):
-    """The AmkConfig of compile / generate: --config FILE and the knob flags, checked at
+    """The AmkConfig of compile / generate (``resolve_args_config`` without its line)."""
+    return resolve_args_config(args)[0]
+
+
+def resolve_args_config(args: argparse.Namespace):
+    """(AmkConfig, config source line) of compile / generate: --config FILE, or without it
+    the tuned entry / cost-model heuristic for the model, --tp and the GPU (--gpu, else the
+    local one; search/defaults.py) unless --no-tuned, with the knob flags over it; checked at
     --tp ranks, after ``amk.checks.check_counts`` of --tp / --workers (AmkError on bad input;
-    kernel flags with --backend sim are refused: that backend has no kernel). Imports neither
-    torch nor transformers."""
-    from amk.checks import check_counts
+    kernel flags with --backend sim are refused: that backend has no kernel). The kernel part
+    of a tuned or heuristic config is kept for --backend triton only (the sim has no kernel)."""
+    from amk.checks import check_counts, model_spec
     from lowering.config import KernelConfig, config_from_args as from_args
     from lowering.knobs import given
+    from search.defaults import command_config, gpu_for
 
     workers = getattr(args, "workers", None)
-    check_counts(args.tp, workers, target_for(args.backend).max_workers)
+    max_workers = target_for(args.backend).max_workers
+    check_counts(args.tp, workers, max_workers)
     kernel_flags = given(args, KernelConfig)
     if kernel_flags and args.backend != "triton":
         flag = "--" + next(iter(kernel_flags)).replace("_", "-")
         raise AmkError(f"{flag} is a knob of the triton backend's kernel; --backend {args.backend} has none "
                        "(add --backend triton)")
-    cfg = from_args(args, f"amk {getattr(args, 'command', None) or 'compile'}", ranks=args.tp)
+    command = f"amk {getattr(args, 'command', None) or 'compile'}"
+    # the file and the flags on their own first: their mistakes before the model is read
+    from_args(args, command, ranks=args.tp, combinations=False)
+    tuned = not (args.config or getattr(args, "no_tuned", False))
+    spec = model_spec(args.model)[1] if tuned else None
+    cfg, line = command_config(args, command, spec, args.tp, gpu_for(args) if tuned else None,
+                               max_workers=max_workers)
+    if tuned and args.backend != "triton":
+        cfg = type(cfg)(cfg.lowering, KernelConfig())
     from_file = args.config and workers is None
-    check_counts(workers=cfg.lowering.workers, max_workers=target_for(args.backend).max_workers,
+    check_counts(workers=cfg.lowering.workers, max_workers=max_workers,
                  workers_flag=f"{args.config}: workers" if from_file else "--workers")
-    return cfg
+    return cfg, line
 
 
 def backend_options(backend: str, cfg) -> dict | None:
@@ -141,7 +161,7 @@ def _write(path: Path, text: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from amk.checks import check_model_split
 
-    full = config_from_args(args)  # before any heavy import: --tp 0 is refused at once
+    full, config_source = resolve_args_config(args)  # --tp 0 is refused before any heavy import
     cfg = full.lowering
     split = check_model_split(args.model, args.tp, cfg)  # the config only, no weights
 
@@ -169,9 +189,11 @@ def run(args: argparse.Namespace) -> int:
             return super().render(task) if task.fields.get("steps") else Text("")
 
     console = Console(stderr=True, highlight=False)
+    console.print(escape(config_source), soft_wrap=True)
     for note in split.notes:
         console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
-    report: dict[str, Any] = {"model": args.model, "ranks": args.tp, "backend": args.backend}
+    report: dict[str, Any] = {"model": args.model, "ranks": args.tp, "backend": args.backend,
+                              "config_source": config_source}
     timings: dict[str, float] = {}
     out_dir = None
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from amk.commands.compile import add_common_args, backend_options, config_from_args, target_for
+from amk.commands.compile import add_common_args, backend_options, resolve_args_config, target_for
 from ground.errors import AmkError
 
 
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_new_tokens < 1:
         raise AmkError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    full = config_from_args(args)  # before any heavy import
+    full, config_source = resolve_args_config(args)  # before any heavy import
     cfg = full.lowering
     split = check_model_split(args.model, args.tp, cfg)  # the config only, no weights
     require_weights(split.source, "amk generate")
@@ -66,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
     lead = ctx is None or ctx.rank == 0  # the rank that verifies and reports
     err = Console(stderr=True, highlight=False)
     if lead:
+        err.print(escape(config_source), soft_wrap=True)
         for note in split.notes:
             err.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     with err.status(f"resolving {args.model}"):
@@ -102,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - t0
     text = tok.decode(new, skip_special_tokens=True)
     out = {"model": session.graph.name, "ranks": args.tp, "workers": session.program.workers,
-           "backend": args.backend, "prompt": args.prompt, "prompt_tokens": prompt_ids,
+           "backend": args.backend, "config_source": config_source, "prompt": args.prompt, "prompt_tokens": prompt_ids,
            "text": text, "tokens": new, "steps": dec.steps, "seconds": round(seconds, 3)}
     rc = 0
     if args.verify and lead:

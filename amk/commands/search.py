@@ -120,6 +120,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
               LoweringConfig)
     add_flags(p.add_argument_group("kernel knobs of --backend triton, held for the whole search "
                                    "(docs/triton.md)"), KernelConfig)
+    from search.defaults import add_args
+
+    add_args(p.add_argument_group("default config of --backend triton (docs/tuning.md)"), gpu=True)
     p.set_defaults(func=run)
 
 
@@ -170,6 +173,9 @@ def _config_settings(args: argparse.Namespace, s: Any) -> None:
     from lowering.knobs import given
 
     flags_low, flags_ker = given(args, LoweringConfig), given(args, KernelConfig)
+    if s.backend == "triton" and not (args.config or args.no_tuned):
+        _tuned_settings(args, s, flags_low, flags_ker)
+        return
     if not (args.config or flags_low or flags_ker):
         return
     cfg = config_from_args(args, "amk search", ranks=s.tp)
@@ -185,6 +191,31 @@ def _config_settings(args: argparse.Namespace, s: Any) -> None:
         s.max_seq = cfg.lowering.max_seq
     s.start = {k: getattr(cfg.lowering, k) for k in sorted(explicit - {"dtype", "max_seq"})} or None
     s.kernel = cfg.kernel.to_json() if (ker or flags_ker) else {}
+
+
+def _tuned_settings(args: argparse.Namespace, s: Any, flags_low: dict, flags_ker: dict) -> None:
+    """--backend triton without --config / --no-tuned: the tuned entry or the cost-model
+    heuristic for the model on the local GPU (search/defaults.py), flags over it. Its kernel
+    knobs run every candidate; trial 0 is the point of the search space nearest its lowering
+    knobs (search.defaults.snap_to_space: the space holds powers of two, the heuristic may
+    not). The source line goes to ``s.config_source`` (printed by ``run``)."""
+    from amk.checks import model_spec
+    from search.defaults import command_config, gpu_for, snap_to_space
+    from search.space import space_for
+
+    spec = model_spec(s.model)[1]
+    cfg, line = command_config(args, "amk search", spec, s.tp, gpu_for(args), defaults={"dtype": s.dtype})
+    explicit = set(flags_low)
+    if "dtype" in explicit:
+        s.dtype = cfg.lowering.dtype
+    if "max_seq" in explicit:
+        s.max_seq = cfg.lowering.max_seq
+    space = space_for(spec, s.tp, s.max_workers, fixed={"dtype": s.dtype, "max_seq": s.max_seq})
+    start = snap_to_space(cfg.lowering.to_json(), space)
+    start.update({k: v for k, v in flags_low.items() if k not in ("dtype", "max_seq")})
+    s.start = start
+    s.kernel = cfg.kernel.to_json()
+    s.config_source = line
 
 
 class LiveView:
@@ -303,6 +334,8 @@ def run(args: argparse.Namespace) -> int:
 
     view = LiveView(search, quiet=args.quiet, stderr=json_mode(args))
     search.console = view.console  # warnings (proposer fallbacks, ...) even with --quiet
+    if search.s.config_source and not search.records:
+        view.console.print(search.s.config_source, markup=False, highlight=False, soft_wrap=True)
     view.console.print(f"amk search {search.s.model} --tp {search.s.tp} --backend "
                        f"{search.s.backend}: {search.space.size()} candidates over knobs "
                        f"{', '.join(search.space.names)}; "
@@ -317,5 +350,7 @@ def run(args: argparse.Namespace) -> int:
         from search.loop import summarize
 
         emit_json({"ok": result.state.best is not None, "out": str(result.out),
+                   "config_source": result.settings.config_source
+                   or "config: --config / the knob flags over the lowering's defaults",
                    **summarize(result.records, result.state, result.settings, result.stop_reason)})
     return 0 if result.state.best is not None else 1
