@@ -299,6 +299,7 @@ class Tuner:
         self.evaluator = evaluator or Evaluator(self.out / "worker.log", self.s.timeout_s)
         self.baselines: list[dict[str, Any]] = self._load_baselines()
         self.stop_reason = ""
+        self.confirmed: dict[str, Any] | None = None  # `amk bench` of the best config (run(confirm=...))
         self._t0 = time.monotonic()
 
     # -- setup -------------------------------------------------------------------------
@@ -407,10 +408,13 @@ class Tuner:
         return min(ok, key=lambda b: b["ms"]) if ok else None
 
     def ratio(self) -> float | None:
+        """The fastest baseline's ms over the incumbent's (`amk bench`'s measurement of it once
+        confirmed, else the worker's A/B timing); None without a baseline or on the sim."""
         b = self.fastest_baseline()
         if b is None or self.incumbent is None or self.s.backend != "triton":
             return None
-        return b["ms"] / self.incumbent.ms
+        ms = float(self.confirmed["ms"]) if self.confirmed else self.incumbent.ms
+        return b["ms"] / ms
 
     # -- candidates --------------------------------------------------------------------------
     def warm_candidates(self) -> list[tuple[dict[str, Any], str]]:
@@ -587,9 +591,12 @@ class Tuner:
         self._apply(row)
 
     # -- the run -----------------------------------------------------------------------------
-    def run(self, on_row: Callable[[dict[str, Any], "Tuner"], None] | None = None) -> dict[str, Any]:
+    def run(self, on_row: Callable[[dict[str, Any], "Tuner"], None] | None = None,
+            confirm: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None) -> dict[str, Any]:
         """Run until the budget is spent or no move is left; write the results (``finish``)
-        and return the summary."""
+        and return the summary. ``confirm(config)``: measure the best config the way `amk
+        bench` does (``{"ms", "roofline_pct", "correct", "verdict", "command", "file"}``, or
+        None when it cannot run here); its ms is what the database entry records."""
         self._t0 = time.monotonic()
         self.checkpoint()
         try:
@@ -628,6 +635,8 @@ class Tuner:
         finally:
             self.evaluator.close()
         self.stop_reason = stop or ""
+        if confirm is not None and self.incumbent is not None and self.s.backend == "triton":
+            self.confirmed = confirm(self.incumbent.config)
         return self.finish()
 
     # -- the end -----------------------------------------------------------------------------
@@ -668,10 +677,15 @@ class Tuner:
 
         inc = self.incumbent
         b = self.fastest_baseline()
+        c = self.confirmed
+        if c is not None:  # `amk bench`'s own measurement of the best config: what a user sees
+            ms, pct, correct = float(c["ms"]), c.get("roofline_pct"), bool(c.get("correct"))
+        else:
+            ms, pct, correct = inc.ms, self._row(inc.trial).get("pct_roofline"), True
         return Entry(shape=self.shape_key(), gpu=self.gpu_key(), tp=self.s.tp, fingerprint=kernel_fingerprint(),
-                     config=inc.config, ms=inc.ms, baseline_ms=b["ms"] if b else None,
-                     baseline=b["name"] if b else None, ratio=self.ratio(),
-                     roofline_pct=self._row(inc.trial).get("pct_roofline"), correct=True,
+                     config=inc.config, ms=ms, baseline_ms=b["ms"] if b else None,
+                     baseline=b["name"] if b else None, ratio=b["ms"] / ms if b else None,
+                     roofline_pct=pct, correct=correct,
                      date=time.strftime("%Y-%m-%d"), command=self.command(), commit=_commit())
 
     def command(self) -> str:
@@ -725,6 +739,7 @@ class Tuner:
             "best": {"trial": inc.trial, "id": inc.id, "ms": inc.ms, "config": inc.config} if inc else None,
             "speedup_vs_start": start.ms / inc.ms if inc and start else None,
             "kept": kept, "shares": shares, "baselines": self.baselines,
+            "confirmed": self.confirmed,
             "fastest_baseline": b, "ratio_vs_fastest_baseline": self.ratio(),
             "best_config_file": str(best_file) if best_file else None,
             "db": {"dir": str(getattr(self.db, "user_dir", "") or ""), "written": put_ok, "message": put_msg},

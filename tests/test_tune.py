@@ -398,3 +398,40 @@ def test_the_in_kernel_profile_ranks_the_knobs(tmp_path):
     assert [r["kind"] for r in rows][:2] == ["warm", "profile"]
     moved = [r["note"].split(":")[0] for r in rows if r.get("kind") == "neighbour"]
     assert moved and set(moved) <= {"attn_split", "late_append", "attention_block"}, moved
+
+
+@pytest.mark.parametrize("correct", [True, False])
+def test_the_entry_records_amk_bench_of_the_best(tmp_path, correct):
+    """At the end the best config is measured the way `amk bench` measures (``confirm``); the
+    entry records that ms and its ratio to the fastest baseline; an incorrect confirmation is
+    not stored and the summary says so (the report and best/config.json are still written)."""
+    from search.tune import TuneSettings, open_tune
+
+    seen = []
+
+    def confirm(config):
+        seen.append(config)
+        return {"ms": 400.0, "roofline_pct": 61.0, "correct": correct, "verdict": "v",
+                "command": "amk bench ...", "file": "bench.json"}
+
+    s = TuneSettings(model=MODEL, out=str(tmp_path / "t"), backend="triton", dtype="f32", trials=2,
+                     db=str(tmp_path / "db"), baselines=["eager"], gpu={"name": "Test GPU", "sms": 132},
+                     max_workers=528, hbm_bw=3.0e12, timing={"rounds": 2, "steps": 2, "warmup": 0, "min_gain": 0.01},
+                     hooks={"executor": "tests.test_search_cheats:sim_executor",
+                            "timer": "tests.test_search_cheats:plausible_timer"})
+    t = open_tune(s, evaluator=RecordingEvaluator())
+    t.measure_baselines(lambda st: [{"name": "hf_eager", "ms": 500.0, "runs": [500.0], "correct": True}])
+    if correct:
+        summary = t.run(confirm=confirm)
+        assert seen == [summary["best"]["config"]] and summary["confirmed"]["ms"] == 400.0
+        assert summary["ratio_vs_fastest_baseline"] == pytest.approx(1.25)
+        entry = json.loads(next((tmp_path / "db").glob("*.json")).read_text())
+        assert entry["ms"] == pytest.approx(400.0) and entry["ratio"] == pytest.approx(1.25)
+        assert entry["roofline_pct"] == pytest.approx(61.0)
+    else:
+        summary = t.run(confirm=confirm)
+        assert summary["db"] == {"dir": str(tmp_path / "db"), "written": False,
+                                 "message": "not stored: the measurement was not correct"}
+        assert not list((tmp_path / "db").glob("*.json"))
+        assert (tmp_path / "t" / "best" / "config.json").exists()
+        assert json.loads((tmp_path / "t" / "report.json").read_text())["confirmed"]["correct"] is False

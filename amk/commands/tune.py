@@ -13,8 +13,11 @@ did, 2 bad input.
 from __future__ import annotations
 
 import argparse
+import json
 import re
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from ground.errors import AmkError
@@ -176,6 +179,41 @@ def measure_baselines(s: Any, tokens: int = 64, prompt_len: int = 8, console: An
     return rows
 
 
+def confirm_with_bench(s: Any, out: Path, tokens: int = 128, console: Any = None) -> Any:
+    """A function ``config -> dict | None`` that measures a config the way `amk bench` does
+    (a subprocess ``amk bench MODEL --config FILE --no-baselines --tokens 128``: CUDA-graph
+    decode, token and logit checks, the roofline from the bandwidth measured in that run), so
+    the database entry records the speed a user will see; None at --tp > 1 (bench runs one
+    process per GPU there) or when the run fails (the reason is printed)."""
+    import subprocess
+
+    from ground.files import atomic_write_json
+
+    def confirm(config: dict[str, Any]) -> dict[str, Any] | None:
+        if s.tp > 1:
+            return None
+        cfg = {"lowering": {k: v for k, v in config.get("lowering", {}).items() if k != "max_seq"},
+               "kernel": dict(config.get("kernel", {}))}
+        cfg_file, res_file = out / "best" / "bench-config.json", out / "best" / "bench.json"
+        atomic_write_json(cfg_file, cfg)
+        cmd = [sys.executable, "-m", "amk", "bench", s.model, "--config", str(cfg_file), "--no-baselines",
+               "--tokens", str(tokens), "--out", str(res_file)]
+        if console is not None:
+            console.print(f"confirming the best config with amk bench ({tokens} tokens, CUDA graph)")
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        try:
+            res = json.loads(res_file.read_text())
+        except (OSError, ValueError):
+            if console is not None:
+                console.print(f"amk bench of the best config failed (exit {p.returncode}): "
+                              f"{(p.stderr.strip().splitlines() or ['no output'])[-1]}", soft_wrap=True)
+            return None
+        return {"ms": res["latency_ms_median"], "roofline_pct": res.get("roofline_pct"),
+                "correct": bool(res.get("correct")), "verdict": res.get("verdict"),
+                "command": "amk bench " + " ".join(cmd[4:]), "file": str(res_file)}
+    return confirm
+
+
 class Progress:
     """The progress bar on stderr (elapsed / budget, trials, the incumbent's ms and its ratio
     to the fastest baseline) and one line per trial."""
@@ -258,6 +296,11 @@ def print_summary(summary: dict[str, Any], console: Any) -> None:
         return
     console.print(f"start: trial {st['trial']} {st['ms']:.4g} ms/token ({src}); best: trial {b['trial']} "
                   f"{b['ms']:.4g} ms/token ({src}), {summary['speedup_vs_start']:.3f}x the start")
+    c = summary.get("confirmed")
+    if c:
+        console.print(f"amk bench of the best: {c['ms']:.4g} ms/token, {c.get('roofline_pct') or 0:.1f}% of "
+                      f"roofline, correct: {c['correct']} ({escape(c['file'])}); the database entry records it",
+                      soft_wrap=True)
     if summary.get("ratio_vs_fastest_baseline"):
         fb = summary["fastest_baseline"]
         console.print(f"fastest baseline: {escape(fb['name'])} {fb['ms']:.4g} ms/token; the best is "
@@ -291,7 +334,9 @@ def run(args: argparse.Namespace) -> int:
                        soft_wrap=True)
     tuner.measure_baselines(lambda st: measure_baselines(st, console=view.console))
     with view:
-        summary = tuner.run(on_row=view.on_row)
+        summary = tuner.run(on_row=view.on_row,
+                            confirm=confirm_with_bench(s, tuner.out, console=view.console)
+                            if s.backend == "triton" else None)
     print_summary(summary, human_console(args, soft_wrap=True))
     if json_mode(args):
         emit_json(summary)
