@@ -337,10 +337,21 @@ def suite_fact(res: Result, results: Path) -> str | None:
 
 
 def config_file(res: Result) -> str:
+    """Where the run's config came from: its ``--config`` file, else the tuned entry or the
+    cost-model heuristic that `amk bench` used by default (``config_source``), else the knobs'
+    defaults (results recorded before commands had a default config)."""
     argv = res.data["command"].split()
     if "--config" in argv and argv.index("--config") + 1 < len(argv):
         path = argv[argv.index("--config") + 1]
         return f"`{path}`" if (ROOT / path).exists() else f"`{path}` (not in the repository)"
+    source = str(res.data.get("config_source") or "")
+    if source.startswith("config: tuned entry"):
+        entry = source.rsplit("(", 1)[-1].rstrip(")")
+        tail = entry.split("search/tuned/")[-1] if "search/tuned/" in entry else None
+        return (f"the tuned entry `search/tuned/{tail}`" if tail and (ROOT / "search" / "tuned" / tail).exists()
+                else "a tuned entry (not in the repository)")
+    if source.startswith("config: cost-model heuristic"):
+        return "the cost-model heuristic (search/heuristic.py)"
     return "none (default knobs)"
 
 
