@@ -27,7 +27,7 @@ def _data(result) -> dict:
     return json.loads(result.content[0].text)
 
 
-def _session(workdir: Path, calls):
+def _with_client(workdir: Path, calls):
     """Start ``amk mcp --workdir`` as a subprocess and run ``calls(session)`` in a client."""
     import anyio
     from mcp import ClientSession, StdioServerParameters, stdio_client
@@ -83,7 +83,7 @@ def test_mcp_server_tools(tmp_path):
         out["escape_abs"] = _data(await call("summary", schedule=str(tmp_path / "outside.amk")))
         out["escape_lower"] = _data(await call("lower", model="config:tiny-llama", name="../x"))
 
-    out = _session(wd, calls)
+    out = _with_client(wd, calls)
     assert out["tools"] == TOOLS
     low = out["lower"]
     assert low["ok"] is True and low["schedule"] == "tiny.amk" and low["verdict"]["ok"]
