@@ -21,8 +21,8 @@ from amk import __version__
 from ground.errors import AmkError
 
 # Subcommand modules, in the order `amk --help` lists them.
-COMMANDS = ["doctor", "info", "compile", "generate", "validate", "validate_corpus", "run", "bench", "search",
-            "tune"]
+COMMANDS = ["doctor", "info", "compile", "generate", "validate", "validate_corpus", "edit", "run", "bench",
+            "search", "tune", "mcp"]
 
 
 def build_parser() -> argparse.ArgumentParser:
