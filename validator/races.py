@@ -183,12 +183,13 @@ def _box_pairs(acc: "_Acc", a: np.ndarray, lo_a, hi_a, fa_lo, fa_hi, b: np.ndarr
 
 def _expand(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     cnt = np.maximum(hi - lo, 0)
-    tot = int(cnt.sum())
+    cs = np.cumsum(cnt)
+    tot = int(cs[-1]) if len(cs) else 0
     if not tot:
         z = np.zeros(0, dtype=np.int64)
         return z, z
     owner = np.repeat(np.arange(len(lo)), cnt)
-    start = np.repeat(lo - np.concatenate(([0], np.cumsum(cnt)[:-1])), cnt)
+    start = np.repeat(lo - (cs - cnt), cnt)
     return owner, start + np.arange(tot)
 
 
