@@ -201,3 +201,16 @@ def test_subcommand_parser_matches_the_full_one(capsys):
     with pytest.raises(SystemExit) as e:
         main(["validate"])  # the subcommand's own usage error, as before
     assert e.value.code == 2 and "usage: amk validate" in capsys.readouterr().err
+
+
+def test_fresh_validate_process_uses_one_blas_thread(files):
+    code = ("import os, sys; from amk.cli import main; rc = main(['validate', sys.argv[1], "
+            "'--quiet']); print(rc, os.environ.get('OPENBLAS_NUM_THREADS'))")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    r = subprocess.run([sys.executable, "-c", code, str(files["good"])], cwd=ROOT, env=env,
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout == "0 1\n", r.stderr
+    env["OPENBLAS_NUM_THREADS"] = "3"  # the user's setting stands
+    r = subprocess.run([sys.executable, "-c", code, str(files["good"])], cwd=ROOT, env=env,
+                       capture_output=True, text=True)
+    assert r.stdout == "0 3\n", r.stderr
