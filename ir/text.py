@@ -107,8 +107,9 @@ def gc_paused():
     whose count is far over its threshold: the next allocation would scan them all (0.2 s
     after parsing 61k tasks). So on exit they are moved to the oldest generation without a
     scan (``gc.freeze`` then ``gc.unfreeze``, which also resets the young count), where a
-    long-lived program belongs; skipped when the caller has frozen objects of its own
-    (unfreezing would release them too).
+    long-lived program belongs. Only after a big build (over ``_PROMOTE_AFTER`` new tracked
+    objects: a small one is scanned at once, as usual), and not when the caller has frozen
+    objects of its own (unfreezing would release them too).
     """
     was_enabled = gc.isenabled()
     gc.disable()
@@ -116,10 +117,13 @@ def gc_paused():
         yield
     finally:
         if was_enabled:
-            if gc.get_freeze_count() == 0:
+            if gc.get_count()[0] > _PROMOTE_AFTER and gc.get_freeze_count() == 0:
                 gc.freeze()
                 gc.unfreeze()
             gc.enable()
+
+
+_PROMOTE_AFTER = 10_000  # new GC-tracked objects (the young threshold is 700)
 
 
 def _or_list(words: list[str]) -> str:

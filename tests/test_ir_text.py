@@ -858,13 +858,18 @@ def test_parse_leaves_no_young_generation_to_scan():
     # that, the first allocation after a 61k-task parse spent 0.2 s scanning them
     import gc
 
-    t = format_program(allreduce(4, 64, workers=3, reuse="credit"))
+    p = allreduce(4, 64, workers=3, reuse="credit")
+    p.tasks = [t for t in p.tasks for _ in range(400)]  # 8k tasks (duplicate ids parse)
+    t = format_program(p)
     assert gc.isenabled()
     gc.collect()
     prog = parse_program(t)
     assert gc.get_count()[0] < 700 and gc.isenabled()
     old = {id(o) for o in gc.get_objects(generation=2)}
     assert id(prog.tasks[-1]) in old and id(prog.tasks[0].ins[0]) in old
+    gc.collect()
+    small = parse_program(format_program(allreduce(2, 8)))  # a small build: left young
+    assert id(small.tasks[-1]) not in {id(o) for o in gc.get_objects(generation=2)}
     gc.disable()  # a caller that manages the collector keeps its state
     try:
         parse_program(t)
