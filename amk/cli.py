@@ -25,14 +25,24 @@ COMMANDS = ["doctor", "info", "compile", "generate", "validate", "validate_corpu
             "search", "tune", "mcp"]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _module_of(command: str) -> str | None:
+    """The module in ``COMMANDS`` that registers subcommand ``command`` (``validate-corpus``
+    lives in ``validate_corpus``), or None."""
+    name = command.replace("-", "_")
+    return name if name in COMMANDS and "_" not in command else None
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The root parser with every subcommand, or with only the module ``only`` registered
+    (``main`` does that when the first argument names a subcommand: importing every command
+    module costs ~50 ms, a large share of a quick command such as ``amk validate``)."""
     parser = argparse.ArgumentParser(
         prog="amk",
         description="Compile HF decoder models into validated persistent multi-GPU megakernels.",
     )
     parser.add_argument("--version", action="version", version=f"amk {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMANDS:
+    for name in COMMANDS if only is None else [only]:
         importlib.import_module(f"amk.commands.{name}").register(sub)
     return parser
 
@@ -40,7 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default: ``sys.argv[1:]``), run the subcommand, return its exit code:
     0 success, 1 ran and the result is a failure, 2 bad input (argparse errors exit 2 too)."""
-    parser = build_parser()
+    if argv is None:
+        argv = sys.argv[1:]
+    parser = build_parser(_module_of(argv[0]) if argv else None)
     args, extra = parser.parse_known_args(argv)
     if extra:
         hint = ""

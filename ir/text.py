@@ -102,6 +102,14 @@ def gc_paused():
     Building 150k tasks allocates millions of small acyclic objects; every generation-2
     collection then walks the whole heap, which made parsing 2-4x slower. The collector's
     previous state is restored on exit.
+
+    Re-enabling alone would leave every object built meanwhile in the youngest generation,
+    whose count is far over its threshold: the next allocation would scan them all (0.2 s
+    after parsing 61k tasks). So on exit they are moved to the oldest generation without a
+    scan (``gc.freeze`` then ``gc.unfreeze``, which also resets the young count), where a
+    long-lived program belongs. Only after a big build (over ``_PROMOTE_AFTER`` new tracked
+    objects: a small one is scanned at once, as usual), and not when the caller has frozen
+    objects of its own (unfreezing would release them too).
     """
     was_enabled = gc.isenabled()
     gc.disable()
@@ -109,7 +117,13 @@ def gc_paused():
         yield
     finally:
         if was_enabled:
+            if gc.get_count()[0] > _PROMOTE_AFTER and gc.get_freeze_count() == 0:
+                gc.freeze()
+                gc.unfreeze()
             gc.enable()
+
+
+_PROMOTE_AFTER = 10_000  # new GC-tracked objects (the young threshold is 700)
 
 
 def _or_list(words: list[str]) -> str:
@@ -708,9 +722,10 @@ _HEADER_RE = {
     "ranks": re.compile(rf"ranks ({_I}) workers ({_I})"),
     "target": re.compile(rf"target ({_N}) (sms)=({_I}) (max_workers)=({_I}) (backend)=({_N})"),
     "epochs": re.compile(rf"epochs (max)=({_I}) (slots)=({_I})"),
-    "config": re.compile(rf"config((?: {_KV})*)"),
+    # a key may be quoted: the formatter quotes keys spelled like keywords ("workers")
+    "config": re.compile(rf"config((?: (?:{_N}|{_SS})={_VAL})*)"),
 }
-_KV_POS_RE = re.compile(rf" ({_N})=({_VAL})")
+_KV_POS_RE = re.compile(rf" ({_N}|{_SS})=({_VAL})")
 _KEYWORD_VALUES = {"true": True, "false": False, "null": None, "inf": math.inf,
                    "-inf": -math.inf, "nan": math.nan}
 
@@ -724,6 +739,8 @@ class _FastParser:
         self.bounds: dict[str, Bound] = {}
         self.waits: dict[str, tuple[Wait, ...]] = {}
         self.signals: dict[str, tuple[Signal, ...]] = {}
+        self.params: dict[str, dict[str, Any]] = {}
+        self.region_cache: dict[int, dict[str, Region]] = {}  # per task rank: text -> Region
 
     def bound(self, text: str) -> Bound:
         b = self.bounds.get(text)
@@ -748,16 +765,35 @@ class _FastParser:
             rs = self.ranges[body] = tuple(out)
         return rs
 
-    def regions(self, text: str | None, rank: int) -> tuple[Region, ...]:
+    def regions(self, text: str | None, rank: int) -> tuple[Region, ...] | None:
+        """The regions of an ``ins``/``outs`` group of a task on ``rank`` (None: a name is a
+        keyword, lark decides). Equal region texts of one rank give one shared Region."""
         if not text:
             return ()
-        return tuple(  # findall gives '' for an absent @rK
+        pieces = text.split("], ")  # canonical separator; ']' occurs nowhere else
+        if text.count("]") != len(pieces):  # e.g. "a[0:1],b[0:1]": the general reader
+            return self._regions_findall(text, rank)
+        cache = self.region_cache.get(rank)
+        if cache is None:
+            cache = self.region_cache[rank] = {}
+        out = []
+        for piece in pieces:
+            r = cache.get(piece)
+            if r is None:  # the line matched _TASK_RE: piece is NAME[@rK][BODY or NAME[@rK][BODY]
+                head, _, body = piece.partition("[")
+                name, at, rk = head.partition("@r")
+                if name in _RESERVED:
+                    return None
+                r = cache[piece] = Region(name, int(rk) if at else rank,
+                                          self.range_tuple(body.rstrip("]")))
+            out.append(r)
+        return tuple(out)
+
+    def _regions_findall(self, text: str, rank: int) -> tuple[Region, ...] | None:
+        out = tuple(  # findall gives '' for an absent @rK
             Region(name, int(rk) if rk else rank, self.range_tuple(body))
-            for name, rk, body in _REGION_RE.findall(text)
-        ) if "@r" in text else tuple(
-            Region(name, rank, self.range_tuple(body))
-            for name, _rk, body in _REGION_RE.findall(text)
-        )
+            for name, rk, body in _REGION_RE.findall(text))
+        return None if any(r.buffer in _RESERVED for r in out) else out
 
     def task(self, line: str):
         m = _TASK_RE.fullmatch(line)
@@ -769,10 +805,14 @@ class _FastParser:
         rank = int(rank_s)
         pd: dict[str, Any] = {}
         if params:
-            for k, v in _KV_RE.findall(params):
-                if k in pd or k in _RESERVED:
-                    return None  # duplicate key: lark reports it
-                pd[k] = _fast_value(v)
+            known = self.params.get(params)
+            if known is None:
+                for k, v in _KV_RE.findall(params):
+                    if k in pd or k in _RESERVED:
+                        return None  # duplicate key: lark reports it
+                    pd[k] = _fast_value(v)
+                self.params[params] = pd
+            pd = dict(known or pd)  # each task owns its params dict
         wt: tuple[Wait, ...] = ()
         if waits:
             wt = self.waits.get(waits)
@@ -795,9 +835,8 @@ class _FastParser:
                 sg = self.signals[signals] = tuple(out2)
         ins_r = self.regions(ins, rank)
         outs_r = self.regions(outs, rank)
-        for r in ins_r + outs_r:
-            if r.buffer in _RESERVED:
-                return None
+        if ins_r is None or outs_r is None:
+            return None
         return ("task", Task(tid, rank, int(worker_s), op, ins_r, outs_r, pd, wt, sg, group))
 
     def buffer(self, line: str):
@@ -854,7 +893,11 @@ class _FastParser:
         if head == "config":
             out: dict[str, Any] = {}
             for k, v in _KV_POS_RE.findall(m.group(1)):
-                if k in out or k in _RESERVED:
+                if k[0] == '"':
+                    k = k[1:-1]  # no escapes (_SS): the JSON string's value
+                elif k in _RESERVED:
+                    return None
+                if k in out:
                     return None  # a duplicate key: lark reports it
                 out[k] = _fast_value(v)
             return ("config", out)

@@ -152,3 +152,65 @@ def test_validator_speed_bench_prints_stage_times(tmp_path):
     assert len(d["wall_s"]["cli"]["samples"]) == 2
     assert d["wall_s"]["parse"]["min"] <= d["wall_s"]["parse"]["median"]
     assert out.with_suffix(".txt").read_text().startswith("amk validate ar:")
+
+
+def test_quiet_prints_nothing_and_loads_no_other_command(tmp_path):
+    # `amk validate` builds only its own subparser and reads a lowered program's header
+    # (config key "workers", a keyword the formatter quotes) without lark; on success with
+    # --quiet it prints nothing, so rich never loads either
+    prog = allreduce(2, 8, reuse="slots")
+    prog.config = {"tile": 64, "workers": 1, "policy": "round_robin", "model": "x"}
+    path = tmp_path / "p.amk"
+    save_program(prog, path)
+    assert '"workers"=1' in path.read_text()
+    code = ("import sys; from amk.cli import main; rc = main(['validate', sys.argv[1], "
+            "'--quiet']); heavy = ('lark', 'rich', 'torch', 'transformers', "
+            "'importlib.metadata', 'models.features', 'lowering.config'); "
+            "print(rc, [m for m in heavy if m in sys.modules])")
+    r = subprocess.run([sys.executable, "-c", code, str(path)], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "0 []\n" and r.stderr == ""
+    r = subprocess.run([sys.executable, "-m", "amk", "validate", str(path)], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and "accepted" in r.stdout
+
+
+def test_quiet_hides_stage_progress(files, capsys, monkeypatch):
+    import amk.commands.validate as cmd
+
+    monkeypatch.setattr(cmd, "LARGE", 1)  # progress for every program
+    assert main(["validate", str(files["good"]), "--quiet"]) == 0
+    assert capsys.readouterr() == ("", "")
+    assert main(["validate", str(files["good"])]) == 0
+    cap = capsys.readouterr()
+    assert "validating" in cap.err and "races" in cap.err and "accepted" in cap.out
+    assert main(["validate", str(files["dead"]), "--quiet"]) == 1  # errors still print
+    assert "DeadlockCycle" in capsys.readouterr().out
+
+
+def test_subcommand_parser_matches_the_full_one(capsys):
+    from amk.cli import _module_of, build_parser
+
+    assert _module_of("validate-corpus") == "validate_corpus"
+    assert _module_of("validate_corpus") is None and _module_of("nope") is None
+    for argv in (["validate", "x.amk", "--json"], ["validate-corpus", "--count", "3"]):
+        full = build_parser().parse_args(argv)
+        only = build_parser(_module_of(argv[0])).parse_args(argv)
+        assert vars(full) == vars(only)
+    with pytest.raises(SystemExit) as e:
+        main(["validate"])  # the subcommand's own usage error, as before
+    assert e.value.code == 2 and "usage: amk validate" in capsys.readouterr().err
+
+
+def test_fresh_validate_process_uses_one_blas_thread(files):
+    code = ("import os, sys; from amk.cli import main; rc = main(['validate', sys.argv[1], "
+            "'--quiet']); print(rc, os.environ.get('OPENBLAS_NUM_THREADS'))")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    r = subprocess.run([sys.executable, "-c", code, str(files["good"])], cwd=ROOT, env=env,
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout == "0 1\n", r.stderr
+    env["OPENBLAS_NUM_THREADS"] = "3"  # the user's setting stands
+    r = subprocess.run([sys.executable, "-c", code, str(files["good"])], cwd=ROOT, env=env,
+                       capture_output=True, text=True)
+    assert r.stdout == "0 3\n", r.stderr

@@ -46,11 +46,12 @@ class SimResult:
 def _ranges(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Concatenate ``arange(lo[i], hi[i])`` for all i; also return the owner i per element."""
     cnt = hi - lo
-    tot = int(cnt.sum())
+    cs = np.cumsum(cnt)  # called thousands of times on short arrays: fewest numpy calls
+    tot = int(cs[-1]) if len(cs) else 0
     if tot == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     owner = np.repeat(np.arange(len(lo)), cnt)
-    starts = np.repeat(lo - np.concatenate(([0], np.cumsum(cnt)[:-1])), cnt)
+    starts = np.repeat(lo - (cs - cnt), cnt)
     return starts + np.arange(tot), owner
 
 

@@ -400,80 +400,112 @@ def _vector_clocks(ctx: _Ctx, G: GSet) -> tuple[np.ndarray, np.ndarray]:
     epoch_end = (win.seg_end == (win.seg_epoch + 1) * seg_L)
     kflat = kvc.reshape(R * E, C)
 
-    for r in range(len(bounds) - 1):
-        segs = order[bounds[r]:bounds[r + 1]]
-        n = len(segs)
+    # Everything but the clocks themselves is known before the rounds run: gather it for
+    # all segments in round order once, so that each of the (often 1,000+) rounds only
+    # slices (a round's segments are contiguous in ``order``).
+    N = len(order)
+    ch_all = win.seg_chain[order]
+    ep_all = win.seg_epoch[order]
+    kern_all = win.seg_kernel[order] == 1
+    krow_all = seg_rank[order] * E + ep_all - 1
+    start_all = win.seg_start[order]
+    endm1_all = win.seg_end[order] - 1
+    ee_all = epoch_end[order]
+    erow_all = seg_rank[order] * E + ep_all
+    last_all = np.ones(N, dtype=bool)
+    last_all[:-1] = ch_all[1:] != ch_all[:-1]
+    ends = bounds[1:] - 1
+    last_all[ends[ends >= 0]] = True  # the last segment of each round
+    dup_all = np.zeros(N, dtype=bool)
+    dup_all[1:] = ~last_all[:-1]  # the segment after one of the same chain in the round
+
+    def per_round(flag: np.ndarray) -> list:
+        """Whether any element of each round's slice is set (Python bools)."""
+        cs = np.concatenate(([0], np.cumsum(flag)))
+        return (cs[bounds[1:]] > cs[bounds[:-1]]).tolist()
+
+    has_kern, has_ee, has_dup = per_round(kern_all), per_round(ee_all), per_round(dup_all)
+    # wait instances of the segments, in round order; own: position in ``order``
+    wi_g, wown_g = _ranges(win.seg_wi_lo[order], win.seg_wi_hi[order])
+    w_g = win.wi_wait[wi_g]
+    wep_g = ep_all[wown_g]
+    f_g = full[w_g]
+    fsel = np.flatnonzero(f_g)
+    fw_own = wown_g[fsel]
+    fw_hrow = hub_id[ix.w_ctr[w_g[fsel]]] * E + wep_g[fsel] + ix.w_off[w_g[fsel]]
+    fb = np.searchsorted(fw_own, bounds).tolist()
+    psel = np.flatnonzero(~f_g)
+    pw_own, pw_w, pw_ep = wown_g[psel], w_g[psel], wep_g[psel]
+    pb = np.searchsorted(pw_own, bounds).tolist()
+    # hub signal rows: per (round, chain, hub row) the round's last signal instance of the
+    # chain (later segments of a chain know everything earlier ones know)
+    si_g, sown_g = _ranges(win.seg_si_lo[order], win.seg_si_hi[order])
+    hs = hub_ctr[win.si_ctr[si_g]]
+    si_g, sown_g = si_g[hs], sown_g[hs]
+    s_hrow = hub_id[win.si_ctr[si_g]] * E + win.si_epoch[si_g]
+    s_round = rs[sown_g]
+    key = (s_round * C + ch_all[sown_g]) * n_hub_rows + s_hrow
+    o = np.argsort(key, kind="stable")
+    ks = key[o]
+    lastm = np.ones(len(ks), dtype=bool)
+    lastm[:-1] = ks[1:] != ks[:-1]
+    ssel = o[lastm]
+    ss_own, ss_hrow = sown_g[ssel], s_hrow[ssel]
+    ss_col, ss_pos = ch_all[ss_own], win.si_pos[si_g[ssel]]
+    sb = np.searchsorted(s_round[ssel], np.arange(len(bounds))).tolist()
+    AR = np.arange(max(N, len(ssel)) + 1)  # row numbers, sliced
+    bl = bounds.tolist()
+
+    for r in range(len(bl) - 1):
+        b0, b1 = bl[r], bl[r + 1]
+        n = b1 - b0
         if not n:
             continue
-        ch = win.seg_chain[segs]
+        segs = order[b0:b1]
+        ch = ch_all[b0:b1]
         M = cur[ch]  # fancy indexing: a copy
-        kern = np.nonzero(win.seg_kernel[segs] == 1)[0]
-        if len(kern):
-            ks = segs[kern]
-            M[kern] = np.maximum(M[kern], kflat[seg_rank[ks] * E + win.seg_epoch[ks] - 1])
-        wl, wh = win.seg_wi_lo[segs], win.seg_wi_hi[segs]
-        if (wh > wl).any():
-            wi, own = _ranges(wl, wh)
-            w = win.wi_wait[wi]
-            ep = win.seg_epoch[segs[own]]
-            f = full[w]
-            if f.any():
-                hrow = hub_id[ix.w_ctr[w[f]]] * E + ep[f] + ix.w_off[w[f]]
-                _max_into(M, own[f], hubs[hrow])
-            pf = ~f
-            if pf.any():
-                idx, o2 = _ranges(pp_lo[w[pf]], pp_hi[w[pf]])
-                if len(idx):
-                    tgt = own[pf][o2]
-                    k = pp_k[idx]
-                    es = ep[pf][o2] + ix.w_off[w[pf]][o2]
-                    st = ix.s_task[k]
-                    sseg = win.task_seg(st, es)
-                    rows = vcs[sseg].astype(wt)
-                    rows[np.arange(len(k)), ix.t_chain[st]] = win.task_pos(ix, st, es)
-                    _max_into(M, tgt, rows)
-        if n > 1 and (ch[1:] == ch[:-1]).any():
+        if has_kern[r]:
+            kern = np.flatnonzero(kern_all[b0:b1])
+            M[kern] = np.maximum(M[kern], kflat[krow_all[b0:b1][kern]])
+        if fb[r + 1] > fb[r]:
+            _max_into(M, fw_own[fb[r]:fb[r + 1]] - b0, hubs[fw_hrow[fb[r]:fb[r + 1]]])
+        if pb[r + 1] > pb[r]:
+            w, ep = pw_w[pb[r]:pb[r + 1]], pw_ep[pb[r]:pb[r + 1]]
+            idx, o2 = _ranges(pp_lo[w], pp_hi[w])
+            if len(idx):
+                tgt = (pw_own[pb[r]:pb[r + 1]] - b0)[o2]
+                k = pp_k[idx]
+                es = ep[o2] + ix.w_off[w][o2]
+                st = ix.s_task[k]
+                sseg = win.task_seg(st, es)
+                rows = vcs[sseg].astype(wt)
+                rows[np.arange(len(k)), ix.t_chain[st]] = win.task_pos(ix, st, es)
+                _max_into(M, tgt, rows)
+        if has_dup[r]:
             # several segments of one chain in this round: prefix max along the chain
             grp = np.concatenate(([0], np.cumsum(ch[1:] != ch[:-1])))
             big = maxpos + 4
             A = M.astype(np.int64) + (1 + grp * big)[:, None]
             np.maximum.accumulate(A, axis=0, out=A)
             M = (A - (1 + grp * big)[:, None]).astype(wt)
-        ar = np.arange(n)
-        M[ar, ch] = win.seg_start[segs]
+        M[AR[:n], ch] = start_all[b0:b1]
         vcs[segs] = M
-        last = np.ones(n, dtype=bool)
-        last[:-1] = ch[1:] != ch[:-1]
-        Ml = M[last]
-        Ml[np.arange(len(Ml)), ch[last]] = win.seg_end[segs[last]] - 1
-        cur[ch[last]] = Ml
-        ee = epoch_end[segs]
-        if ee.any():
-            es_ = segs[ee]
+        lm = last_all[b0:b1]
+        Ml = M[lm]
+        cl = ch[lm]
+        Ml[AR[:len(cl)], cl] = endm1_all[b0:b1][lm]
+        cur[cl] = Ml
+        if has_ee[r]:
+            ee = ee_all[b0:b1]
             rows = M[ee]
-            rows[np.arange(len(es_)), win.seg_chain[es_]] = win.seg_end[es_] - 1
-            _max_into(kflat, seg_rank[es_] * E + win.seg_epoch[es_], rows)
-        sl, sh = win.seg_si_lo[segs], win.seg_si_hi[segs]
-        if (sh > sl).any():
-            si, own = _ranges(sl, sh)
-            hsel = hub_ctr[win.si_ctr[si]]
-            if hsel.any():
-                si, own = si[hsel], own[hsel]
-                hrow = hub_id[win.si_ctr[si]] * E + win.si_epoch[si]
-                # one row per (chain, hub): the chain's last signal in this round dominates
-                # (later segments of a chain know everything earlier ones know)
-                key = ch[own] * n_hub_rows + hrow
-                if len(key) > 1:
-                    o = np.argsort(key, kind="stable")
-                    ks = key[o]
-                    lastm = np.ones(len(ks), dtype=bool)
-                    lastm[:-1] = ks[1:] != ks[:-1]
-                    sel = o[lastm]
-                else:
-                    sel = np.arange(len(key))
-                rows = M[own[sel]]
-                rows[np.arange(len(sel)), ch[own[sel]]] = win.si_pos[si[sel]]
-                _max_into(hubs, hrow[sel], rows)
+            ce = ch[ee]
+            rows[AR[:len(ce)], ce] = endm1_all[b0:b1][ee]
+            _max_into(kflat, erow_all[b0:b1][ee], rows)
+        if sb[r + 1] > sb[r]:
+            s0, s1 = sb[r], sb[r + 1]
+            rows = M[ss_own[s0:s1] - b0]
+            rows[AR[:s1 - s0], ss_col[s0:s1]] = ss_pos[s0:s1]
+            _max_into(hubs, ss_hrow[s0:s1], rows)
     return vcs, kvc
 
 

@@ -789,10 +789,11 @@ def _check_shapes(tk: _Tasks, rg: _Regions, checked: np.ndarray, pid: np.ndarray
     rows = np.flatnonzero(checked & has_check)
     if not len(rows):
         return
-    sig = _signatures(tk, rg, pid, regs, dt, slot)
+    sig, used = _signatures(tk, rg, pid, regs, dt, slot)
     sig = sig if len(rows) == len(sig) else sig[rows]
     first, inv = _row_groups(sig)
-    results = [_run_shape_check(tk, int(rows[f]), sig[f]) for f in first.tolist()]
+    results = [_run_shape_check(tk, int(rows[f]), _full_signature(sig[f], used, rg))
+               for f in first.tolist()]
     failed = np.asarray([bool(msgs) for msgs, _, _ in results], dtype=bool)
     for r, g in zip(rows[failed[inv]].tolist(), inv[failed[inv]].tolist()):
         msgs, in_s, out_s = results[g]
@@ -806,24 +807,42 @@ def _check_shapes(tk: _Tasks, rg: _Regions, checked: np.ndarray, pid: np.ndarray
 
 
 def _signatures(tk: _Tasks, rg: _Regions, pid: np.ndarray, regs: np.ndarray, dt: np.ndarray,
-                slot: np.ndarray) -> np.ndarray:
-    """``[tasks, 2 + N_OPER * (axes + 1)]`` int64: params id, number of ins, then per
-    operand slot its dtype + 1 (0: no operand) and its squeezed shape, zero-padded (the
-    operands of the tasks with ``regs`` regions; other rows hold only the first two)."""
+                slot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(sig, used)``: ``sig`` ``[tasks, 2 + len(used) * (axes + 1)]`` int64: params id,
+    number of ins, then per operand slot in ``used`` (the slots some region of ``regs``
+    fills, ascending) its dtype + 1 (0: no operand) and its squeezed shape, zero-padded (the
+    operands of the tasks with ``regs`` regions; other rows hold only the first two). The
+    slots no region fills would be zero in every row, so leaving them out groups the rows
+    alike (``_full_signature`` restores them for a shape check)."""
     n, A = len(tk.ids), rg.lo_c.shape[1]
     sel = slice(None) if regs.all() else regs
     task, ext = rg.task[sel], (rg.hi_c[sel] - rg.lo_c[sel]).astype(np.int64)
     order = np.argsort(ext == 1, axis=1, kind="stable")
     sq = np.take_along_axis(ext, order, axis=1)
     sq[sq == 1] = 0  # squeezed shape, zero-padded
-    sig = np.zeros((n, 2 + N_OPER * (A + 1)), dtype=np.int64)
+    filled = np.zeros(N_OPER, dtype=bool)
+    filled[slot[sel]] = True
+    used = np.flatnonzero(filled)
+    compact = np.cumsum(filled) - 1  # operand slot -> its place among the used ones
+    sig = np.zeros((n, 2 + len(used) * (A + 1)), dtype=np.int64)
     sig[:, 0] = pid
     sig[:, 1] = tk.n_in
-    base = 2 + slot[sel] * (A + 1)
+    base = 2 + compact[slot[sel]] * (A + 1)
     sig[task, base] = dt[sel] + 1
     cols = base[:, None] + 1 + np.arange(A)[None, :]
     sig[np.repeat(task, A).reshape(len(task), A), cols] = sq
-    return sig
+    return sig, used
+
+
+def _full_signature(row: np.ndarray, used: np.ndarray, rg: _Regions) -> np.ndarray:
+    """A ``_signatures`` row in the layout of every operand slot (``N_OPER``), which
+    ``_run_shape_check`` reads."""
+    A = rg.lo_c.shape[1]
+    full = np.zeros(2 + N_OPER * (A + 1), dtype=np.int64)
+    full[:2] = row[:2]
+    for k, sl in enumerate(used.tolist()):
+        full[2 + sl * (A + 1):2 + (sl + 1) * (A + 1)] = row[2 + k * (A + 1):2 + (k + 1) * (A + 1)]
+    return full
 
 
 def _run_shape_check(tk: _Tasks, t: int, row: np.ndarray) -> tuple[list, list, list]:
