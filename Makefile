@@ -26,7 +26,7 @@ demo: setup
 # -ra lists skipped tests (gpu/multigpu without GPUs) with their reasons. Exit code 5 (no
 # tests collected) is reported and fails the target: the suite must always run real tests.
 test: setup
-	@rc=0; $(PY) -m pytest -ra -q --timeout=900 --durations=15 $(PYTEST_ARGS) || rc=$$?; \
+	@rc=0; $(PY) -m pytest -ra -q -n 2 --timeout=900 --durations=15 $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
 
 # Imports point down the layers of docs/layout.md (also checked by tests/test_layers.py).

@@ -37,7 +37,7 @@ from search.proposers import (
     ReplayProposer, mutations, redact,
 )
 from ground.files import atomic_write_json
-from search.records import Record, ResultsStore, append_line, read_json
+from search.records import Record, ResultsStore, append_line, apply_overrides, resume_settings, settings_from_json
 from search.space import SearchSpace, space_for
 
 STATE_VERSION = 1
@@ -181,8 +181,7 @@ class SearchSettings:
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> "SearchSettings":
-        known = set(SearchSettings.__dataclass_fields__)
-        return SearchSettings(**{k: v for k, v in d.items() if k in known})
+        return settings_from_json(SearchSettings, d)
 
 
 @dataclass
@@ -770,27 +769,13 @@ def open_search(settings: SearchSettings | None = None, *, resume: str | None = 
     against the current directory once. Raises AmkError with the reason.
     """
     if resume is not None:
-        d = Path(os.path.expanduser(resume)).resolve()
-        sp = d / "state.json"
-        if not sp.exists():
-            raise AmkError(f"--resume {d}: no state.json there (not a search directory)")
-        try:
-            data = read_json(sp)
-        except (OSError, ValueError) as err:
-            raise AmkError(f"--resume {d}: unreadable state.json ({err})") from None
-        s = SearchSettings.from_json(data["settings"])
+        d, s, data = resume_settings(resume, "state.json", "a search directory", SearchSettings)
         s.out = str(d)
-        allowed = {"trials", "minutes", "timeout_s", "llm_fallback", "llm_max_failures"}
-        for k, v in (overrides or {}).items():
-            if v is None:
-                continue
-            if k == "model":
-                v = absolute_model_arg(v)
-            if k not in allowed and getattr(s, k) != v:
-                raise AmkError(f"--resume: {k} was {getattr(s, k)!r} when the search started; "
-                               f"it cannot change to {v!r} (only --trials, --minutes, --timeout, "
-                               "--llm-fallback, --llm-max-failures)")
-            setattr(s, k, v)
+        if (overrides or {}).get("model") is not None:
+            overrides = {**overrides, "model": absolute_model_arg(overrides["model"])}
+        apply_overrides(s, overrides, {"trials": "--trials", "minutes": "--minutes", "timeout_s": "--timeout",
+                                       "llm_fallback": "--llm-fallback", "llm_max_failures": "--llm-max-failures"},
+                        "search")
         search = Search(s, started_s=float(data.get("elapsed_s", 0.0)), **kw)
         if search.space.to_json() != data.get("space"):
             raise AmkError(f"--resume {d}: the search space differs from the one recorded "

@@ -29,7 +29,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from ground.files import atomic_write_text, finite
 
@@ -154,6 +154,86 @@ def read_json(path: str | os.PathLike) -> Any:
 
 
 # -- the results files ----------------------------------------------------------------
+def resume_settings(resume: str, name: str, what: str, cls: Any) -> tuple[Path, Any, dict[str, Any]]:
+    """(the run directory ``resume`` made absolute, its settings, the file's whole object):
+    the settings are ``cls`` from the ``settings`` object of DIR/``name``. Raises AmkError
+    naming the directory when the file is missing (DIR is not ``what``) or unreadable."""
+    from ground.errors import AmkError
+
+    d = Path(os.path.expanduser(resume)).resolve()
+    sp = d / name
+    if not sp.exists():
+        raise AmkError(f"--resume {d}: no {name} there (not {what})")
+    try:
+        data = read_json(sp)
+        return d, settings_from_json(cls, data["settings"]), data
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise AmkError(f"--resume {d}: unreadable {name} ({err})") from None
+
+
+def apply_overrides(s: Any, overrides: dict[str, Any] | None, allowed: dict[str, str],
+                    started: str) -> None:
+    """Set each non-None ``overrides`` value on the resumed settings ``s``. ``allowed``: the
+    fields that may change on a resume, with their flags; any other field must keep its value
+    (AmkError naming the field, both values and the flags that may change)."""
+    from ground.errors import AmkError
+
+    for k, v in (overrides or {}).items():
+        if v is None:
+            continue
+        if k not in allowed and getattr(s, k) != v:
+            raise AmkError(f"--resume: {k} was {getattr(s, k)!r} when the {started} started; it cannot "
+                           f"change to {v!r} (only {', '.join(allowed.values())})")
+        setattr(s, k, v)
+
+
+def settings_from_json(cls: Any, d: dict[str, Any]) -> Any:
+    """``cls(**d)`` for a settings dataclass, keeping only the fields ``cls`` has (a file
+    written by another version may hold fewer or more)."""
+    known = set(cls.__dataclass_fields__)
+    return cls(**{k: v for k, v in d.items() if k in known})
+
+
+def read_log(path: str | os.PathLike, parse: Callable[[Any], Any],
+             warn: Callable[[str], None] | None = None) -> list[Any]:
+    """The records of a JSON-lines log written by ``append_line``, in order: ``parse(obj)``
+    of each line (it raises ValueError or TypeError for an object that is not a record).
+
+    A torn LAST record (no newline at its end, or not a record: a kill in the middle of an
+    append) is cut off the file, told through ``warn``, and not returned; a bad line
+    elsewhere is an AmkError naming the file and line (the file was edited or corrupted)."""
+    from ground.errors import AmkError
+
+    path = Path(path)
+    raw = path.read_bytes()
+    lines = raw.split(b"\n")
+    out: list[Any] = []
+    good = 0
+    for i, line in enumerate(lines):
+        last = i == len(lines) - 1
+        if not line.strip():
+            good += 0 if last else len(line) + 1
+            continue
+        try:
+            if last:
+                raise ValueError("no newline at the end")
+            rec = parse(json.loads(line))
+        except (ValueError, TypeError) as err:
+            if last or (i == len(lines) - 2 and not lines[-1].strip()):
+                if warn:
+                    warn(f"{path}:{i + 1}: ignoring a half-written last line ({err}); that trial runs again")
+                break
+            raise AmkError(f"{path}:{i + 1}: unreadable trial record ({err})") from None
+        out.append(rec)
+        good += len(line) + 1
+    if good != len(raw):
+        with open(path, "r+b") as f:
+            f.truncate(good)
+            f.flush()
+            os.fsync(f.fileno())
+    return out
+
+
 class ResultsStore:
     """results.jsonl + results.tsv of one search directory."""
 
@@ -163,39 +243,11 @@ class ResultsStore:
         self.tsv = self.dir / "results.tsv"
 
     def load(self) -> list[Record]:
-        """The finished trials, in order. A torn (unterminated or unparsable) LAST line, left
-        by a kill in the middle of an append, is cut off the file; a bad line elsewhere is
-        an error (the file was edited or corrupted). Rebuilds the TSV when it lags."""
+        """The finished trials, in order (``read_log``: a torn last line is cut off the file, a
+        bad line elsewhere is an error). Rebuilds the TSV when it lags."""
         if not self.jsonl.exists():
             return []
-        raw = self.jsonl.read_bytes()
-        lines = raw.split(b"\n")
-        records: list[Record] = []
-        good_len = 0
-        for i, line in enumerate(lines):
-            last = i == len(lines) - 1
-            if not line.strip():
-                if not last:
-                    good_len += len(line) + 1
-                continue
-            try:
-                rec = Record.from_json(json.loads(line))
-                if last:  # no trailing newline: the append was cut short
-                    raise ValueError("unterminated last line")
-            except (ValueError, TypeError) as err:
-                if last:
-                    break
-                from ground.errors import AmkError
-
-                raise AmkError(f"{self.jsonl}:{i + 1}: unreadable trial record ({err})") \
-                    from None
-            records.append(rec)
-            good_len += len(line) + 1
-        if good_len != len(raw):
-            with open(self.jsonl, "r+b") as f:
-                f.truncate(good_len)
-                f.flush()
-                os.fsync(f.fileno())
+        records = read_log(self.jsonl, Record.from_json)
         self._sync_tsv(records)
         return records
 

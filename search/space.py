@@ -66,8 +66,25 @@ class Knob:
         return t if t in ("boolean", "integer", "number") else "string"
 
 
+class KnobLookup:
+    """Lookups shared by the spaces over a ``knobs`` list (search and tune)."""
+
+    knobs: list
+
+    def knob(self, name: str) -> Any:
+        """The knob called ``name``; KeyError if the space has none."""
+        for k in self.knobs:
+            if k.name == name:
+                return k
+        raise KeyError(name)
+
+    @property
+    def names(self) -> list[str]:
+        return [k.name for k in self.knobs]
+
+
 @dataclass
-class SearchSpace:
+class SearchSpace(KnobLookup):
     """The knobs and the fixed part of the lowering config.
 
     ``knobs``: searchable knobs (only knobs with two or more values are kept: a one-value
@@ -87,16 +104,6 @@ class SearchSpace:
             raise ValueError(f"knobs {sorted(clash)} are both searchable and fixed")
 
     # -- lookups --------------------------------------------------------------------
-    def knob(self, name: str) -> Knob:
-        for k in self.knobs:
-            if k.name == name:
-                return k
-        raise KeyError(name)
-
-    @property
-    def names(self) -> list[str]:
-        return [k.name for k in self.knobs]
-
     def size(self) -> int:
         """Number of distinct candidates (the product of the knobs' value counts)."""
         n = 1

@@ -46,7 +46,7 @@ from typing import Any, Callable
 
 from ground.errors import AmkError
 from ground.files import atomic_write_json, atomic_write_text
-from search.records import append_line, read_json
+from search.records import append_line, apply_overrides, read_json, read_log, resume_settings, settings_from_json
 from search.tunespace import FAMILIES, OP_FAMILY, SMEM_PER_BLOCK_SM90, TuneSpace, candidate_id
 
 #: Relative margin a predicted latency must beat (the cost model is deterministic).
@@ -135,11 +135,16 @@ class TuneSettings:
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> "TuneSettings":
-        known = set(TuneSettings.__dataclass_fields__)
-        return TuneSettings(**{k: v for k, v in d.items() if k in known})
+        return settings_from_json(TuneSettings, d)
 
 
 # -- the trial log ------------------------------------------------------------------------
+def _trial_row(obj: Any) -> dict[str, Any]:
+    if not isinstance(obj, dict) or "status" not in obj:
+        raise ValueError("not a trial record")
+    return obj
+
+
 class TrialLog:
     """DIR/trials.jsonl: one JSON object per finished trial (evaluated or rejected), appended
     with fsync (search.records.append_line)."""
@@ -153,35 +158,7 @@ class TrialLog:
         an AmkError naming the file and line."""
         if not self.path.exists():
             return []
-        raw = self.path.read_bytes()
-        lines = raw.split(b"\n")
-        rows, good = [], 0
-        for i, line in enumerate(lines):
-            last = i == len(lines) - 1
-            if not line.strip():
-                good += 0 if last else len(line) + 1
-                continue
-            try:
-                if last:
-                    raise ValueError("no newline at the end")
-                row = json.loads(line)
-                if not isinstance(row, dict) or "status" not in row:
-                    raise ValueError("not a trial record")
-            except ValueError as err:
-                if last or i == len(lines) - 2 and not lines[-1].strip():
-                    if warn:
-                        warn(f"{self.path}:{i + 1}: ignoring a half-written last line ({err}); "
-                             "that trial runs again")
-                    break
-                raise AmkError(f"{self.path}:{i + 1}: unreadable trial record ({err})") from None
-            rows.append(row)
-            good += len(line) + 1
-        if good != len(raw):
-            with open(self.path, "r+b") as f:
-                f.truncate(good)
-                f.flush()
-                os.fsync(f.fileno())
-        return rows
+        return read_log(self.path, _trial_row, warn)
 
     def append(self, row: dict[str, Any]) -> None:
         from ground.files import finite
@@ -855,23 +832,10 @@ def open_tune(settings: TuneSettings | None = None, *, resume: str | None = None
     settings come from DIR/settings.json; ``overrides`` may change trials, minutes, timeout_s,
     replace and db). A new run refuses a directory that already holds trials. Raises AmkError."""
     if resume is not None:
-        d = Path(os.path.expanduser(resume)).resolve()
-        sp = d / "settings.json"
-        if not sp.exists():
-            raise AmkError(f"--resume {d}: no settings.json there (not an amk tune directory)")
-        try:
-            s = TuneSettings.from_json(read_json(sp)["settings"])
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            raise AmkError(f"--resume {d}: unreadable settings.json ({err})") from None
+        d, s, _ = resume_settings(resume, "settings.json", "an amk tune directory", TuneSettings)
         s.out = str(d)
-        allowed = {"trials", "minutes", "timeout_s", "replace", "db"}
-        for k, v in (overrides or {}).items():
-            if v is None:
-                continue
-            if k not in allowed and getattr(s, k) != v:
-                raise AmkError(f"--resume: {k} was {getattr(s, k)!r} when the run started; it cannot change "
-                               f"to {v!r} (only --trials, --minutes, --timeout, --db, --replace)")
-            setattr(s, k, v)
+        apply_overrides(s, overrides, {"trials": "--trials", "minutes": "--minutes", "timeout_s": "--timeout",
+                                       "db": "--db", "replace": "--replace"}, "run")
         return Tuner(s, **kw)
     if settings is None:
         raise AmkError("a new tuning run needs its settings")

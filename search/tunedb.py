@@ -442,14 +442,24 @@ def user_dir(db: str | None) -> Path:
     return base / "amk" / "tuned"
 
 
+def shipped_dir() -> Path | None:
+    """The shipped entries' directory: ``$AMK_TUNE_SHIPPED`` when set (empty: none, e.g. to
+    tune from an empty database), else SHIPPED_DIR."""
+    env = os.environ.get("AMK_TUNE_SHIPPED")
+    if env is None:
+        return SHIPPED_DIR
+    return Path(env).expanduser() if env.strip() else None
+
+
 def open_db(db: str | None) -> TuneDB:
     """The database of a command: the user directory of ``user_dir(db)`` (need not exist yet)
-    and the shipped entries. AmkError when ``db`` names something that is not a directory."""
+    and the shipped entries (``shipped_dir()``). AmkError when ``db`` names something that is
+    not a directory."""
     d = user_dir(db)
     if d.exists() and not d.is_dir():
         raise AmkError(f"{d}: the tuning database must be a directory (--db DIR / $AMK_TUNE_DB)")
-    return TuneDB(d)
+    return TuneDB(d, shipped_dir())
 
 
 __all__ = ["Entry", "GpuKey", "SHIPPED_DIR", "ShapeKey", "TuneDB", "distance", "file_name",
-           "kernel_fingerprint", "open_db", "read_entry", "user_dir"]
+           "kernel_fingerprint", "open_db", "read_entry", "shipped_dir", "user_dir"]

@@ -33,7 +33,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Iterator
 
 from ground.errors import AmkError
-from search.space import SpaceError, space_for
+from search.space import KnobLookup, SpaceError, space_for
 
 #: Value lists of the kernel knobs whose declared range is too wide (or unbounded) to walk;
 #: each value is checked against the declaration (tests/test_tune.py).
@@ -145,7 +145,7 @@ def candidate_id(config: dict[str, Any]) -> str:
     return "t-" + hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-class TuneSpace:
+class TuneSpace(KnobLookup):
     """The knobs of a tuning run and the checks of its candidates.
 
     ``spec``: models.graph.ModelSpec; ``ranks``: R; ``max_workers``: the target's co-resident
@@ -173,16 +173,6 @@ class TuneSpace:
             self.knobs += self.kernel_knobs
 
     # -- points --------------------------------------------------------------------
-    def knob(self, name: str) -> TuneKnob:
-        for k in self.knobs:
-            if k.name == name:
-                return k
-        raise KeyError(name)
-
-    @property
-    def names(self) -> list[str]:
-        return [k.name for k in self.knobs]
-
     def default(self) -> dict[str, Any]:
         """The defaults of both parts with the run's fixed lowering fields."""
         from lowering.config import AmkConfig

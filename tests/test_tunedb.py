@@ -356,3 +356,17 @@ def test_resolve_config_entry_or_heuristic(db, shape):
     assert line.startswith(f"config: tuned entry for {shape.describe()} on {H100.describe()} tp 1: "
                            "1.25 ms/token, 0.96 x the fastest baseline, 2026-11-27 (")
     assert line.endswith(f"{tunedb.file_name(shape, H100, 1)})")
+
+
+def test_shipped_entries_can_be_left_out_or_moved(monkeypatch, tmp_path):
+    """$AMK_TUNE_SHIPPED: empty leaves the shipped entries out (tuning from an empty
+    database), a path replaces search/tuned/; unset, the package's directory."""
+    from search.tunedb import SHIPPED_DIR, open_db
+
+    monkeypatch.delenv("AMK_TUNE_SHIPPED", raising=False)
+    assert open_db(str(tmp_path / "u")).shipped_dir == SHIPPED_DIR
+    monkeypatch.setenv("AMK_TUNE_SHIPPED", "")
+    db = open_db(str(tmp_path / "u"))
+    assert db.shipped_dir is None and db.entries() == []
+    monkeypatch.setenv("AMK_TUNE_SHIPPED", str(tmp_path / "s"))
+    assert open_db(str(tmp_path / "u")).shipped_dir == tmp_path / "s"

@@ -29,6 +29,7 @@ import re
 import time
 from typing import Any
 
+from amk.commands import add_run_args
 from ground.errors import AmkError
 
 
@@ -51,27 +52,18 @@ keep or revert. Results go to DIR/results.tsv (one verdict per row) and DIR/resu
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("search", help=HELP, description=DESCRIPTION)
-    p.add_argument("model", metavar="MODEL", nargs="?",
-                   help="HF directory | file.gguf | smollm2-135m | config:NAME "
-                        "(omit with --resume)")
-    p.add_argument("--tp", type=int, default=None, metavar="R", help="tensor-parallel ranks (1)")
+    add_run_args(p, trials="total trials including the start (default 30 unless --minutes)",
+                 minutes="search time budget in minutes (summed over resumed runs)",
+                 out="search directory, relative to the current directory (default "
+                     "amk-search/MODEL-tpR-TIMESTAMP)",
+                 resume="continue the search in DIR (its settings are reused; --trials, --minutes and "
+                        "--timeout may be raised, --llm-fallback and --llm-max-failures changed)")
     p.add_argument("--backend", choices=("sim", "triton"), default=None,
                    help="sim: CPU executor, latency predicted by the cost model (default); "
                         "triton: the GPU megakernel, latency measured")
     p.add_argument("--proposer", choices=("optuna", "llm", "replay"), default=None,
                    help="optuna: TPE + mutation ranked by the cost model (default, offline); "
                         "llm: anthropic SDK (needs ANTHROPIC_API_KEY); replay: --replay FILE")
-    p.add_argument("--trials", type=int, default=None, metavar="N",
-                   help="total trials including the start (default 30 unless --minutes)")
-    p.add_argument("--minutes", type=float, default=None, metavar="M",
-                   help="search time budget in minutes (summed over resumed runs)")
-    p.add_argument("--out", default=None, metavar="DIR",
-                   help="search directory, relative to the current directory (default "
-                        "amk-search/MODEL-tpR-TIMESTAMP)")
-    p.add_argument("--resume", default=None, metavar="DIR",
-                   help="continue the search in DIR (its settings are reused; --trials, "
-                        "--minutes and --timeout may be raised, --llm-fallback and "
-                        "--llm-max-failures changed)")
     p.add_argument("--replay", default=None, metavar="RESULTS",
                    help="results.jsonl (or search directory) for --proposer replay")
     p.add_argument("--llm-model", default=None, metavar="ID",

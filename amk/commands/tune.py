@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from amk.commands import add_run_args
 from ground.errors import AmkError
 
 HELP = "tune a model's whole config (lowering + kernel knobs) and store it in the tuning database"
@@ -33,21 +34,14 @@ incumbent. The best goes to the tuning database (--db) and DIR/best/config.json.
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("tune", help=HELP, description=DESCRIPTION)
-    p.add_argument("model", metavar="MODEL", nargs="?",
-                   help="HF directory | file.gguf | smollm2-135m | config:NAME (omit with --resume)")
-    p.add_argument("--tp", type=int, default=None, metavar="R", help="tensor-parallel ranks (1)")
-    p.add_argument("--minutes", type=float, default=None, metavar="M",
-                   help="tuning time budget, summed over resumed runs (default 20 unless --trials)")
-    p.add_argument("--trials", type=int, default=None, metavar="N",
-                   help="evaluated candidates in all, the warm start included")
+    add_run_args(p, trials="evaluated candidates in all, the warm start included",
+                 minutes="tuning time budget, summed over resumed runs (default 20 unless --trials)",
+                 out="the run's directory (default amk-tune/MODEL-tpR-TIMESTAMP)",
+                 resume="continue the run in DIR (its settings; --trials, --minutes, --timeout, --db and "
+                        "--replace may change)")
     p.add_argument("--db", default=None, metavar="DIR",
                    help="the tuning database to read and write (default $AMK_TUNE_DB, else "
                         "~/.cache/amk/tuned)")
-    p.add_argument("--out", default=None, metavar="DIR",
-                   help="the run's directory (default amk-tune/MODEL-tpR-TIMESTAMP)")
-    p.add_argument("--resume", default=None, metavar="DIR",
-                   help="continue the run in DIR (its settings; --trials, --minutes, --timeout, --db and "
-                        "--replace may change)")
     p.add_argument("--backend", choices=("triton", "sim"), default=None,
                    help="triton: the GPU megakernel, latency measured (default); sim: the CPU executor, "
                         "latency PREDICTED by the cost model (lowering knobs only)")
