@@ -33,8 +33,8 @@ from typing import Any, Callable
 from ground.errors import AmkError
 from search.evaluator import Evaluator, new_workdir
 from search.proposers import (
-    LLMProposer, OptunaProposer, Proposal, ProposalContext, ProposalSkipped, RandomProposer,
-    ReplayProposer, mutations, redact,
+    LLM_MAX_FAILURES, LLMProposer, OptunaProposer, Proposal, ProposalContext, ProposalSkipped, ProposerUnavailable,
+    RandomProposer, ReplayProposer, check_request_failures, mutations, redact,
 )
 from ground.files import atomic_write_json
 from search.records import Record, ResultsStore, append_line, apply_overrides, resume_settings, settings_from_json
@@ -46,14 +46,6 @@ STATE_VERSION = 1
 PREDICTED_EPS = 1e-9
 MAX_SKIPS = 3          # consecutive skipped proposals before falling back to a mutation
 MAX_RESTART_TRIES = 5  # random restart points tried before giving up on the restart
-# Consecutive failed LLM requests (each already retried by the SDK) after which the search
-# stops, unless --llm-fallback asks to continue with mutations (--llm-max-failures).
-LLM_MAX_FAILURES = 3
-
-
-class ProposerUnavailable(AmkError):
-    """The proposer's backend failed too often in a row (e.g. the LLM API is unreachable);
-    the search stops after writing its state and summary."""
 
 
 def absolute_model_arg(model: str) -> str:
@@ -587,13 +579,9 @@ class Search:
     def _request_failed(self, trial: int, skip: ProposalSkipped) -> None:
         """A proposer request failed: stop the search (ProposerUnavailable) after
         ``llm_max_failures`` such failures in a row, unless ``llm_fallback``."""
-        n, limit = self.request_failures, self.s.llm_max_failures
-        if n >= limit and not self.s.llm_fallback:
-            raise ProposerUnavailable(redact(
-                f"--proposer {self.s.proposer}: {n} requests in a row failed (last: "
-                f"{skip.reason.removeprefix('LLM request failed: ')}); check the network, "
-                "ANTHROPIC_BASE_URL and the key, or continue with mutations of the incumbent: "
-                f"amk search --resume {shlex.quote(str(self.out))} --llm-fallback"))
+        check_request_failures(self.s.proposer, self.request_failures, self.s.llm_max_failures,
+                               self.s.llm_fallback, skip, f"amk search --resume {shlex.quote(str(self.out))}",
+                               "mutations of the incumbent")
 
     def _fallback(self, trial: int, ctx: ProposalContext, why: str) -> Proposal | None:
         """A mutation of the incumbent (or a random point) in place of the proposer's

@@ -20,6 +20,9 @@ checks it against the search space before anything else happens.
   logs it, says so on the console and falls back to a mutation; after
   ``--llm-max-failures`` failed requests in a row it stops unless ``--llm-fallback``.
   The API key is never written anywhere: every logged text goes through ``redact``.
+  The client, the request, the tool-call parsing and the failure rule are functions
+  (``llm_client``, ``ask_llm``, ``tool_input``, ``check_request_failures``) that
+  `amk tune`'s LLM proposer (search/tuneproposer.py) uses too.
 - ``ReplayProposer``: the configs of an earlier search's results.jsonl, in trial order.
 - ``RandomProposer``: a uniformly random unseen candidate (plateau restarts).
 
@@ -43,6 +46,9 @@ from search.space import SearchSpace
 API_KEY_ENV = "ANTHROPIC_API_KEY"
 DEFAULT_LLM_MODEL = "claude-sonnet-5-5"
 TOOL_NAME = "propose_config"
+#: Consecutive failed LLM requests (each already retried by the SDK) after which a run stops,
+#: unless --llm-fallback asks to continue without the LLM (--llm-max-failures).
+LLM_MAX_FAILURES = 3
 
 
 class ProposalSkipped(Exception):
@@ -356,6 +362,85 @@ class ReplayProposer:
         pass
 
 
+# -- the anthropic client, shared by the LLM proposers of `amk search` and `amk tune` ---
+class ProposerUnavailable(AmkError):
+    """The proposer's backend failed too often in a row (e.g. the LLM API is unreachable);
+    the run stops after writing its state and summary."""
+
+
+def llm_client(client: Any, offline: str) -> Any:
+    """``client`` when given (the tests inject one over a mocked transport), else an
+    ``anthropic.Anthropic`` that reads ANTHROPIC_API_KEY (and ANTHROPIC_BASE_URL) itself.
+    Raises AmkError naming the variable when the key is not set; ``offline`` names the
+    command's offline proposer in that message."""
+    if client is not None:
+        return client
+    if not os.environ.get(API_KEY_ENV):
+        raise AmkError(f"--proposer llm needs {API_KEY_ENV} to be set "
+                       f"(or use --proposer {offline}, the offline default)")
+    import anthropic
+
+    return anthropic.Anthropic(max_retries=2)
+
+
+def ask_llm(client: Any, model: str, max_tokens: int, tool: dict[str, Any], prompt: str) -> Any:
+    """One Messages API request offering the single ``tool``; the response. Any SDK or
+    network error (after the client's own retries) raises ProposalSkipped of kind
+    ``request`` with a redacted one-line reason."""
+    try:
+        return client.messages.create(
+            model=model, max_tokens=max_tokens, tools=[tool], tool_choice={"type": "auto"},
+            messages=[{"role": "user", "content": prompt}])
+    except Exception as err:  # SDK/network errors: skip this proposal, never crash
+        cause = err.__cause__ or err.__context__
+        detail = f" ({type(cause).__name__}: {cause})" if cause is not None and \
+            str(cause) and str(cause) not in str(err) else ""
+        raise ProposalSkipped(redact(" ".join(
+            f"LLM request failed: {type(err).__name__}: {err}{detail}".split()))[:500],
+            kind="request") from None
+
+
+def tool_input(resp: Any, name: str) -> tuple[dict[str, Any], str, str]:
+    """(the input object of the one ``name`` tool call, the answer's text, the redacted raw
+    answer truncated to 2000 chars) of a Messages API response. Raises ProposalSkipped
+    (kind ``answer``) when there is not exactly one such call or its input is no object."""
+    blocks = getattr(resp, "content", None)
+    if blocks is None and isinstance(resp, dict):
+        blocks = resp.get("content")
+    blocks = blocks or []
+
+    def get(b, k):
+        return b.get(k) if isinstance(b, dict) else getattr(b, k, None)
+
+    calls = [b for b in blocks if get(b, "type") == "tool_use"]
+    text = " ".join(str(get(b, "text") or "") for b in blocks if get(b, "type") == "text")
+    raw = redact(json.dumps([{"type": get(b, "type"), "name": get(b, "name"),
+                              "input": get(b, "input"), "text": get(b, "text")}
+                             for b in blocks], default=str))[:2000]
+    mine = [b for b in calls if get(b, "name") == name]
+    if len(mine) != 1:
+        raise ProposalSkipped(f"malformed LLM answer: expected one {name} call, got "
+                              f"{len(mine)} (tool calls: {[get(b, 'name') for b in calls]})", raw)
+    inp = get(mine[0], "input")
+    if not isinstance(inp, dict):
+        raise ProposalSkipped("malformed LLM answer: tool input is not an object", raw)
+    return inp, text, raw
+
+
+def check_request_failures(proposer: str, failures: int, limit: int, fallback: bool,
+                           skip: ProposalSkipped, resume: str, instead: str) -> None:
+    """After a failed proposer request (``failures`` in a row): raise ProposerUnavailable,
+    one redacted line naming the last error and how to go on (``resume``: the command that
+    resumes the run; ``instead``: what --llm-fallback continues with), once ``failures``
+    reaches ``limit`` unless ``fallback``."""
+    if failures >= limit and not fallback:
+        raise ProposerUnavailable(redact(
+            f"--proposer {proposer}: {failures} requests in a row failed (last: "
+            f"{skip.reason.removeprefix('LLM request failed: ')}); check the network, "
+            f"ANTHROPIC_BASE_URL and the key, or continue with {instead}: "
+            f"{resume} --llm-fallback"))
+
+
 # -- LLM ------------------------------------------------------------------------------
 def ir_docs(limit: int = 12000) -> str:
     """The IR documentation for the LLM prompt: docs/ir.md when present, else the
@@ -387,14 +472,7 @@ class LLMProposer:
 
     def __init__(self, space: SearchSpace, client: Any = None, *, model: str | None = None,
                  max_tokens: int = 1024, history: int = 20, docs: str | None = None):
-        if client is None:
-            if not os.environ.get(API_KEY_ENV):
-                raise AmkError(f"--proposer llm needs {API_KEY_ENV} to be set "
-                               "(or use --proposer optuna, the offline default)")
-            import anthropic
-
-            client = anthropic.Anthropic(max_retries=2)
-        self.client = client
+        self.client = llm_client(client, "optuna")
         self.space = space
         self.model = model or os.environ.get("AMK_LLM_MODEL") or DEFAULT_LLM_MODEL
         self.max_tokens = max_tokens
@@ -449,18 +527,7 @@ class LLMProposer:
         return redact("\n".join(lines))
 
     def propose(self, ctx: ProposalContext) -> Proposal | None:
-        try:
-            resp = self.client.messages.create(
-                model=self.model, max_tokens=self.max_tokens, tools=[self.tool()],
-                tool_choice={"type": "auto"},
-                messages=[{"role": "user", "content": self.prompt(ctx)}])
-        except Exception as err:  # SDK/network errors: skip this proposal, never crash
-            cause = err.__cause__ or err.__context__
-            detail = f" ({type(cause).__name__}: {cause})" if cause is not None and \
-                str(cause) and str(cause) not in str(err) else ""
-            raise ProposalSkipped(redact(" ".join(
-                f"LLM request failed: {type(err).__name__}: {err}{detail}".split()))[:500],
-                kind="request") from None
+        resp = ask_llm(self.client, self.model, self.max_tokens, self.tool(), self.prompt(ctx))
         config, text = self.parse(resp)
         cid = self.space.candidate_id(config)
         if cid in ctx.seen:
@@ -473,27 +540,7 @@ class LLMProposer:
     def parse(self, resp: Any) -> tuple[dict[str, Any], str]:
         """The (config, text) of a Messages API response. Raises ProposalSkipped when there
         is not exactly one ``propose_config`` call or its input does not fit the schema."""
-        blocks = getattr(resp, "content", None)
-        if blocks is None and isinstance(resp, dict):
-            blocks = resp.get("content")
-        blocks = blocks or []
-
-        def get(b, k):
-            return b.get(k) if isinstance(b, dict) else getattr(b, k, None)
-
-        calls = [b for b in blocks if get(b, "type") == "tool_use"]
-        text = " ".join(str(get(b, "text") or "") for b in blocks if get(b, "type") == "text")
-        raw = redact(json.dumps([{"type": get(b, "type"), "name": get(b, "name"),
-                                  "input": get(b, "input"), "text": get(b, "text")}
-                                 for b in blocks], default=str))[:2000]
-        mine = [b for b in calls if get(b, "name") == TOOL_NAME]
-        if len(mine) != 1:
-            raise ProposalSkipped(f"malformed LLM answer: expected one {TOOL_NAME} call, got "
-                                  f"{len(mine)} (tool calls: {[get(b, 'name') for b in calls]})",
-                                  raw)
-        inp = get(mine[0], "input")
-        if not isinstance(inp, dict):
-            raise ProposalSkipped("malformed LLM answer: tool input is not an object", raw)
+        inp, text, raw = tool_input(resp, TOOL_NAME)
         problems = self.space.check(inp)
         missing = [k for k in self.space.names if k not in inp]
         if missing:

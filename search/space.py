@@ -59,12 +59,6 @@ class Knob:
         if len(set(map(repr, self.values))) != len(self.values):
             raise ValueError(f"knob {self.name!r} lists a value twice: {list(self.values)}")
 
-    @property
-    def json_type(self) -> str:
-        """The JSON-schema type of the values (``integer``, ``number``, ``string``, ``boolean``)."""
-        t = json_type(self.values[0])
-        return t if t in ("boolean", "integer", "number") else "string"
-
 
 class KnobLookup:
     """Lookups shared by the spaces over a ``knobs`` list (search and tune)."""
@@ -81,6 +75,26 @@ class KnobLookup:
     @property
     def names(self) -> list[str]:
         return [k.name for k in self.knobs]
+
+    def default_of(self, name: str) -> Any:
+        """The default value of knob ``name``."""
+        return self.knob(name).default
+
+    def json_schema(self, required: bool = True) -> dict[str, Any]:
+        """JSON schema (draft 2020-12 subset) of a candidate: an object whose properties
+        are the knobs, each an ``enum`` of its allowed values (described by its help line
+        and default); no other keys; every knob required unless ``required`` is False
+        (a partial candidate: knob changes)."""
+        props = {}
+        for k in self.knobs:
+            t = json_type(k.values[0])
+            props[k.name] = {"type": t if t in ("boolean", "integer", "number") else "string",
+                             "enum": list(k.values),
+                             "description": f"{k.help or k.name} (default {self.default_of(k.name)!r})"}
+        out: dict[str, Any] = {"type": "object", "properties": props, "additionalProperties": False}
+        if required:
+            out["required"] = self.names
+        return out
 
 
 @dataclass
@@ -213,17 +227,6 @@ class SearchSpace(KnobLookup):
         yield from rec(0, {})
 
     # -- schemas --------------------------------------------------------------------
-    def json_schema(self) -> dict[str, Any]:
-        """JSON schema (draft 2020-12 subset) of a candidate: an object whose properties
-        are the knobs, each an ``enum`` of its allowed values; no other keys."""
-        props = {}
-        for k in self.knobs:
-            desc = k.help or k.name
-            props[k.name] = {"type": k.json_type, "enum": list(k.values),
-                             "description": f"{desc} (default {k.default!r})"}
-        return {"type": "object", "properties": props, "required": self.names,
-                "additionalProperties": False}
-
     def optuna_distributions(self) -> dict[str, Any]:
         """``{knob: optuna CategoricalDistribution}`` (optuna imported lazily)."""
         from optuna.distributions import CategoricalDistribution

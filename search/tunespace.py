@@ -196,6 +196,10 @@ class TuneSpace(KnobLookup):
     def candidate_id(self, config: dict[str, Any]) -> str:
         return candidate_id(self.canonical(config))
 
+    def default_of(self, name: str) -> Any:
+        """The default value of knob ``name`` (the run's fixed fields applied)."""
+        return self.default()[self.knob(name).part][name]
+
     def get(self, config: dict[str, Any], name: str) -> Any:
         return config[self.knob(name).part][name]
 

@@ -29,7 +29,7 @@ import re
 import time
 from typing import Any
 
-from amk.commands import add_run_args
+from amk.commands import add_llm_args, add_run_args
 from ground.errors import AmkError
 
 
@@ -66,15 +66,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "llm: anthropic SDK (needs ANTHROPIC_API_KEY); replay: --replay FILE")
     p.add_argument("--replay", default=None, metavar="RESULTS",
                    help="results.jsonl (or search directory) for --proposer replay")
-    p.add_argument("--llm-model", default=None, metavar="ID",
-                   help="model id for --proposer llm (default: $AMK_LLM_MODEL or "
-                        "claude-sonnet-5-5)")
-    p.add_argument("--llm-fallback", action="store_true", default=None,
-                   help="--proposer llm: when LLM requests keep failing, continue with "
-                        "mutations of the incumbent instead of stopping")
-    p.add_argument("--llm-max-failures", type=int, default=None, metavar="N",
-                   help="--proposer llm: stop after N failed LLM requests in a row, unless "
-                        "--llm-fallback (default 3)")
+    add_llm_args(p, instead="mutations of the incumbent")
     p.add_argument("--seed", type=int, default=None, help="seed of proposers, prompts and "
                                                           "interleavings (0)")
     p.add_argument("--positions", type=_positions, default=None, metavar="P,P,...",
