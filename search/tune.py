@@ -16,7 +16,13 @@ The run, in a directory DIR:
    top-ranked knobs are tried first, then a few random two-knob mutations. A candidate is kept
    only when it is correct and its A/B against the incumbent beats it by more than the noise
    (the evaluator's ``min_gain``; on the sim: a lower predicted latency); a kept candidate
-   ends the round (the next one ranks again from the new incumbent).
+   ends the round (the next one ranks again from the new incumbent). With ``proposer`` ``llm``
+   a language model proposes each round's candidates instead (search/tuneproposer.py: it sees
+   the space, the incumbent, the shares, the trials and the nearest database entries); its
+   unusable candidates are proposer errors, and a round it gives nothing usable falls back to
+   the local moves above (said on the console, counted in the summary). After
+   ``llm_max_failures`` failed requests in a row the run stops (ProposerUnavailable, its
+   report written) unless ``llm_fallback``. Prompts and answers go to DIR/proposer.log.
 4. **The end**: DIR/best/config.json (a config file for ``--config``), DIR/report.json and
    DIR/report.md, and the entry in the tuning database (``TuneDB.put``: a faster entry of the
    same key is kept unless ``replace``).
@@ -46,6 +52,7 @@ from typing import Any, Callable
 
 from ground.errors import AmkError
 from ground.files import atomic_write_json, atomic_write_text
+from search.proposers import LLM_MAX_FAILURES, ProposalSkipped, ProposerUnavailable, check_request_failures, redact
 from search.records import append_line, apply_overrides, read_json, read_log, resume_settings, settings_from_json
 from search.tunespace import FAMILIES, OP_FAMILY, SMEM_PER_BLOCK_SM90, TuneSpace, candidate_id
 
@@ -55,6 +62,8 @@ PREDICTED_EPS = 1e-9
 SIM_GPU = "sim (cost model)"
 #: Minutes of tuning when neither a trial nor a minute budget is given.
 DEFAULT_MINUTES = 20.0
+#: Rows of DIR/trials.jsonl that are no trial: the incumbent's profile, a proposer event.
+NOT_TRIALS = ("profile", "proposer")
 
 
 @dataclass
@@ -72,7 +81,10 @@ class TuneSettings:
     workers per rank; ring: search the weight ring; per_round: one-knob neighbours tried per
     round; mutations: random two-knob mutations per round; warm: database entries tried at
     the start; profile: rank the knobs by the in-kernel profile (triton); hbm_bw: the
-    bandwidth of the roofline floor in bytes/s (None: the worker measures it on the GPU).
+    bandwidth of the roofline floor in bytes/s (None: the worker measures it on the GPU);
+    proposer: ``local`` (profile-first one-knob moves and mutations) | ``llm``
+    (search/tuneproposer.py); llm_model: its model id; llm_candidates: candidates per answer;
+    llm_fallback / llm_max_failures: the search's failure policy (search/loop.py).
     """
 
     model: str
@@ -102,9 +114,20 @@ class TuneSettings:
     warm: int = 3
     profile: bool = True
     hbm_bw: float | None = None
+    proposer: str = "local"
+    llm_model: str | None = None
+    llm_candidates: int = 4
+    llm_fallback: bool = False
+    llm_max_failures: int = LLM_MAX_FAILURES
 
     def check(self) -> None:
         """Raise AmkError naming the bad setting."""
+        if self.proposer not in ("local", "llm"):
+            raise AmkError(f"--proposer must be local or llm, got {self.proposer!r}")
+        if self.llm_candidates < 1:
+            raise AmkError(f"--llm-candidates must be >= 1, got {self.llm_candidates}")
+        if self.llm_max_failures < 1:
+            raise AmkError(f"--llm-max-failures must be >= 1, got {self.llm_max_failures}")
         if self.tp < 1:
             raise AmkError(f"--tp must be >= 1, got {self.tp}")
         if self.backend not in ("sim", "triton"):
@@ -233,11 +256,12 @@ class Tuner:
 
     ``evaluator``: search.evaluator.Evaluator-like (``evaluate(request, workdir)``,
     ``close()``); ``console``: a rich Console for warnings (None: silent); ``db``: a
-    search.tunedb.TuneDB (None: ``open_db(settings.db)``).
+    search.tunedb.TuneDB (None: ``open_db(settings.db)``); ``llm_client``: the client of the
+    LLM proposer (None: built from ANTHROPIC_API_KEY; AmkError without it).
     """
 
     def __init__(self, settings: TuneSettings, *, evaluator: Any = None, console: Any = None, db: Any = None,
-                 elapsed_before: float | None = None):
+                 elapsed_before: float | None = None, llm_client: Any = None):
         self.s = settings
         self.s.check()
         self.out = Path(self.s.out)
@@ -266,6 +290,12 @@ class Tuner:
         self.elapsed_before = 0.0
         self.round = 0
         self._replaying = True
+        self.llm = None
+        if self.s.proposer == "llm":  # no key: refused before any trial
+            from search.tuneproposer import TuneLLMProposer
+
+            self.llm = TuneLLMProposer(self.space, llm_client, model=self.s.llm_model, k=self.s.llm_candidates)
+        self.request_failures = 0  # consecutive failed LLM requests
         for row in self.rows:
             self._apply(row)
         self._replaying = False
@@ -329,6 +359,8 @@ class Tuner:
     # -- state -------------------------------------------------------------------------------
     def _apply(self, row: dict[str, Any]) -> None:
         """Advance the state by one recorded row (live and on resume)."""
+        if row.get("kind") == "proposer":
+            return
         if row.get("kind") == "profile":
             if self.incumbent is not None and row.get("id") == self.incumbent.id:
                 self.incumbent.profile = row.get("profile")
@@ -458,6 +490,83 @@ class Tuner:
                     break
         return out
 
+    def next_candidates(self) -> list[tuple[dict[str, Any], str, str]]:
+        """(config, kind, note) of the next round: the local moves (``round_candidates``), or
+        with ``proposer`` ``llm`` the model's candidates (kind ``llm``), falling back to the local
+        moves when the answer holds none usable or the request failed (see the module docstring).
+        Raises ProposerUnavailable after ``llm_max_failures`` failed requests in a row."""
+        if self.llm is None:
+            return self.round_candidates()
+        try:
+            answer = self._ask_llm()
+        except ProposalSkipped as skip:
+            self._proposer_row("skipped", skip.reason, raw=skip.raw, kind=skip.kind)
+            if skip.kind == "request":
+                self.request_failures += 1
+                check_request_failures(self.s.proposer, self.request_failures, self.s.llm_max_failures,
+                                       self.s.llm_fallback, skip, f"amk tune --resume {shlex.quote(str(self.out))}",
+                                       "the local moves")
+            else:
+                self.request_failures = 0
+                self._proposer_row("error", skip.reason)
+            return self._fallback(skip.reason)
+        self.request_failures = 0
+        for e in answer.errors:
+            self._proposer_row("error", e)
+            self._warn(f"round {self.round}: LLM proposer error: {e}")
+        if not answer.candidates:
+            return self._fallback("no usable candidate in the answer" +
+                                  (f" ({answer.errors[-1]})" if answer.errors else ""))
+        return [(c, "llm", note) for c, note in answer.candidates]
+
+    def _ask_llm(self) -> Any:
+        """The LLM proposer's answer for this round; the prompt and the answer are logged."""
+        from search.tuneproposer import TuneContext
+
+        _, shares, source = self.ranking()
+        inc = self.incumbent
+        try:
+            near = self.db.nearest(self.shape_key(), self.gpu_key(), self.s.tp, k=5)
+        except AmkError:
+            near = []
+        ctx = TuneContext(
+            incumbent={"trial": inc.trial, "id": inc.id, "ms": inc.ms, "config": inc.config},
+            shares=shares, shares_source=source, timing_source=self.s.timing_source,
+            trials=[r for r in self.rows if r.get("kind") not in NOT_TRIALS], nearest=near,
+            errors=[r["reason"] for r in self.rows if r.get("kind") == "proposer" and r.get("event") == "error"],
+            seen=set(self.seen), round=self.round)
+        prompt = self.llm.prompt(ctx)
+        self._log_proposer({"round": self.round, "event": "request", "model": self.llm.model, "prompt": prompt})
+        answer = self.llm.propose(ctx, prompt)
+        self._log_proposer({"round": self.round, "event": "answer", "text": answer.text, "raw": answer.raw,
+                            "candidates": len(answer.candidates), "errors": answer.errors})
+        return answer
+
+    def _fallback(self, why: str) -> list[tuple[dict[str, Any], str, str]]:
+        """This round's local moves in place of the LLM's candidates; said on the console and
+        recorded (a ``fallback`` proposer row, counted in the summary)."""
+        why = " ".join(why.split())[:300]
+        self._proposer_row("fallback", why)
+        if self.console is not None:
+            from rich.markup import escape
+
+            self.console.print(f"[yellow]round {self.round}: fallback to the local moves: the llm proposer gave "
+                               f"no usable candidate ({escape(why)})[/]", soft_wrap=True)
+        return [(c, kind, f"{note} (fallback)") for c, kind, note in self.round_candidates()]
+
+    def _proposer_row(self, event: str, reason: str, **extra: Any) -> None:
+        """A proposer event in DIR/trials.jsonl (no trial; counted in the summary, its errors
+        shown to the model next round) and in DIR/proposer.log."""
+        row = {"kind": "proposer", "event": event, "reason": redact(reason), "round": self.round,
+               "status": "PROPOSER", "elapsed_s": self.elapsed(), "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        self._log_proposer({**row, **extra})
+        if event != "skipped":
+            self.log.append(row)
+            self.rows.append(row)
+
+    def _log_proposer(self, event: dict[str, Any]) -> None:
+        append_line(self.out / "proposer.log", redact(json.dumps(event, sort_keys=True, default=str)))
+
     # -- one trial ---------------------------------------------------------------------------
     def request(self, cand: dict[str, Any], trial: int, profile: bool = False) -> dict[str, Any]:
         inc = self.incumbent
@@ -576,6 +685,7 @@ class Tuner:
         None when it cannot run here); its ms is what the database entry records."""
         self._t0 = time.monotonic()
         self.checkpoint()
+        failure: ProposerUnavailable | None = None
         try:
             stop = self.budget_left()
             for cand, note in ([] if stop else self.warm_candidates()):
@@ -596,7 +706,11 @@ class Tuner:
                     break
                 self.profile_incumbent()
                 self.round += 1
-                cands = self.round_candidates()
+                try:
+                    cands = self.next_candidates()
+                except ProposerUnavailable as err:
+                    failure, stop = err, str(err)
+                    break
                 if not cands:
                     stop = "every one-knob neighbour of the incumbent was tried"
                     break
@@ -612,6 +726,9 @@ class Tuner:
         finally:
             self.evaluator.close()
         self.stop_reason = stop or ""
+        if failure is not None:  # the report is written; the run can be resumed
+            self.finish()
+            raise failure
         if confirm is not None and self.incumbent is not None and self.s.backend == "triton":
             self.confirmed = confirm(self.incumbent.config)
         return self.finish()
@@ -680,7 +797,8 @@ class Tuner:
                 ) -> dict[str, Any]:
         """The run's summary: start vs best, every kept step with its gain, rejected counts by
         reason, the shares the rankings used, the baselines and the database's answer."""
-        trials = [r for r in self.rows if r.get("kind") != "profile"]
+        trials = [r for r in self.rows if r.get("kind") not in NOT_TRIALS]
+        events = [r for r in self.rows if r.get("kind") == "proposer"]
         by_status: dict[str, int] = {}
         rejected: dict[str, int] = {}
         for r in trials:
@@ -711,6 +829,9 @@ class Tuner:
                                if self.s.tp > 1 else "")),
             "gpu": self.s.gpu, "trials": self.trials, "rows": len(trials), "by_status": by_status,
             "rejected_by_reason": rejected, "stop_reason": self.stop_reason,
+            "proposer": self.s.proposer,
+            "proposer_errors": sum(1 for r in events if r.get("event") == "error"),
+            "fallbacks": sum(1 for r in events if r.get("event") == "fallback"),
             "elapsed_s": self.elapsed(), "budget": {"trials": self.s.trials, "minutes": self.s.minutes},
             "start": {"trial": start.trial, "id": start.id, "ms": start.ms, "config": start.config} if start else None,
             "best": {"trial": inc.trial, "id": inc.id, "ms": inc.ms, "config": inc.config} if inc else None,
@@ -764,6 +885,9 @@ def report_markdown(s: dict[str, Any]) -> str:
     lines += [f"Trials evaluated: {s['trials']}; rows: {s['rows']} "
               f"({', '.join(f'{k} {v}' for k, v in sorted(s['by_status'].items()))}); "
               f"stopped: {s['stop_reason'] or '-'}; {s['elapsed_s'] / 60:.1f} minutes.", ""]
+    if s.get("proposer") == "llm":
+        lines += [f"Proposer: llm; {s['proposer_errors']} proposer errors, {s['fallbacks']} rounds fell back to "
+                  "the local moves (prompts and answers: proposer.log).", ""]
     st, b = s["start"], s["best"]
     if b:
         lines += ["| | trial | ms/token | config id |", "|---|---|---|---|",
@@ -835,7 +959,8 @@ def open_tune(settings: TuneSettings | None = None, *, resume: str | None = None
         d, s, _ = resume_settings(resume, "settings.json", "an amk tune directory", TuneSettings)
         s.out = str(d)
         apply_overrides(s, overrides, {"trials": "--trials", "minutes": "--minutes", "timeout_s": "--timeout",
-                                       "db": "--db", "replace": "--replace"}, "run")
+                                       "db": "--db", "replace": "--replace", "llm_fallback": "--llm-fallback",
+                                       "llm_max_failures": "--llm-max-failures"}, "run")
         return Tuner(s, **kw)
     if settings is None:
         raise AmkError("a new tuning run needs its settings")

@@ -3,11 +3,13 @@ this GPU at this --tp and store it in the tuning database, where every command f
 
     amk tune MODEL [--tp R] [--minutes M] [--trials N] [--db DIR] [--out DIR] [--resume DIR]
                    [--backend triton|sim] [--baselines MODES|none] [--replace] [--json]
+                   [--proposer local|llm] [--llm-fallback] [--llm-max-failures N]
 
 The loop is search/tune.py (docs/tuning.md "amk tune"); this module parses the command line,
 measures the baselines with ``amk bench``'s code (amk/baselines.py), shows the progress on
 stderr and prints the summary. Exit codes: 0 a config passed the correctness gate, 1 none
-did, 2 bad input.
+did, 2 bad input (and an LLM proposer whose requests failed ``--llm-max-failures`` times in a
+row without ``--llm-fallback``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from amk.commands import add_run_args
+from amk.commands import add_llm_args, add_run_args
 from ground.errors import AmkError
 
 HELP = "tune a model's whole config (lowering + kernel knobs) and store it in the tuning database"
@@ -29,7 +31,9 @@ Warm start from the cost-model heuristic and the nearest tuned entries, then rou
 moves of the incumbent ranked by where the step spends its time (the in-kernel profile on the
 GPU, the cost model on the sim) and a few random two-knob mutations; each candidate is screened
 (no GPU time for a refused one), checked against the eager model and timed A/B against the
-incumbent. The best goes to the tuning database (--db) and DIR/best/config.json."""
+incumbent. The best goes to the tuning database (--db) and DIR/best/config.json. With --proposer llm
+a language model proposes each round's candidates from the same profile, the trials and the
+nearest database entries (any knob; needs ANTHROPIC_API_KEY)."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -62,6 +66,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="rank the knobs by the cost model, not the in-kernel profile")
     p.add_argument("--ab-rounds", type=int, default=None, metavar="N", help="triton: A/B rounds (7)")
     p.add_argument("--ab-steps", type=int, default=None, metavar="N", help="triton: steps per side per round (20)")
+    p.add_argument("--proposer", choices=("local", "llm"), default=None,
+                   help="local: profile-first one-knob moves and mutations (default, offline); llm: a "
+                        "language model proposes each round's candidates (anthropic SDK, needs ANTHROPIC_API_KEY)")
+    p.add_argument("--llm-candidates", type=int, default=None, metavar="K",
+                   help="--proposer llm: candidates asked for per round (4)")
+    add_llm_args(p, instead="the local moves")
     p.add_argument("--quiet", action="store_true", help="no progress bar or trial lines")
     p.add_argument("--json", action="store_true",
                    help="print the summary as one JSON object on stdout (progress and lines go to stderr)")
@@ -94,6 +104,10 @@ def _settings(args: argparse.Namespace) -> Any:
         if getattr(args, a) is not None:
             setattr(s, f, getattr(args, a))
     s.replace = bool(args.replace)
+    for a in ("proposer", "llm_model", "llm_candidates", "llm_max_failures"):
+        if getattr(args, a) is not None:
+            setattr(s, a, getattr(args, a))
+    s.llm_fallback = bool(args.llm_fallback)
     s.ring = bool(args.ring)
     s.profile = not args.no_profile
     if args.ab_rounds is not None:
@@ -284,6 +298,10 @@ def print_summary(summary: dict[str, Any], console: Any) -> None:
                   f"stopped: {escape(summary['stop_reason'] or '-')}", soft_wrap=True)
     if src == "predicted":
         console.print("latency: PREDICTED by the cost model (the sim backend), not a measurement")
+    if summary.get("proposer") == "llm":
+        console.print(f"llm proposer: {summary['proposer_errors']} proposer errors; {summary['fallbacks']} rounds "
+                      f"fell back to the local moves (prompts and answers: {escape(summary['out'])}/proposer.log)",
+                      soft_wrap=True)
     st, b = summary["start"], summary["best"]
     if b is None:
         console.print("no candidate passed the correctness gate")
@@ -314,7 +332,8 @@ def run(args: argparse.Namespace) -> int:
     err = Console(stderr=True, highlight=False)  # progress, trial lines, warnings
     if args.resume:
         overrides = {"trials": args.trials, "minutes": args.minutes, "timeout_s": args.timeout,
-                     "replace": args.replace, "db": args.db, "tp": args.tp, "backend": args.backend}
+                     "replace": args.replace, "db": args.db, "tp": args.tp, "backend": args.backend,
+                     "llm_fallback": args.llm_fallback, "llm_max_failures": args.llm_max_failures}
         tuner = open_tune(resume=args.resume, overrides=overrides, console=err)
     else:
         tuner = open_tune(_settings(args), console=err)
