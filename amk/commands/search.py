@@ -25,6 +25,7 @@ row without ``--llm-fallback``.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import time
 from typing import Any
@@ -61,9 +62,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", choices=("sim", "triton"), default=None,
                    help="sim: CPU executor, latency predicted by the cost model (default); "
                         "triton: the GPU megakernel, latency measured")
-    p.add_argument("--proposer", choices=("optuna", "llm", "replay"), default=None,
+    p.add_argument("--proposer", choices=("optuna", "llm", "replay", "edits"), default=None,
                    help="optuna: TPE + mutation ranked by the cost model (default, offline); "
-                        "llm: anthropic SDK (needs ANTHROPIC_API_KEY); replay: --replay FILE")
+                        "llm: anthropic SDK (needs ANTHROPIC_API_KEY); replay: --replay FILE; "
+                        "edits: schedule edit lists against the start config's schedule (--edits)")
+    p.add_argument("--edits", action="store_true", default=None,
+                   help="search schedule edits (move, split, merge, refine_wait, ...; docs/ir.md) "
+                        "against the lowered start config instead of knob values: the offline edit "
+                        "proposer, ranked by the cost model; same as --proposer edits")
     p.add_argument("--replay", default=None, metavar="RESULTS",
                    help="results.jsonl (or search directory) for --proposer replay")
     p.add_argument("--llm-model", default=None, metavar="ID",
@@ -147,6 +153,10 @@ def _settings_from_args(args: argparse.Namespace) -> Any:
         s.timing["steps"] = args.ab_steps
     if args.audit_kernels:
         s.timing["audit_prefixes"] = [x for x in args.audit_kernels.split(",") if x]
+    if args.edits:
+        if args.proposer not in (None, "edits"):
+            raise AmkError(f"--edits is --proposer edits; it cannot go with --proposer {args.proposer}")
+        s.proposer = "edits"
     if args.replay and not args.proposer:
         s.proposer = "replay"
     _config_settings(args, s)
@@ -289,6 +299,17 @@ def print_summary(result: Any, console: Any) -> None:
             t.add_row(key, "none passed the correctness gate")
     if s["speedup_vs_start"]:
         t.add_row("speedup vs start", f"{s['speedup_vs_start']:.3f}x ({src})")
+    if s.get("edits"):
+        e = s["edits"]
+        t.add_row("edits", f"{e['proposed']} proposed, {e['rejected']} rejected by the validator, "
+                           f"{e['failed_gate']} failed the correctness gate, {e['kept']} kept, "
+                           f"{e['reverted']} reverted")
+        for cls, v in sorted(e["rejected_by_class"].items()):
+            w = json.dumps(v.get("witness"), separators=(",", ":"), default=str)
+            t.add_row(f"  {escape(cls)}", escape(f"{v['count']}x, first trial {v['trial']}: "
+                                                 f"{json.dumps(v['edit'])}; witness {w[:300]}"))
+        if s.get("replay_best"):
+            t.add_row("replay the best", escape(s["replay_best"]))
     if s["fallbacks"]:
         t.add_row("fallbacks", f"{s['fallbacks']} trials used a mutation because the "
                                f"{escape(s['proposer'])} proposer gave no usable candidate")
@@ -317,7 +338,8 @@ def run(args: argparse.Namespace) -> int:
             overrides = {}
         overrides.update({"trials": args.trials, "minutes": args.minutes,
                           "timeout_s": args.timeout, "tp": args.tp, "backend": args.backend,
-                          "proposer": args.proposer, "llm_fallback": args.llm_fallback,
+                          "proposer": "edits" if args.edits else args.proposer,
+                          "llm_fallback": args.llm_fallback,
                           "llm_max_failures": args.llm_max_failures})
         search = open_search(resume=args.resume, overrides=overrides)
     else:
