@@ -1,13 +1,15 @@
 """``amk search MODEL``: search the lowering's knobs for a faster schedule (autoresearch).
 
-    amk search MODEL [--tp R] [--backend sim|triton] [--proposer optuna|llm|replay]
-                     [--trials N | --minutes M] [--out DIR] [--resume DIR] ...
+    amk search MODEL [--tp R] [--backend sim|triton] [--proposer optuna|llm|replay|edits]
+                     [--edits] [--trials N | --minutes M] [--out DIR] [--resume DIR] ...
 
 Every trial: propose a config -> lower -> validate -> correctness gate against HF eager ->
 timing (sim: the cost model's PREDICTED latency; triton: interleaved A/B with CUDA events,
 MEASURED) -> KEEP / REVERT / REJECTED / FAIL / TIMEOUT -> one row in DIR/results.tsv and
 DIR/results.jsonl -> checkpoint. A killed search continues with ``--resume DIR``.
-See docs/search.md.
+``--edits`` (``--proposer edits``): every candidate is a schedule edit list against the lowered
+start config (search/edit_proposer.py); DIR/best/edits.json replays through ``amk edit
+DIR/base/schedule.json DIR/best/edits.json``. See docs/search.md.
 
 ``--config FILE`` (and the knob flags) sets trial 0's lowering knobs, the dtype and max_seq of
 the whole search and the kernel knobs every triton candidate runs with. The best candidate is
