@@ -419,12 +419,10 @@ def evaluate(req: dict[str, Any]) -> dict[str, Any]:
             res.update(status="rejected", reason=f"validator: {', '.join(sorted(verdict.classes))}"
                        f" ({len(verdict.errors)} errors; first: {first.message})"[:400])
             # one witness per error class (the cycle of a deadlock, the racing pair, ...)
-            from amk.editing import verdict_report
-
             res["verdict"]["witnesses"] = {e["class"]: {"message": e["message"][:400],
-                                                        "tasks": e["tasks"][:20],
+                                                        "tasks": list(e["tasks"])[:20],
                                                         "witness": e["witness"]}
-                                           for e in reversed(verdict_report(verdict)["errors"])}
+                                           for e in reversed([f.to_json() for f in verdict.errors])}
             return res
         if req.get("profile_only"):  # the incumbent's profile: no gate, no timing
             res["stage"] = "profile"
