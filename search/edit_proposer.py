@@ -232,3 +232,150 @@ class EditProposer:
 
     def close(self) -> None:
         pass
+
+
+# -- the LLM proposes edits ------------------------------------------------------------------
+EDIT_TOOL = "propose_edits"
+
+
+class LLMEditProposer:
+    """Edit lists from a language model (the anthropic SDK, as ``search.proposers.LLMProposer``;
+    ``client`` injected in tests, else built from ANTHROPIC_API_KEY).
+
+    The request offers one tool, ``propose_edits``, whose input is ``{"edits": [...], "why"}``:
+    the edits to APPEND to the incumbent's list. The prompt carries the edit ops, the
+    incumbent's list, the summary of its schedule (``lowering.views``: stages, the predicted
+    critical path, idle time per worker), the last results with their verdicts and the edits
+    the validator rejected with their error classes and witnesses. The answer is checked with
+    ``ir.edits.parse_edits``; a malformed one, an edit the validator already rejected or an
+    evaluated list raises ``ProposalSkipped`` (the loop logs it and asks again, then falls
+    back to the offline edit proposer).
+    """
+
+    name = "llm"
+
+    def __init__(self, space: Any, client: Any = None, *, base: Callable[[], Any],
+                 seq_len: int = 128, model: str | None = None, max_tokens: int = 2048,
+                 history: int = 12):
+        import os
+
+        from search.proposers import API_KEY_ENV, DEFAULT_LLM_MODEL
+
+        if client is None:
+            if not os.environ.get(API_KEY_ENV):
+                raise AmkError(f"--proposer llm needs {API_KEY_ENV} to be set "
+                               "(or use --edits alone, the offline edit proposer)")
+            import anthropic
+
+            client = anthropic.Anthropic(max_retries=2)
+        self.client = client
+        self.space = space
+        self.base = base
+        self.seq_len = seq_len
+        self.model = model or os.environ.get("AMK_LLM_MODEL") or DEFAULT_LLM_MODEL
+        self.max_tokens = max_tokens
+        self.history = history
+
+    def tool(self) -> dict[str, Any]:
+        from ir.edits import SCHEMA
+
+        return {"name": EDIT_TOOL,
+                "description": "Propose schedule edits to append to the incumbent's edit list "
+                               "(usually one). Each edit is an object with an op and its fields.",
+                "input_schema": {
+                    "type": "object", "required": ["edits"],
+                    "properties": {
+                        "edits": {"type": "array", "minItems": 1, "items": {
+                            "type": "object", "required": ["op"],
+                            "properties": {"op": {"enum": list(SCHEMA)}}}},
+                        "why": {"type": "string"}}}}
+
+    def prompt(self, ctx: ProposalContext) -> str:
+        """The user message (class docstring); never the whole program."""
+        from ir.edits import OP_HELP, SCHEMA
+        from lowering.views import format_summary, summary
+        from search.proposers import redact
+        from search.records import TSV_COLUMNS
+
+        inc = ctx.incumbent
+        inc_edits = list(inc.extra.get("edits") or []) if inc else []
+        from lowering.placement import apply_edits
+
+        prog = apply_edits(self.base(), parse_edits(inc_edits, "the incumbent's edits"))
+        lines = [
+            "You are improving the schedule of a persistent multi-GPU decode megakernel (amk) "
+            "by editing it. Every edited schedule is statically validated (deadlock/race "
+            "checks), checked against HF eager, then timed "
+            f"({ctx.timing_source}). Answer ONLY by calling `{EDIT_TOOL}`.",
+            "", "## Edit ops (fields: name kind, * = required)"]
+        for op, spec in SCHEMA.items():
+            fields = ", ".join(f"{k}{'*' if req else ''}:{kind}" for k, (kind, req) in spec.items())
+            lines.append(f"- {op}({fields}): {OP_HELP[op]}")
+        lines += ["", "## Incumbent",
+                  f"trial {inc.trial if inc else '-'}, latency {inc.latency_ms if inc else '-'} ms; "
+                  f"its edit list: {json.dumps(inc_edits)}",
+                  format_summary(summary(prog, self.seq_len))]
+        recent = ctx.records[-self.history:]
+        if recent:
+            lines += ["", "## Last results (TSV; status is the verdict)", "\t".join(TSV_COLUMNS)]
+            lines += ["\t".join(r.row()) for r in recent]
+        rej = rejected_edits(ctx.records)
+        if rej:
+            lines += ["", "## Edits the validator rejected (never propose them again)"]
+            for k, v in list(rej.items())[-8:]:
+                w = json.dumps(v["witnesses"], separators=(",", ":"), default=str)
+                lines.append(f"- {k}: {', '.join(v['classes']) or v['reason'][:200]}; "
+                             f"witness {w[:800]}")
+        return redact("\n".join(lines))
+
+    def propose(self, ctx: ProposalContext) -> Proposal | None:
+        from search.proposers import ProposalSkipped, redact
+
+        try:
+            resp = self.client.messages.create(
+                model=self.model, max_tokens=self.max_tokens, tools=[self.tool()],
+                tool_choice={"type": "auto"},
+                messages=[{"role": "user", "content": self.prompt(ctx)}])
+        except Exception as err:  # SDK/network errors: skip this proposal, never crash
+            raise ProposalSkipped(redact(" ".join(
+                f"LLM request failed: {type(err).__name__}: {err}".split()))[:500],
+                kind="request") from None
+        blocks = getattr(resp, "content", None) or []
+
+        def get(b: Any, k: str) -> Any:
+            return b.get(k) if isinstance(b, dict) else getattr(b, k, None)
+
+        calls = [b for b in blocks if get(b, "type") == "tool_use" and get(b, "name") == EDIT_TOOL]
+        raw = redact(json.dumps([get(b, "input") for b in calls], default=str))[:2000]
+        if len(calls) != 1 or not isinstance(get(calls[0], "input"), dict):
+            raise ProposalSkipped(f"malformed LLM answer: expected one {EDIT_TOOL} call with an "
+                                  f"object, got {len(calls)}", raw)
+        inp = get(calls[0], "input")
+        inc = ctx.incumbent
+        inc_edits = list(inc.extra.get("edits") or []) if inc else []
+        try:
+            new = [edit_to_json(e) for e in parse_edits(inp.get("edits"), "the LLM's edits")]
+        except AmkError as err:
+            raise ProposalSkipped(redact(f"malformed LLM answer: {err}")[:500], raw) from None
+        banned = rejected_edits(ctx.records)
+        for e in new:
+            if edit_key(e) in banned:
+                raise ProposalSkipped(f"LLM proposed an edit the validator rejected in trial "
+                                      f"{banned[edit_key(e)]['trial']}: {edit_key(e)}", raw)
+        full = inc_edits + new
+        if any(list_key(r.extra.get("edits") or []) == list_key(full) for r in ctx.records):
+            raise ProposalSkipped("LLM proposed an already evaluated edit list", raw)
+        why = " ".join(str(inp.get("why") or "").split())[:160]
+        note = "; ".join(describe_edit(e) for e in new)[:200] + (f" ({why})" if why else "")
+        return Proposal(dict(inc.config), "llm", inc.trial, redact(note), meta={"edits": full})
+
+    def observe(self, proposal: Proposal, record: Record) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def edit_to_json(e: Any) -> dict[str, Any]:
+    """An ``ir.edits.Edit`` back to its JSON object (``op`` first)."""
+    return {"op": e.op, **e.fields}

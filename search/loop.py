@@ -123,6 +123,7 @@ class SearchSettings:
     start: dict[str, Any] | None = None
     kernel: dict[str, Any] = field(default_factory=dict)
     config_source: str | None = None  # where start and kernel came from (search/defaults.py)
+    edits: bool = False  # with proposer llm: the LLM proposes edit lists (an edit search)
 
     def check(self) -> None:
         """Raise AmkError naming the bad setting."""
@@ -132,6 +133,9 @@ class SearchSettings:
             raise AmkError(f"--backend must be sim or triton, got {self.backend!r}")
         if self.proposer not in ("optuna", "llm", "replay", "edits"):
             raise AmkError(f"--proposer must be optuna, llm, replay or edits, got {self.proposer!r}")
+        if self.edits and self.proposer not in ("edits", "llm"):
+            raise AmkError(f"--edits proposes schedule edits offline (--proposer edits) or "
+                           f"with --proposer llm, not with --proposer {self.proposer}")
         if self.proposer == "replay" and not self.replay:
             raise AmkError("--proposer replay needs --replay RESULTS (a results.jsonl or a "
                            "search directory)")
@@ -170,7 +174,7 @@ class SearchSettings:
     @property
     def edit_mode(self) -> bool:
         """True for an edit search (``--edits``): candidates are edit lists against the base."""
-        return self.proposer == "edits"
+        return self.proposer == "edits" or (self.edits and self.proposer == "llm")
 
     def gate_tolerance(self) -> dict[str, Any]:
         """Correctness tolerances: f32 agrees with HF eager to ~1e-6 relative and must
@@ -460,12 +464,15 @@ class Search:
                                seed=self.s.seed + len(self.records))
             p.sync(self.records)
             return p
+        if self.s.edit_mode:
+            from search.edit_proposer import EditProposer, LLMEditProposer
+
+            if self.s.proposer == "llm":
+                return LLMEditProposer(self.space, llm_client, base=self.base_program,
+                                       seq_len=self.s.seq_len, model=self.s.llm_model)
+            return EditProposer(self.base_program, self.s.seq_len)
         if self.s.proposer == "llm":
             return LLMProposer(self.space, llm_client, model=self.s.llm_model)
-        if self.s.edit_mode:
-            from search.edit_proposer import EditProposer
-
-            return EditProposer(self.base_program, self.s.seq_len)
         return ReplayProposer(self.s.replay)
 
     def base_config(self) -> dict[str, Any]:
@@ -663,12 +670,17 @@ class Search:
         """A mutation of the incumbent (or a random point) in place of the proposer's
         candidate; said on the console, logged, and marked in the record
         (``extra["fallback"]``, counted in the summary)."""
-        if self.s.edit_mode:  # a knob mutation is no edit list: the search stops instead
-            self._log_proposer({"trial": trial, "event": "no-proposal", "proposer": self.s.proposer,
-                                "reason": why})
-            return None
-        muts = mutations(ctx, 1)
-        p = muts[0] if muts else RandomProposer().propose(ctx)
+        if self.s.edit_mode:  # a knob mutation is no edit list: the offline edit proposer
+            from search.edit_proposer import EditProposer
+
+            if self.s.proposer == "edits":  # it had nothing: the search stops
+                self._log_proposer({"trial": trial, "event": "no-proposal",
+                                    "proposer": self.s.proposer, "reason": why})
+                return None
+            p = EditProposer(self.base_program, self.s.seq_len).propose(ctx)
+        else:
+            muts = mutations(ctx, 1)
+            p = muts[0] if muts else RandomProposer().propose(ctx)
         self._log_proposer({"trial": trial, "event": "fallback", "proposer": self.s.proposer,
                             "reason": why, "to": p.proposer if p else None})
         if p is None:

@@ -166,4 +166,42 @@ def test_edits_flag_conflicts_with_another_proposer(tmp_path):
     r = _amk("search", MODEL, "--edits", "--proposer", "optuna", "--out", str(tmp_path / "x"))
     assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1] == \
-        "error: --edits is --proposer edits; it cannot go with --proposer optuna"
+        "error: --edits proposes schedule edits offline (--proposer edits) or with --proposer " \
+        "llm, not with --proposer optuna"
+
+
+def test_llm_proposes_edits_with_summary_and_witnesses(tmp_path, monkeypatch):
+    from search.edit_proposer import EDIT_TOOL
+    from tests.test_search_proposers import SECRET, Transport, tool_use
+
+    monkeypatch.setenv("ANTHROPIC_API_KEY", SECRET)
+    s = SearchSettings(model=MODEL, out=str(tmp_path / "s"), tp=2, trials=4, proposer="llm",
+                       edits=True)
+    probe = open_search(SearchSettings(model=MODEL, out=str(tmp_path / "p"), tp=2, trials=1,
+                                       proposer="edits"), evaluator=InProcessEvaluator())
+    unsafe = _unsafe_drop_wait(probe.base_program())
+    good = {"op": "replace", "stage": "lm.k0", "policy": "balanced"}
+    tr = Transport([
+        [tool_use({"edits": [{"op": "bogus"}]}, name=EDIT_TOOL)],      # trial 1: malformed
+        [tool_use({"edits": [good], "why": "balance lm.k0"}, name=EDIT_TOOL)],
+        [tool_use({"edits": [unsafe]}, name=EDIT_TOOL)],               # trial 2: rejected
+        [tool_use({"edits": [unsafe]}, name=EDIT_TOOL)],               # trial 3: a repeat
+        [tool_use({"edits": [{"op": "replace", "stage": "lm.argmax.k0",
+                              "policy": "round_robin"}]}, name=EDIT_TOOL)]])
+    search = open_search(s, evaluator=InProcessEvaluator(), llm_client=tr.client())
+    recs = search.run().records
+    assert [r.proposer for r in recs] == ["baseline", "llm", "llm", "llm"]
+    assert recs[1].extra["edits"] == [good] and recs[1].status in ("KEEP", "REVERT")
+    assert recs[2].status == "REJECTED" and recs[2].extra["stage"] == "validate"
+    inc = recs[1].extra["edits"] if recs[1].status == "KEEP" else []
+    assert recs[2].extra["edits"] == inc + [unsafe]
+    assert recs[3].extra["edits"][-1]["stage"] == "lm.argmax.k0"
+    log = (tmp_path / "s" / "proposer.log").read_text()
+    assert "unknown op" in log and "the validator rejected in trial 2" in log
+    # the prompt of trial 3 carries the schedule summary and the rejected edit's witness
+    body = json.loads(tr.requests[3].content)
+    text = body["messages"][0]["content"]
+    assert "critical path:" in text and "idle per worker" in text
+    cls = recs[2].extra["verdict"]["classes"][0]
+    assert cls in text and '"witness"' in text and unsafe["task"] in text
+    assert body["tools"][0]["name"] == EDIT_TOOL

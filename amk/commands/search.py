@@ -71,7 +71,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--edits", action="store_true", default=None,
                    help="search schedule edits (move, split, merge, refine_wait, ...; docs/ir.md) "
                         "against the lowered start config instead of knob values: the offline edit "
-                        "proposer, ranked by the cost model; same as --proposer edits")
+                        "proposer ranked by the cost model (= --proposer edits), or with "
+                        "--proposer llm the LLM proposes the edits")
     p.add_argument("--replay", default=None, metavar="RESULTS",
                    help="results.jsonl (or search directory) for --proposer replay")
     p.add_argument("--llm-model", default=None, metavar="ID",
@@ -156,9 +157,13 @@ def _settings_from_args(args: argparse.Namespace) -> Any:
     if args.audit_kernels:
         s.timing["audit_prefixes"] = [x for x in args.audit_kernels.split(",") if x]
     if args.edits:
-        if args.proposer not in (None, "edits"):
-            raise AmkError(f"--edits is --proposer edits; it cannot go with --proposer {args.proposer}")
-        s.proposer = "edits"
+        if args.proposer not in (None, "edits", "llm"):
+            raise AmkError(f"--edits proposes schedule edits offline (--proposer edits) or with "
+                           f"--proposer llm, not with --proposer {args.proposer}")
+        s.edits = True
+        s.proposer = args.proposer or "edits"
+    if s.proposer == "edits":
+        s.edits = True  # --proposer edits is --edits (a resume may name either)
     if args.replay and not args.proposer:
         s.proposer = "replay"
     _config_settings(args, s)
@@ -340,7 +345,8 @@ def run(args: argparse.Namespace) -> int:
             overrides = {}
         overrides.update({"trials": args.trials, "minutes": args.minutes,
                           "timeout_s": args.timeout, "tp": args.tp, "backend": args.backend,
-                          "proposer": "edits" if args.edits else args.proposer,
+                          "proposer": args.proposer or ("edits" if args.edits else None),
+                          "edits": args.edits,
                           "llm_fallback": args.llm_fallback,
                           "llm_max_failures": args.llm_max_failures})
         search = open_search(resume=args.resume, overrides=overrides)
