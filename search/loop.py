@@ -91,7 +91,9 @@ class SearchSettings:
     after this many consecutive failed LLM requests; start: lowering knobs of trial 0 (from
     ``--config`` and the knob flags; None: the lowering's defaults); kernel: the kernel knobs
     (a KernelConfig's JSON, held for the whole search: the triton backend runs every candidate
-    with them; {}: the defaults), written with the best lowering knobs to best/config.json.
+    with them; {}: the defaults), written with the best lowering knobs to best/config.json;
+    edits: an edit search (``--edits``; with proposer ``llm`` the LLM proposes the edits,
+    with proposer ``edits`` the offline edit proposer does).
     """
 
     model: str
