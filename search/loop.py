@@ -65,7 +65,8 @@ class SearchSettings:
     """Everything that defines a search (saved in state.json; a resume reuses it).
 
     model: MODEL argument; tp: ranks; backend: sim | triton; proposer: optuna | llm |
-    replay; trials: total trials including trial 0 (None: no limit); minutes: search
+    replay | edits (an edit search: every candidate is a schedule edit list against the
+    lowered start config, search/edit_proposer.py); trials: total trials including trial 0 (None: no limit); minutes: search
     time budget over all runs (None: no limit); out: the search directory; seed: seeds
     the proposers, prompts and interleavings; dtype / max_seq: fixed lowering fields;
     positions: decode positions compared with HF eager; seq_len: context length the
@@ -82,7 +83,9 @@ class SearchSettings:
     after this many consecutive failed LLM requests; start: lowering knobs of trial 0 (from
     ``--config`` and the knob flags; None: the lowering's defaults); kernel: the kernel knobs
     (a KernelConfig's JSON, held for the whole search: the triton backend runs every candidate
-    with them; {}: the defaults), written with the best lowering knobs to best/config.json.
+    with them; {}: the defaults), written with the best lowering knobs to best/config.json;
+    edits: an edit search (``--edits``; with proposer ``llm`` the LLM proposes the edits,
+    with proposer ``edits`` the offline edit proposer does).
     """
 
     model: str
@@ -114,6 +117,7 @@ class SearchSettings:
     start: dict[str, Any] | None = None
     kernel: dict[str, Any] = field(default_factory=dict)
     config_source: str | None = None  # where start and kernel came from (search/defaults.py)
+    edits: bool = False  # with proposer llm: the LLM proposes edit lists (an edit search)
 
     def check(self) -> None:
         """Raise AmkError naming the bad setting."""
@@ -121,8 +125,11 @@ class SearchSettings:
             raise AmkError(f"--tp must be >= 1, got {self.tp}")
         if self.backend not in ("sim", "triton"):
             raise AmkError(f"--backend must be sim or triton, got {self.backend!r}")
-        if self.proposer not in ("optuna", "llm", "replay"):
-            raise AmkError(f"--proposer must be optuna, llm or replay, got {self.proposer!r}")
+        if self.proposer not in ("optuna", "llm", "replay", "edits"):
+            raise AmkError(f"--proposer must be optuna, llm, replay or edits, got {self.proposer!r}")
+        if self.edits and self.proposer not in ("edits", "llm"):
+            raise AmkError(f"--edits proposes schedule edits offline (--proposer edits) or "
+                           f"with --proposer llm, not with --proposer {self.proposer}")
         if self.proposer == "replay" and not self.replay:
             raise AmkError("--proposer replay needs --replay RESULTS (a results.jsonl or a "
                            "search directory)")
@@ -157,6 +164,11 @@ class SearchSettings:
                        model=absolute_model_arg(self.model),
                        replay=str(Path(os.path.expanduser(self.replay)).resolve())
                        if self.replay else None)
+
+    @property
+    def edit_mode(self) -> bool:
+        """True for an edit search (``--edits``): candidates are edit lists against the base."""
+        return self.proposer == "edits" or (self.edits and self.proposer == "llm")
 
     def gate_tolerance(self) -> dict[str, Any]:
         """Correctness tolerances: f32 agrees with HF eager to ~1e-6 relative and must
@@ -218,7 +230,7 @@ class LoopState:
                 if self.restart_tries >= MAX_RESTART_TRIES:
                     self.restart_pending, self.restart_tries = False, 0
         if self.plateau >= s.plateau and not self.restart_pending:
-            if self.restarts < 1:
+            if self.restarts < 1 and not s.edit_mode:  # an edit search has no random point
                 self.restarts += 1
                 self.restart_pending, self.restart_tries, self.plateau = True, 0, 0
             else:
@@ -246,10 +258,14 @@ def decide(res: dict[str, Any], proposal: Proposal, trial: int, state: LoopState
     timing was accepted (not below the floor); it always comes with its status and its
     ``timing_source``.
     """
-    cid = space.candidate_id(proposal.config)
+    cid = candidate_key(space, proposal)
     base = state.incumbent.config if state.incumbent else None
-    desc = space.describe(proposal.config)
-    if base is not None and proposal.parent is not None:
+    edits = proposal.meta.get("edits")
+    if edits is not None:
+        desc = f"{len(edits)} edit(s) on the base"
+    else:
+        desc = space.describe(proposal.config)
+    if base is not None and proposal.parent is not None and edits is None:
         desc += f" [{space.describe(proposal.config, base)}]"
     if proposal.note:
         desc += f" ({proposal.note})"
@@ -260,6 +276,8 @@ def decide(res: dict[str, Any], proposal: Proposal, trial: int, state: LoopState
                  roofline_ms=res.get("floor_ms"))
     rec.extra = {k: res[k] for k in ("program", "verdict", "times", "stage", "worker_pid")
                  if k in res}
+    if edits is not None:
+        rec.extra["edits"] = list(edits)
     if proposal.meta.get("restart"):
         rec.extra["restart"] = True
     if proposal.meta.get("fallback"):
@@ -321,6 +339,20 @@ def decide(res: dict[str, Any], proposal: Proposal, trial: int, state: LoopState
                       f"{ab.get('threshold', float('nan')):.4f} (A/A noise "
                       f"{ab.get('noise', float('nan')):.4f}) against trial {inc.trial}")
     return rec
+
+
+def candidate_key(space: SearchSpace, proposal: Proposal) -> str:
+    """The candidate id of a proposal: the config's id, plus a hash of its edit list in an
+    edit search (every candidate there shares the base config)."""
+    cid = space.candidate_id(proposal.config)
+    edits = proposal.meta.get("edits")
+    if edits:
+        import hashlib
+
+        from search.edit_proposer import list_key
+
+        cid += "+e" + hashlib.sha1(list_key(edits).encode()).hexdigest()[:10]
+    return cid
 
 
 def _correctness(c: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -426,9 +458,27 @@ class Search:
                                seed=self.s.seed + len(self.records))
             p.sync(self.records)
             return p
+        if self.s.edit_mode:
+            from search.edit_proposer import EditProposer, LLMEditProposer
+
+            if self.s.proposer == "llm":
+                return LLMEditProposer(self.space, llm_client, base=self.base_program,
+                                       seq_len=self.s.seq_len, model=self.s.llm_model)
+            return EditProposer(self.base_program, self.s.seq_len)
         if self.s.proposer == "llm":
             return LLMProposer(self.space, llm_client, model=self.s.llm_model)
         return ReplayProposer(self.s.replay)
+
+    def base_config(self) -> dict[str, Any]:
+        """The candidate config of trial 0: the start config, else the lowering's default.
+        In an edit search it is every candidate's config (the base of the edit lists)."""
+        return self.start_candidate() if self.s.start else self.space.default()
+
+    def base_program(self) -> Any:
+        """The base schedule of an edit search: the lowering of ``base_config`` (a copy)."""
+        if getattr(self, "_base_prog", None) is None:
+            self._base_prog = self._lower(self.base_config())
+        return self._base_prog.copy()
 
     def target_json(self) -> dict[str, Any]:
         return {"name": "h100-like" if self.s.backend == "triton" else "generic",
@@ -492,6 +542,19 @@ class Search:
 
         d = self.out / where
         prog = self._lower(rec.config)
+        edits = rec.extra.get("edits")
+        if edits is not None:  # an edit search: the base schedule plus the trial's edit list
+            from ir.edits import parse_edits
+            from lowering.placement import apply_edits
+
+            base_dir = self.out / "base"
+            if not (base_dir / "schedule.json").exists():
+                base_dir.mkdir(parents=True, exist_ok=True)
+                save_program(prog, base_dir / "schedule.json")
+                save_program(prog, base_dir / "schedule.amk")
+            prog = apply_edits(prog, parse_edits(edits, f"trial {rec.trial}'s edits"))
+            d.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(d / "edits.json", list(edits))
         from search.space import program_fingerprint
 
         evaluated = (rec.extra.get("program") or {}).get("fingerprint")
@@ -515,7 +578,9 @@ class Search:
             "backend": self.s.backend, "latency_ms": rec.latency_ms,
             "timing_source": rec.timing_source, "pct_roofline": rec.pct_roofline,
             "status": rec.status, "same_schedule_as_evaluated": same,
-            "compile": use_command(self.s, d / "config.json")})
+            "compile": use_command(self.s, d / "config.json"),
+            **({"edits_file": "edits.json", "edits": len(edits),
+                "replay": edit_command(self.out, d)} if edits is not None else {})})
 
     def _log_proposer(self, event: dict[str, Any]) -> None:
         append_line(self.out / "proposer.log", redact(json.dumps(event, sort_keys=True)))
@@ -534,9 +599,12 @@ class Search:
         """The next proposal, or None when the proposer has nothing left."""
         ctx = self._context(trial)
         if not self.records:
+            meta: dict[str, Any] = {"edits": []} if self.s.edit_mode else {}
             if self.s.start:
-                return Proposal(self.start_candidate(), "baseline", None, "the start config")
-            return Proposal(self.space.default(), "baseline", None, "the lowering's default")
+                return Proposal(self.start_candidate(), "baseline", None, "the start config",
+                                meta=meta)
+            return Proposal(self.space.default(), "baseline", None, "the lowering's default",
+                            meta=meta)
         if self.state.restart_pending:
             p = RandomProposer().propose(ctx)
             if p is not None:
@@ -569,7 +637,12 @@ class Search:
                 self._log_proposer({"trial": trial, "event": "invalid", "proposer": p.proposer,
                                     "reason": "; ".join(problems)})
                 continue
-            if self.space.candidate_id(p.config) in ctx.seen:
+            if self.s.edit_mode and p.config != self.space.canonical(self.base_config()):
+                why = "an edit search proposes edit lists against the base config only"
+                self._log_proposer({"trial": trial, "event": "invalid", "proposer": p.proposer,
+                                    "reason": why})
+                continue
+            if candidate_key(self.space, p) in ctx.seen:
                 why = "proposal repeats an evaluated candidate"
                 self._log_proposer({"trial": trial, "event": "repeat", "proposer": p.proposer})
                 continue
@@ -587,8 +660,17 @@ class Search:
         """A mutation of the incumbent (or a random point) in place of the proposer's
         candidate; said on the console, logged, and marked in the record
         (``extra["fallback"]``, counted in the summary)."""
-        muts = mutations(ctx, 1)
-        p = muts[0] if muts else RandomProposer().propose(ctx)
+        if self.s.edit_mode:  # a knob mutation is no edit list: the offline edit proposer
+            from search.edit_proposer import EditProposer
+
+            if self.s.proposer == "edits":  # it had nothing: the search stops
+                self._log_proposer({"trial": trial, "event": "no-proposal",
+                                    "proposer": self.s.proposer, "reason": why})
+                return None
+            p = EditProposer(self.base_program, self.s.seq_len).propose(ctx)
+        else:
+            muts = mutations(ctx, 1)
+            p = muts[0] if muts else RandomProposer().propose(ctx)
         self._log_proposer({"trial": trial, "event": "fallback", "proposer": self.s.proposer,
                             "reason": why, "to": p.proposer if p else None})
         if p is None:
@@ -611,6 +693,9 @@ class Search:
             "seq_len": self.s.seq_len, "tolerance": self.s.gate_tolerance(),
             "timing": dict(self.s.timing), "hooks": dict(self.s.hooks), "trial": trial,
             "kernel": dict(self.s.kernel),
+            **({"edits": list(proposal.meta.get("edits") or []),
+                "incumbent_edits": list((inc.extra.get("edits") if inc else None) or [])}
+               if self.s.edit_mode else {}),
         }
 
     def run_trial(self, trial: int, proposal: Proposal) -> Record:
@@ -738,7 +823,44 @@ def summarize(records: list[Record], state: LoopState, s: SearchSettings,
             "restarts": state.restarts,
             "fallbacks": sum(1 for r in records if r.extra.get("fallback")),
             "best_config_file": str(Path(s.out) / "best" / "config.json") if best else None,
+            **({"edits": edit_log(records),
+                "best_edits_file": str(Path(s.out) / "best" / "edits.json") if best else None,
+                "replay_best": edit_command(Path(s.out), Path(s.out) / "best") if best else None}
+               if s.edit_mode else {}),
             "use_best": use_command(s, Path(s.out) / "best" / "config.json") if best else None}
+
+
+def edit_command(out: Path, d: Path) -> str:
+    """The ``amk edit`` command line that rebuilds an edit search's saved schedule from the
+    base schedule and its edit list."""
+    return (f"amk edit {shlex.quote(str(out / 'base' / 'schedule.json'))} "
+            f"{shlex.quote(str(d / 'edits.json'))} --out NEW.amk")
+
+
+def edit_log(records: list[Record]) -> dict[str, Any]:
+    """The proposal log of an edit search: edit lists proposed (trials after the baseline),
+    rejected by the validator or the edit language (per error class: count, the first
+    trial, its last edit and one witness), failed the correctness gate, failed otherwise,
+    timed out, kept and reverted."""
+    props = [r for r in records if r.trial > 0 and r.extra.get("edits") is not None]
+    by_class: dict[str, dict[str, Any]] = {}
+    for r in props:
+        if r.status != "REJECTED":
+            continue
+        v = r.extra.get("verdict") or {}
+        classes = v.get("classes") or (["EditError"] if r.extra.get("stage") == "edit"
+                                       else ["LoweringError"])
+        for c in classes:
+            e = by_class.setdefault(c, {"count": 0, "trial": r.trial,
+                                        "edit": (r.extra.get("edits") or [None])[-1],
+                                        "witness": (v.get("witnesses") or {}).get(c),
+                                        "reason": r.reason[:300]})
+            e["count"] += 1
+    n = {k: sum(1 for r in props if r.status == k) for k in ("KEEP", "REVERT", "REJECTED", "TIMEOUT")}
+    gate = sum(1 for r in props if r.status == "FAIL" and r.extra.get("stage") == "correctness")
+    return {"proposed": len(props), "rejected": n["REJECTED"], "rejected_by_class": by_class,
+            "failed_gate": gate, "failed_other": sum(1 for r in props if r.status == "FAIL") - gate,
+            "timeout": n["TIMEOUT"], "kept": n["KEEP"], "reverted": n["REVERT"]}
 
 
 def use_command(s: SearchSettings, config_file: Path) -> str:

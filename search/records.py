@@ -6,7 +6,8 @@ Layout of a search directory ``OUT``::
     OUT/results.tsv     the same trials, one row each, human-readable (columns: TSV_COLUMNS)
     OUT/state.json      the search's arguments and loop state, rewritten after every trial
     OUT/incumbent/      config.json + schedule.json (+ schedule.amk) of the current incumbent
-    OUT/best/           the same for the best candidate so far
+    OUT/best/           the same for the best candidate so far (+ edits.json in an edit search)
+    OUT/base/           schedule.json (+ .amk) of an edit search's base: the lowered start config
     OUT/study.journal   the optuna study (JournalStorage), when the optuna proposer is used
     OUT/proposer.log    JSONL events of the proposers (skipped LLM answers, ...)
     OUT/worker.log      stderr of the evaluation subprocesses
@@ -49,7 +50,7 @@ class Record:
 
     trial: 0-based trial number (0 = the default config); parent: the trial whose config
     this one was derived from (None for the baseline and random restarts); proposer:
-    ``baseline`` | ``optuna`` | ``mutation`` | ``random`` | ``llm`` | ``replay``;
+    ``baseline`` | ``optuna`` | ``mutation`` | ``random`` | ``llm`` | ``replay`` | ``edits``;
     status: one of STATUSES; reason: why (always set except for a plain KEEP/REVERT).
     correctness: ``{"max_abs_err", "argmax_agree", "positions", ...}`` or None when the
     gate did not run. latency_ms: median per decode step (None unless the candidate

@@ -7,8 +7,10 @@ repository root and not the search's; the model is loaded once per process) or
 is also callable in-process (tests).
 
 Request (JSON): ``model`` (MODEL argument), ``ranks``, ``backend`` (sim | triton),
-``config`` (full lowering config of the candidate), ``incumbent`` (full lowering config of
-the incumbent or null; triton A/B only), ``target`` (Target fields), ``positions`` (decode
+``config`` (full lowering config of the candidate), ``edits`` (optional: an edit list,
+ir/edits.py, applied to the lowered config's schedule before validation; one that does not
+apply is REJECTED at stage ``edit``), ``incumbent`` (full lowering config of
+the incumbent or null; triton A/B only), ``incumbent_edits`` (the incumbent's edit list), ``target`` (Target fields), ``positions`` (decode
 positions whose logits are compared), ``prompt_seed`` (fresh random prompt tokens),
 ``sim_seed`` / ``sim_policy`` (interleaving of the sim), ``seq_len`` (the context length the
 latency refers to), ``tolerance`` ({"rel_err", "min_argmax_agree"}), ``timing`` (A/B
@@ -390,6 +392,16 @@ def evaluate(req: dict[str, Any]) -> dict[str, Any]:
             res.update(status="rejected", reason=f"lowering refused the config: {err}")
             return res
         times["lower_s"] = time.perf_counter() - t
+        if req.get("edits"):  # an edit list against the lowered base schedule (ir/edits.py)
+            res["stage"] = "edit"
+            from ir.edits import parse_edits
+            from lowering.placement import apply_edits
+
+            try:
+                program = apply_edits(program, parse_edits(req["edits"], "the candidate's edits"))
+            except AmkError as err:
+                res.update(status="rejected", reason=f"edits do not apply: {err}"[:400])
+                return res
         seq_len = int(req.get("seq_len", 128))
         res["program"] = program_summary(program, seq_len)
         # 2. validate: a rejected program never reaches a backend
@@ -406,6 +418,11 @@ def evaluate(req: dict[str, Any]) -> dict[str, Any]:
             first = verdict.errors[0]
             res.update(status="rejected", reason=f"validator: {', '.join(sorted(verdict.classes))}"
                        f" ({len(verdict.errors)} errors; first: {first.message})"[:400])
+            # one witness per error class (the cycle of a deadlock, the racing pair, ...)
+            res["verdict"]["witnesses"] = {e["class"]: {"message": e["message"][:400],
+                                                        "tasks": list(e["tasks"])[:20],
+                                                        "witness": e["witness"]}
+                                           for e in reversed([f.to_json() for f in verdict.errors])}
             return res
         if req.get("profile_only"):  # the incumbent's profile: no gate, no timing
             res["stage"] = "profile"
@@ -448,9 +465,16 @@ def evaluate(req: dict[str, Any]) -> dict[str, Any]:
 
                 timer = cuda_event_timer()
             inc, inc_factory = None, None
-            if req.get("incumbent") and (req["incumbent"] != req["config"] or inc_kernel != kernel):
-                inc = program if req["incumbent"] == req["config"] else \
+            same_edits = (req.get("incumbent_edits") or []) == (req.get("edits") or [])
+            if req.get("incumbent") and (req["incumbent"] != req["config"] or inc_kernel != kernel
+                                         or not same_edits):
+                inc = program if req["incumbent"] == req["config"] and same_edits else \
                     lower_config(ctx.graph, int(req["ranks"]), req["incumbent"], target)
+                if inc is not program and req.get("incumbent_edits"):
+                    from ir.edits import parse_edits
+                    from lowering.placement import apply_edits
+
+                    inc = apply_edits(inc, parse_edits(req["incumbent_edits"], "the incumbent's edits"))
                 # the incumbent runs with its own kernel knobs, not the candidate's
                 inc_factory = _resolve_hook(hooks.get("executor")) or maker(backend, inc_kernel)
             timing = time_triton(program, inc, ctx, req, factory, timer, inc_factory)

@@ -1,13 +1,15 @@
 """``amk search MODEL``: search the lowering's knobs for a faster schedule (autoresearch).
 
-    amk search MODEL [--tp R] [--backend sim|triton] [--proposer optuna|llm|replay]
-                     [--trials N | --minutes M] [--out DIR] [--resume DIR] ...
+    amk search MODEL [--tp R] [--backend sim|triton] [--proposer optuna|llm|replay|edits]
+                     [--edits] [--trials N | --minutes M] [--out DIR] [--resume DIR] ...
 
 Every trial: propose a config -> lower -> validate -> correctness gate against HF eager ->
 timing (sim: the cost model's PREDICTED latency; triton: interleaved A/B with CUDA events,
 MEASURED) -> KEEP / REVERT / REJECTED / FAIL / TIMEOUT -> one row in DIR/results.tsv and
 DIR/results.jsonl -> checkpoint. A killed search continues with ``--resume DIR``.
-See docs/search.md.
+``--edits`` (``--proposer edits``): every candidate is a schedule edit list against the lowered
+start config (search/edit_proposer.py); DIR/best/edits.json replays through ``amk edit
+DIR/base/schedule.json DIR/best/edits.json``. See docs/search.md.
 
 ``--config FILE`` (and the knob flags) sets trial 0's lowering knobs, the dtype and max_seq of
 the whole search and the kernel knobs every triton candidate runs with. The best candidate is
@@ -25,6 +27,7 @@ row without ``--llm-fallback``.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import time
 from typing import Any
@@ -61,9 +64,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", choices=("sim", "triton"), default=None,
                    help="sim: CPU executor, latency predicted by the cost model (default); "
                         "triton: the GPU megakernel, latency measured")
-    p.add_argument("--proposer", choices=("optuna", "llm", "replay"), default=None,
+    p.add_argument("--proposer", choices=("optuna", "llm", "replay", "edits"), default=None,
                    help="optuna: TPE + mutation ranked by the cost model (default, offline); "
-                        "llm: anthropic SDK (needs ANTHROPIC_API_KEY); replay: --replay FILE")
+                        "llm: anthropic SDK (needs ANTHROPIC_API_KEY); replay: --replay FILE; "
+                        "edits: schedule edit lists against the start config's schedule (--edits)")
+    p.add_argument("--edits", action="store_true", default=None,
+                   help="search schedule edits (move, split, merge, refine_wait, ...; docs/ir.md) "
+                        "against the lowered start config instead of knob values: the offline edit "
+                        "proposer ranked by the cost model (= --proposer edits), or with "
+                        "--proposer llm the LLM proposes the edits")
     p.add_argument("--replay", default=None, metavar="RESULTS",
                    help="results.jsonl (or search directory) for --proposer replay")
     add_llm_args(p, instead="mutations of the incumbent")
@@ -139,6 +148,14 @@ def _settings_from_args(args: argparse.Namespace) -> Any:
         s.timing["steps"] = args.ab_steps
     if args.audit_kernels:
         s.timing["audit_prefixes"] = [x for x in args.audit_kernels.split(",") if x]
+    if args.edits:
+        if args.proposer not in (None, "edits", "llm"):
+            raise AmkError(f"--edits proposes schedule edits offline (--proposer edits) or with "
+                           f"--proposer llm, not with --proposer {args.proposer}")
+        s.edits = True
+        s.proposer = args.proposer or "edits"
+    if s.proposer == "edits":
+        s.edits = True  # --proposer edits is --edits (a resume may name either)
     if args.replay and not args.proposer:
         s.proposer = "replay"
     _config_settings(args, s)
@@ -281,6 +298,17 @@ def print_summary(result: Any, console: Any) -> None:
             t.add_row(key, "none passed the correctness gate")
     if s["speedup_vs_start"]:
         t.add_row("speedup vs start", f"{s['speedup_vs_start']:.3f}x ({src})")
+    if s.get("edits"):
+        e = s["edits"]
+        t.add_row("edits", f"{e['proposed']} proposed, {e['rejected']} rejected by the validator, "
+                           f"{e['failed_gate']} failed the correctness gate, {e['kept']} kept, "
+                           f"{e['reverted']} reverted")
+        for cls, v in sorted(e["rejected_by_class"].items()):
+            w = json.dumps(v.get("witness"), separators=(",", ":"), default=str)
+            t.add_row(f"  {escape(cls)}", escape(f"{v['count']}x, first trial {v['trial']}: "
+                                                 f"{json.dumps(v['edit'])}; witness {w[:300]}"))
+        if s.get("replay_best"):
+            t.add_row("replay the best", escape(s["replay_best"]))
     if s["fallbacks"]:
         t.add_row("fallbacks", f"{s['fallbacks']} trials used a mutation because the "
                                f"{escape(s['proposer'])} proposer gave no usable candidate")
@@ -309,7 +337,9 @@ def run(args: argparse.Namespace) -> int:
             overrides = {}
         overrides.update({"trials": args.trials, "minutes": args.minutes,
                           "timeout_s": args.timeout, "tp": args.tp, "backend": args.backend,
-                          "proposer": args.proposer, "llm_fallback": args.llm_fallback,
+                          "proposer": args.proposer or ("edits" if args.edits else None),
+                          "edits": args.edits,
+                          "llm_fallback": args.llm_fallback,
                           "llm_max_failures": args.llm_max_failures})
         search = open_search(resume=args.resume, overrides=overrides)
     else:

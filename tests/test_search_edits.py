@@ -1,0 +1,207 @@
+"""`amk search --edits`: edit lists against the lowered start config, the offline edit proposer,
+validator rejections that never reach a backend, resume, and best/edits.json through `amk edit`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from search.edit_proposer import EditProposer, edit_key
+from search.loop import SearchSettings, open_search
+from search.proposers import Proposal
+from search.records import Record, read_json
+from tests.test_search_cheats import InProcessEvaluator
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = "config:tiny-llama"
+
+# -- test hooks (the worker imports them by dotted name) ------------------------------------
+FACTORY_CALLS: list[tuple[str, int]] = []
+
+
+def counting_factory(backend, kernel=None):
+    """The default executor factory, counting its calls (one per evaluated candidate that
+    reaches the correctness gate)."""
+    from search.worker import default_executor_factory
+
+    FACTORY_CALLS.append((backend, len(FACTORY_CALLS)))
+    return default_executor_factory(backend, kernel)
+
+
+def _unsafe_drop_wait(prog) -> dict:
+    """A drop_wait a naive agent would make (its program is rejected by the validator)."""
+    from amk.editing import edit_program
+
+    for t in prog.tasks:
+        for w in t.waits:
+            if w.offset == 0 and w.threshold > 0:
+                e = {"op": "drop_wait", "task": t.id, "counter": w.counter}
+                if not edit_program(prog, [e])[1].ok:
+                    return e
+    raise AssertionError("no unsafe drop_wait found")
+
+
+class PlantedProposer:
+    """Trial 1: an unsafe edit (a dropped wait); then nothing."""
+
+    name = "edits"
+
+    def __init__(self, base):
+        self.base = base
+        self.planted = None
+
+    def propose(self, ctx):
+        if ctx.trial != 1:
+            return None
+        self.planted = _unsafe_drop_wait(self.base())
+        return Proposal(dict(ctx.incumbent.config), "edits", ctx.incumbent.trial, "planted",
+                        meta={"edits": [self.planted]})
+
+    def observe(self, proposal, record):
+        pass
+
+    def close(self):
+        pass
+
+
+def _amk(*args, cwd=ROOT):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("ANTHROPIC_API_KEY", None)
+    return subprocess.run([sys.executable, "-m", "amk", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_cli_edit_search_offline_and_best_replays_through_amk_edit(tmp_path):
+    out = tmp_path / "s"
+    r = _amk("search", MODEL, "--tp", "2", "--backend", "sim", "--trials", "5", "--edits",
+             "--out", str(out), "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads(r.stdout)
+    assert summary["proposer"] == "edits"
+    log = summary["edits"]
+    assert log["proposed"] == 4 and log["kept"] + log["reverted"] >= 1
+    assert log["proposed"] == (log["kept"] + log["reverted"] + log["rejected"] + log["failed_gate"]
+                               + log["failed_other"] + log["timeout"])
+    recs = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    assert recs[0]["extra"]["edits"] == []
+    assert all(x["proposer"] == "edits" and x["extra"]["edits"] for x in recs[1:])
+    assert len({x["config"]["tile"] for x in recs}) == 1  # one base config, edits only
+    best = read_json(out / "best" / "trial.json")
+    edits = read_json(out / "best" / "edits.json")
+    assert isinstance(edits, list) and best["edits"] == len(edits)
+    assert "amk edit" in summary["replay_best"] and "edits" in r.stderr
+    # the base schedule plus best/edits.json through `amk edit` is the best schedule
+    new = tmp_path / "new.json"
+    e = _amk("edit", str(out / "base" / "schedule.json"), str(out / "best" / "edits.json"),
+             "--out", str(new))
+    assert e.returncode == 0 and "accepted" in e.stdout, e.stdout + e.stderr
+    from ir.io import load_program
+    from search.space import program_fingerprint
+
+    assert program_fingerprint(load_program(new)) == \
+        program_fingerprint(load_program(out / "best" / "schedule.json"))
+    assert best["same_schedule_as_evaluated"] is True
+
+
+def test_planted_unsafe_edit_is_rejected_and_never_reaches_a_backend(tmp_path):
+    FACTORY_CALLS.clear()
+    s = SearchSettings(model=MODEL, out=str(tmp_path / "s"), tp=2, trials=3, proposer="edits",
+                       hooks={"executor_factory": "tests.test_search_edits:counting_factory"})
+    search = open_search(s, evaluator=InProcessEvaluator())
+    planted = PlantedProposer(search.base_program)
+    search.proposer = planted
+    calls = []
+    result = search.run(on_trial=lambda rec, _: calls.append(len(FACTORY_CALLS)))
+    recs = result.records
+    assert [r.status for r in recs] == ["KEEP", "REJECTED"]
+    assert calls == [1, 1]  # trial 0 reached the backend, the unsafe edit never did
+    rej = recs[1]
+    assert rej.extra["stage"] == "validate" and rej.extra["edits"] == [planted.planted]
+    assert rej.reason.startswith("validator: ") and rej.latency_ms is None
+    classes = rej.extra["verdict"]["classes"]
+    assert classes and set(rej.extra["verdict"]["witnesses"]) == set(classes)
+    log = read_json(tmp_path / "s" / "summary.json")["edits"]
+    assert log["proposed"] == 1 and log["rejected"] == 1 and log["kept"] == 0
+    for c in classes:
+        assert log["rejected_by_class"][c]["edit"] == planted.planted
+        assert log["rejected_by_class"][c]["witness"]["tasks"]
+    # the offline proposer reads the rejection back and never proposes that edit again
+    ep = EditProposer(search.base_program, s.seq_len)
+    ctx = search._context(2)
+    first = ep.propose(ctx)
+    assert first is not None
+    fake = Record(2, 0, "edits", "x", dict(recs[0].config), "REJECTED", reason="validator: X",
+                  extra={"edits": first.meta["edits"], "stage": "validate",
+                         "verdict": {"classes": ["X"], "witnesses": {}}})
+    ctx.records = recs + [fake]
+    again = ep.propose(ctx)
+    assert again is not None and edit_key(again.meta["edits"][-1]) != \
+        edit_key(first.meta["edits"][-1])
+
+
+def test_resume_keeps_the_edit_lists(tmp_path):
+    out = tmp_path / "s"
+    s = SearchSettings(model=MODEL, out=str(out), tp=2, trials=3, proposer="edits")
+    open_search(s, evaluator=InProcessEvaluator()).run()
+    before = (out / "results.jsonl").read_text()
+    with open(out / "results.jsonl", "a") as f:  # a kill in the middle of an append
+        f.write('{"trial": 3, "torn')
+    b = open_search(resume=str(out), overrides={"trials": 5},
+                    evaluator=InProcessEvaluator()).run()
+    after = (out / "results.jsonl").read_text()
+    assert after.startswith(before)
+    recs = b.records
+    assert [r.trial for r in recs] == list(range(len(recs))) and len(recs) >= 4
+    assert all(isinstance(r.extra.get("edits"), list) for r in recs)
+    for r in recs[1:]:  # each list extends its parent's list by one edit
+        parent = recs[r.parent]
+        assert r.extra["edits"][:-1] == parent.extra["edits"]
+    assert len({r.candidate_id for r in recs}) == len(recs)
+
+
+def test_edits_flag_conflicts_with_another_proposer(tmp_path):
+    r = _amk("search", MODEL, "--edits", "--proposer", "optuna", "--out", str(tmp_path / "x"))
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1] == \
+        "error: --edits proposes schedule edits offline (--proposer edits) or with --proposer " \
+        "llm, not with --proposer optuna"
+
+
+def test_llm_proposes_edits_with_summary_and_witnesses(tmp_path, monkeypatch):
+    from search.edit_proposer import EDIT_TOOL
+    from tests.test_search_proposers import SECRET, Transport, tool_use
+
+    monkeypatch.setenv("ANTHROPIC_API_KEY", SECRET)
+    s = SearchSettings(model=MODEL, out=str(tmp_path / "s"), tp=2, trials=4, proposer="llm",
+                       edits=True)
+    probe = open_search(SearchSettings(model=MODEL, out=str(tmp_path / "p"), tp=2, trials=1,
+                                       proposer="edits"), evaluator=InProcessEvaluator())
+    unsafe = _unsafe_drop_wait(probe.base_program())
+    good = {"op": "replace", "stage": "lm.k0", "policy": "balanced"}
+    tr = Transport([
+        [tool_use({"edits": [{"op": "bogus"}]}, name=EDIT_TOOL)],      # trial 1: malformed
+        [tool_use({"edits": [good], "why": "balance lm.k0"}, name=EDIT_TOOL)],
+        [tool_use({"edits": [unsafe]}, name=EDIT_TOOL)],               # trial 2: rejected
+        [tool_use({"edits": [unsafe]}, name=EDIT_TOOL)],               # trial 3: a repeat
+        [tool_use({"edits": [{"op": "replace", "stage": "lm.argmax.k0",
+                              "policy": "round_robin"}]}, name=EDIT_TOOL)]])
+    search = open_search(s, evaluator=InProcessEvaluator(), llm_client=tr.client())
+    recs = search.run().records
+    assert [r.proposer for r in recs] == ["baseline", "llm", "llm", "llm"]
+    assert recs[1].extra["edits"] == [good] and recs[1].status in ("KEEP", "REVERT")
+    assert recs[2].status == "REJECTED" and recs[2].extra["stage"] == "validate"
+    inc = recs[1].extra["edits"] if recs[1].status == "KEEP" else []
+    assert recs[2].extra["edits"] == inc + [unsafe]
+    assert recs[3].extra["edits"][-1]["stage"] == "lm.argmax.k0"
+    log = (tmp_path / "s" / "proposer.log").read_text()
+    assert "unknown op" in log and "the validator rejected in trial 2" in log
+    # the prompt of trial 3 carries the schedule summary and the rejected edit's witness
+    body = json.loads(tr.requests[3].content)
+    text = body["messages"][0]["content"]
+    assert "critical path:" in text and "idle per worker" in text
+    cls = recs[2].extra["verdict"]["classes"][0]
+    assert cls in text and '"witness"' in text and unsafe["task"] in text
+    assert body["tools"][0]["name"] == EDIT_TOOL
