@@ -36,7 +36,6 @@ The tile is lowered until the MLP columns and vocabulary split over tp ranks at 
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from search.tunedb import GpuKey, ShapeKey, TuneDB, kernel_fingerprint
