@@ -778,7 +778,7 @@ class Tuner:
             ms, pct, correct = inc.ms, self._row(inc.trial).get("pct_roofline"), True
         return Entry(shape=self.shape_key(), gpu=self.gpu_key(), tp=self.s.tp, fingerprint=kernel_fingerprint(),
                      config=inc.config, ms=ms, baseline_ms=b["ms"] if b else None,
-                     baseline=b["name"] if b else None, ratio=b["ms"] / ms if b else None,
+                     baseline=b["name"] if b else None, ratio=self.ratio(),
                      roofline_pct=pct, correct=correct,
                      date=time.strftime("%Y-%m-%d"), command=self.command(), commit=_commit())
 
