@@ -42,6 +42,50 @@ def compiled_graph_name(mode: str | None) -> str:
     return "hf_compiled_graph" if mode is None else f"hf_compiled_graph[{mode}]"
 
 
+def fresh_compile():
+    """A context in which torch.compile starts from nothing: dynamo's compiled code is reset
+    and inductor's on-disk and in-memory caches (FX graph, autotuning) are off, so a repeated
+    baseline re-runs its autotuner. max-autotune's choice is bimodal from one compile to the
+    next (docs/experiments.md), so one compile is one sample of it."""
+    import contextlib
+
+    import torch._dynamo
+    import torch._inductor.config as inductor_config
+
+    @contextlib.contextmanager
+    def ctx():
+        torch._dynamo.reset()
+        with inductor_config.patch(force_disable_caches=True):
+            yield
+        torch._dynamo.reset()
+
+    return ctx()
+
+
+def run_name(name: str, run: int) -> str:
+    """The row name of the ``run``-th measurement (1-based) of baseline ``name``: the first
+    keeps the plain name, later ones get `` #k``."""
+    return name if run == 1 else f"{name} #{run}"
+
+
+def fastest(results: list[BaselineResult]) -> BaselineResult | None:
+    """The correct result with the lowest median latency among ``results`` (None: none is
+    correct and timed): what a same-run comparison is made against."""
+    timed = [r for r in results if r.correct and r.timing is not None]
+    return min(timed, key=lambda r: r.timing.median_ms, default=None)
+
+
+def speedup_summary(ours: BaselineResult, baselines: list[BaselineResult]) -> dict[str, Any]:
+    """``{"fastest_baseline", "fastest_baseline_ms", "speedup"}`` of ``ours`` (median ms)
+    against the fastest correct baseline; None values when there is none or ``ours`` has no
+    timing. ``speedup`` > 1 means the megakernel is faster."""
+    best = fastest(baselines)
+    if best is None or ours.timing is None:
+        return {"fastest_baseline": None, "fastest_baseline_ms": None, "speedup": None}
+    return {"fastest_baseline": best.name, "fastest_baseline_ms": best.timing.median_ms,
+            "speedup": best.timing.median_ms / ours.timing.median_ms}
+
+
 @dataclass
 class BaselineResult:
     """One baseline's outcome: tokens generated after the prompt, per-step timing, verdict."""

@@ -41,6 +41,7 @@ so ``amk.baselines.judge`` fails a run whose ranks disagree ("only k of n tokens
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -48,7 +49,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from amk.baselines import BaselineResult, hf_eager
+from amk.baselines import BaselineResult, fresh_compile, hf_eager, run_name
 from ground.errors import AmkError
 from ground.timing import Timing, time_per_call
 
@@ -448,7 +449,8 @@ def gather_tp(ctx, result: BaselineResult) -> BaselineResult:
 
 def run_tp_baselines(model_arg: str, ctx, prompt_ids: torch.Tensor, n_tokens: int,
                      save_dir: str | os.PathLike, *, model=None,
-                     dtype: str = "bf16", modes: Sequence[str | None] = (None,)) -> list[BaselineResult]:
+                     dtype: str = "bf16", modes: Sequence[str | None] = (None,),
+                     runs: int = 1) -> list[BaselineResult]:
     """The TP baselines for ``amk bench MODEL --tp R``, in every rank. Collective.
 
     Prepares the checkpoint (``prepare_tp_checkpoint``; ``model``: rank 0's resolved model
@@ -456,7 +458,9 @@ def run_tp_baselines(model_arg: str, ctx, prompt_ids: torch.Tensor, n_tokens: in
     (int64 [1, P]) so that every rank decodes the same prompt, and runs ``hf_tp_eager`` and
     ``hf_tp_compiled_graph`` once per torch.compile mode in ``modes`` (None: the default
     mode; CUDA graph on CUDA devices, plain compiled steps on the CPU), each combined with
-    ``gather_tp``. A baseline that raises on every rank becomes a row
+    ``gather_tp``. ``runs``: each baseline is measured that many times (rows named by
+    ``amk.baselines.run_name``), each compiled mode's later runs afresh (``amk.baselines.fresh_compile``).
+    A baseline that raises on every rank becomes a row
     with ``timing=None``, ``correct=False`` and the error as note, like bench's single-GPU
     rows. Setup failures (checkpoint, load) raise AmkError. Returns the two results,
     identical on every rank; judge them with ``amk.baselines.judge``.
@@ -465,17 +469,22 @@ def run_tp_baselines(model_arg: str, ctx, prompt_ids: torch.Tensor, n_tokens: in
     tp_model = load_tp_model(ckpt, ctx, dtype=dtype)
     prompt_ids = ctx.broadcast_object(prompt_ids.detach().cpu(), src=0)
     out = []
-    runs = [("hf_tp_eager", lambda: hf_tp_eager(tp_model, ctx, prompt_ids, n_tokens))]
-    runs += [(tp_compiled_name(m), lambda m=m: hf_tp_compiled_graph(tp_model, ctx, prompt_ids, n_tokens, mode=m))
-             for m in modes]
-    for name, fn in runs:
+    todo = [(run_name("hf_tp_eager", k), contextlib.nullcontext,
+             lambda: hf_tp_eager(tp_model, ctx, prompt_ids, n_tokens)) for k in range(1, runs + 1)]
+    todo += [(run_name(tp_compiled_name(m), k), fresh_compile if k > 1 else contextlib.nullcontext,
+              lambda m=m: hf_tp_compiled_graph(tp_model, ctx, prompt_ids, n_tokens, mode=m))
+             for m in modes for k in range(1, runs + 1)]
+    for name, fresh, fn in todo:
         try:
-            res, err = fn(), None
+            with fresh():
+                res, err = fn(), None
         except Exception as e:  # same code on every rank: a failure is normally everywhere
             res, err = None, _one_line(e)
         errs = ctx.all_gather_object(err)
         if any(e is not None for e in errs):
             out.append(BaselineResult(name, [], None, False, f"failed: {_by_rank(errs)}"))
             continue
-        out.append(gather_tp(ctx, res))
+        res = gather_tp(ctx, res)
+        res.name = name
+        out.append(res)
     return out

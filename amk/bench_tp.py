@@ -53,7 +53,7 @@ def run_tp(args, ctx) -> int:
     exit code (0: the megakernel is correct)."""
     from rich.console import Console
 
-    from amk.baselines import BaselineResult, make_reference
+    from amk.baselines import BaselineResult, make_reference, speedup_summary
     from amk.bench import cuda_target, measure_megakernel, run_config, write_result
     from lowering.triton.blocks import kernel_options
     from ground.timing import measure_hbm_bandwidth
@@ -125,6 +125,8 @@ def run_tp(args, ctx) -> int:
             "first_divergence": first, "ranks_agree": agree, "per_rank": per_rank,
             "reference": ref.to_json(), "tokens": toks, "timings_s": timings,
             "baselines": [_row(b, floor) for b in baselines],
+            "baseline_runs": 0 if args.no_baselines else args.baseline_runs,
+            **speedup_summary(ours, [b for b in baselines if b.name.startswith("hf_")]),
             "complete": done,
         }
 
@@ -228,7 +230,7 @@ def _tp_baselines(args, ctx, model, prompt, ref, con) -> list:
     with con.status("HF tensor parallel baselines (tp_plan=auto over NCCL)"):
         try:
             rows = baselines_tp.run_tp_baselines(args.model, ctx, prompt, args.tokens, save_dir,
-                                                 model=model, modes=modes)
+                                                 model=model, modes=modes, runs=args.baseline_runs)
         except AmkError as err:
             return [BaselineResult("hf_tp_eager", [], None, False, f"failed: {err}")]
     # the HF TP model is no longer needed: give its memory back before the next measurement
@@ -248,6 +250,8 @@ def _row(r, floor: float) -> dict:
 
 def _print_table(args, props, R, floor, bws, ours, baselines) -> None:
     from rich.console import Console
+
+    from amk.baselines import speedup_summary
     from rich.table import Table
 
     tab = Table(title=f"{args.model}, tp={R} on {R} x {props.name}: per-rank roofline {floor:.3f} ms/token "
@@ -261,4 +265,10 @@ def _print_table(args, props, R, floor, bws, ours, baselines) -> None:
                     f"{t.p10_ms:.3f}-{t.p90_ms:.3f}" if t else "-",
                     f"{d['roofline_pct']:.1f}" if d["roofline_pct"] else "-",
                     f"{d['tokens_per_s']:.0f}" if d["tokens_per_s"] else "-", str(r.correct), r.note)
-    Console(width=200, stderr=bool(getattr(args, "json", False))).print(tab)
+    out = Console(width=200, stderr=bool(getattr(args, "json", False)))
+    out.print(tab)
+    s = speedup_summary(ours, [b for b in baselines if b.name.startswith("hf_")])
+    if s["speedup"] is not None:
+        out.print(f"amk {ours.timing.median_ms:.4f} ms against the fastest correct HF baseline run "
+                  f"{s['fastest_baseline']} {s['fastest_baseline_ms']:.4f} ms: {s['speedup']:.3f}x",
+                  markup=False, highlight=False)

@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from amk.bench import MAX_WORKERS_PER_SM, bench_config, cuda_target
 from ground.errors import AmkError
 from lowering.triton.blocks import kernel_options
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _cfg(*flags: str, sms: int = 132):
@@ -158,3 +163,47 @@ def test_json_is_a_flag_and_out_names_the_file(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.count("\n") == 1 and json.loads(out)["roofline_pct"] is None  # strict JSON
     assert json.loads((tmp_path / "r" / "bench.json").read_text()) == {**result, "roofline_pct": None}
+
+
+def test_fastest_baseline_is_the_fastest_correct_run_and_speedup_is_against_it():
+    """A same-run comparison is made against the fastest correct, timed baseline run; an
+    incorrect faster run and an untimed row do not count."""
+    from amk.baselines import BaselineResult, fastest, run_name, speedup_summary
+    from ground.timing import Timing
+
+    def t(ms):
+        return Timing.of([ms] * 5)
+
+    rows = [BaselineResult("hf_eager", [], t(9.0), True),
+            BaselineResult("hf_compiled_graph[max-autotune-no-cudagraphs]", [], t(1.41), True),
+            BaselineResult(run_name("hf_compiled_graph[max-autotune-no-cudagraphs]", 2), [], t(1.38), True),
+            BaselineResult("wrong_but_fast", [], t(0.5), False),
+            BaselineResult("failed", [], None, False, "failed: X")]
+    assert run_name("hf_eager", 1) == "hf_eager" and rows[2].name.endswith(" #2")
+    assert fastest(rows) is rows[2]
+    ours = BaselineResult("amk_megakernel", [], t(1.20), True)
+    s = speedup_summary(ours, rows)
+    assert s["fastest_baseline"] == rows[2].name
+    assert abs(s["speedup"] - 1.38 / 1.20) < 1e-9
+    assert speedup_summary(ours, rows[3:]) == {"fastest_baseline": None, "fastest_baseline_ms": None,
+                                               "speedup": None}
+
+
+def test_fresh_compile_turns_inductor_caches_off_inside_only():
+    """A repeated baseline is compiled with inductor's caches off (its autotuner runs again);
+    the setting is restored afterwards."""
+    import torch._inductor.config as cfg
+
+    from amk.baselines import fresh_compile
+
+    before = cfg.force_disable_caches
+    with fresh_compile():
+        assert cfg.force_disable_caches is True
+    assert cfg.force_disable_caches == before
+
+
+def test_baseline_runs_below_one_is_one_line():
+    r = subprocess.run([sys.executable, "-m", "amk", "bench", "config:tiny-llama", "--baseline-runs", "0"],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == ["error: --baseline-runs must be at least 1, got 0"]
