@@ -85,12 +85,12 @@ def check_model_split(model_arg: str, tp: int, config: Any = None) -> ModelSplit
     AmkError for a bad argument, an unsupported model, a split that does not fit, or a knob
     that does nothing for this model (``late_append`` where attention has a q/k norm: the
     lowering keeps the unfused attention there)."""
-    from lowering.config import LoweringConfig
+    from lowering.config import LoweringConfig, model_inert
 
     cfg = config or LoweringConfig()
     source, spec = model_spec(model_arg)
-    if cfg.late_append and spec.qk_norm:
-        raise AmkError(f"--late-append 1 does nothing for {model_arg}: its attention has a q/k norm, which "
-                       "the fused attention does not take (set --late-append 0)")
+    for name, why in model_inert(spec.qk_norm, cfg.to_json()):
+        flag = "--" + name.replace("_", "-")
+        raise AmkError(f"{flag} 1 does nothing for {model_arg}: {why} (set {flag} 0)")
     notes = check_split(spec, model_arg, tp, cfg.tile, cfg.allreduce)
     return ModelSplit(source, spec, notes)

@@ -251,6 +251,16 @@ class KernelConfig(_Knobs):
                                f"box's limit), got --gemv-block {self.gemv_block}")
 
 
+def model_inert(qk_norm: bool, lowering: dict[str, Any]) -> list[tuple[str, str]]:
+    """(knob, why) of the lowering knobs in ``lowering`` (a LoweringConfig's JSON) that do
+    nothing for a model whose attention has a q/k norm (``qk_norm``, Qwen3): ``late_append``,
+    because the fused attention does not take the norm and the lowering keeps the unfused
+    attention there. Empty when every knob acts."""
+    if qk_norm and lowering.get("late_append"):
+        return [("late_append", "its attention has a q/k norm, which the fused attention does not take")]
+    return []
+
+
 def _read_json(path: str | Path) -> Any:
     """A JSON file's value. Raises AmkError for a missing file or bad JSON (with line:column)."""
     p = Path(path)

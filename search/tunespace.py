@@ -34,6 +34,7 @@ from typing import Any, Iterator
 
 from ground.errors import AmkError
 from search.space import KnobLookup, SpaceError, space_for
+from lowering.config import model_inert
 
 #: Value lists of the kernel knobs whose declared range is too wide (or unbounded) to walk;
 #: each value is checked against the declaration (tests/test_tune.py).
@@ -165,9 +166,11 @@ class TuneSpace(KnobLookup):
         low = space_for(spec, ranks, max_workers, fixed={"dtype": dtype, "max_seq": max_seq})
         self.lowering_space = low
         self.fixed = dict(low.fixed)
+        self.qk_norm = bool(getattr(spec, "qk_norm", False))
+        inert_here = {n for n, _ in model_inert(self.qk_norm, {k.name: True for k in low.knobs})}
         self.knobs: list[TuneKnob] = [
             TuneKnob(k.name, "lowering", k.values, k.ordinal, FAMILY.get(k.name, "schedule"), k.help)
-            for k in low.knobs]
+            for k in low.knobs if k.name not in inert_here]
         self.kernel_knobs = kernel_knobs(ring)
         if kernel:
             self.knobs += self.kernel_knobs
@@ -238,6 +241,8 @@ class TuneSpace(KnobLookup):
         except AmkError as err:
             return str(err).removeprefix("candidate: ")
         low, ker = cfg["lowering"], cfg["kernel"]
+        for name, why in model_inert(self.qk_norm, low):
+            return f"{name} does nothing for this model: {why}"
         if low["workers"] > self.max_workers:
             return f"--workers {low['workers']} exceeds the target's {self.max_workers} co-resident workers per rank"
         return self.resources(low, ker)
@@ -381,6 +386,8 @@ class TuneSpace(KnobLookup):
                     if f"'{k.name}'" in msg or f"{k.flag} " in msg:
                         return k.name, msg.removeprefix("candidate: ")
                 return next(iter(cand[part])), msg
+        for name, why in model_inert(self.qk_norm, cand["lowering"]):
+            return name, why
         if cand["lowering"]["workers"] > self.max_workers:
             return "workers", f"more than the target's {self.max_workers} workers"
         res = self.resources(cand["lowering"], cand["kernel"])

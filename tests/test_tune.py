@@ -442,3 +442,19 @@ def test_the_entry_records_amk_bench_of_the_best(tmp_path, correct):
         assert not list((tmp_path / "db").glob("*.json"))
         assert (tmp_path / "t" / "best" / "config.json").exists()
         assert json.loads((tmp_path / "t" / "report.json").read_text())["confirmed"]["correct"] is False
+
+
+def test_a_model_with_a_qk_norm_never_gets_late_append():
+    """late_append does nothing where attention has a q/k norm (Qwen3): the space does not walk
+    it, the screen refuses it, and an entry of another model that holds it (the tuned Llama
+    entry did) is adapted with it set back, so `amk bench --config` of the result runs."""
+    sp = TuneSpace(_spec("tiny-qwen3"), 1, 132, dtype="f32")
+    assert "late_append" not in sp.names
+    d = sp.with_value(sp.with_value(sp.default(), "fuse", True), "late_append", True)
+    assert sp.screen(d) == ("late_append does nothing for this model: its attention has a q/k norm, "
+                            "which the fused attention does not take")
+    cand, dropped = sp.adapt({"lowering": {"fuse": True, "late_append": True}, "kernel": {}})
+    assert cand["lowering"]["late_append"] is False and cand["lowering"]["fuse"] is True
+    assert sp.screen(cand) is None and any(x.startswith("late_append") for x in dropped)
+    llama = TuneSpace(_spec("tiny-llama"), 1, 132, dtype="f32")
+    assert "late_append" in llama.names and llama.screen(d) is None
