@@ -431,8 +431,11 @@ class Search:
 
     def _build_space(self) -> SearchSpace:
         spec = self._model_spec()
-        return space_for(spec, self.s.tp, self.s.max_workers,
-                         fixed={"dtype": self.s.dtype, "max_seq": self.s.max_seq})
+        space = space_for(spec, self.s.tp, self.s.max_workers,
+                          fixed={"dtype": self.s.dtype, "max_seq": self.s.max_seq})
+        if self.s.edit_mode:
+            space = with_start_values(space, self.s.start or {})
+        return space
 
     def start_candidate(self) -> dict[str, Any]:
         """Trial 0's candidate from ``settings.start`` (knobs left out: the lowering's
@@ -898,3 +901,24 @@ def open_search(settings: SearchSettings | None = None, *, resume: str | None = 
         raise AmkError(f"--out {d} already holds a search; continue it with --resume {d} "
                        "or choose another directory")
     return Search(settings, **kw)
+
+
+def with_start_values(space: SearchSpace, start: dict[str, Any]) -> SearchSpace:
+    """``space`` with each knob's value in ``start`` added to its allowed values where it is
+    missing. An edit search never moves a knob, so its base config (a tuned entry's, e.g.
+    132 workers) need not be one of the knob search's grid points; the values are still
+    checked by the lowering config when the base is lowered."""
+    import dataclasses
+
+    knobs = []
+    for k in space.knobs:
+        v = start.get(k.name, k.default)
+        if v not in k.values and _same_kind(v, k.values[0]):
+            k = dataclasses.replace(k, values=tuple(k.values) + (v,))
+        knobs.append(k)
+    return dataclasses.replace(space, knobs=knobs)
+
+
+def _same_kind(a: Any, b: Any) -> bool:
+    return type(a) is type(b) or (isinstance(a, int) and isinstance(b, int) and not isinstance(a, bool)
+                                  and not isinstance(b, bool))

@@ -205,3 +205,20 @@ def test_llm_proposes_edits_with_summary_and_witnesses(tmp_path, monkeypatch):
     cls = recs[2].extra["verdict"]["classes"][0]
     assert cls in text and '"witness"' in text and unsafe["task"] in text
     assert body["tools"][0]["name"] == EDIT_TOOL
+
+
+def test_edit_search_starts_from_a_config_off_the_knob_grid(tmp_path):
+    """An edit search never moves a knob, so its start (a tuned entry's config: 3 workers, a
+    gate/up tile of 24) need not be a grid point of the knob search; a knob search from the
+    same file is still refused with the knob named."""
+    cfg = tmp_path / "tuned.json"
+    cfg.write_text(json.dumps({"lowering": {"workers": 3, "tile_gate_up": 24, "fuse": True}}))
+    out = tmp_path / "s"
+    r = _amk("search", MODEL, "--backend", "sim", "--trials", "2", "--edits", "--config", str(cfg),
+             "--out", str(out), "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    recs = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    assert recs[0]["config"]["workers"] == 3 and recs[0]["config"]["tile_gate_up"] == 24
+    k = _amk("search", MODEL, "--backend", "sim", "--trials", "2", "--config", str(cfg),
+             "--out", str(tmp_path / "k"))
+    assert k.returncode == 2 and "not a point of the search space" in k.stderr and "'workers'" in k.stderr
