@@ -219,6 +219,14 @@ class Variant:
             s += f":l{self.loader_warps}"
         return s + (":dep" if self.dep else "") + (":xf32" if self.x_f32 else "")
 
+    def spec(self) -> str:
+        """The ``parse_variant`` spec of this variant (``x_f32`` is a flag, not part of it)."""
+        s = f"{self.kind}:{self.rows}x{self.cols}"
+        if self.kind != "sync":
+            s += f":{self.stages}"
+        s += f":w{self.warps}:l{self.loader_warps}:r{self.loader_regs}"
+        return s + (":dep" if self.dep else "")
+
     @property
     def page_bytes(self) -> int:
         return self.rows * self.cols * 2
@@ -405,7 +413,7 @@ def _build_kernels() -> dict:
                     async_copy.mbarrier_arrive(ready.index(s), increment_count=False)
                     i += 1
 
-    @gluon.jit
+    @gluon.jit(do_not_specialize=["epoch"])  # a new epoch per launch: no recompiles
     def _gemv_ws(T, TSTART, X, Y, TILES, CTR, epoch, d0, d1,
                  R: gl.constexpr, BK: gl.constexpr, S: gl.constexpr, TC: gl.constexpr,
                  DEP: gl.constexpr, LREGS: gl.constexpr, num_warps: gl.constexpr):
@@ -425,7 +433,7 @@ def _build_kernels() -> dict:
             (_load_tma, (T, lo, hi, d0, d1, pages, ready, empty, R, BK, S)),
         ], [1], [LREGS])
 
-    @gluon.jit
+    @gluon.jit(do_not_specialize=["epoch"])  # a new epoch per launch: no recompiles
     def _gemv_wscp(T, TSTART, X, Y, TILES, CTR, epoch, W0, W1,
                    R: gl.constexpr, BK: gl.constexpr, S: gl.constexpr, TC: gl.constexpr,
                    DEP: gl.constexpr, LREGS: gl.constexpr, LW: gl.constexpr, num_warps: gl.constexpr):
@@ -467,7 +475,7 @@ def _build_kernels() -> dict:
                 p = 0
         return t, p
 
-    @gluon.jit
+    @gluon.jit(do_not_specialize=["epoch"])  # a new epoch per launch: no recompiles
     def _gemv_pipe(T, TSTART, X, Y, TILES, CTR, epoch, d0, d1,
                    R: gl.constexpr, BK: gl.constexpr, S: gl.constexpr, TC: gl.constexpr,
                    DEP: gl.constexpr, num_warps: gl.constexpr):
@@ -507,7 +515,7 @@ def _build_kernels() -> dict:
                 _store_rows(Y, yoff + rb, acc, R, BL)
             _signal(T, t, CTR, DEP)
 
-    @gluon.jit
+    @gluon.jit(do_not_specialize=["epoch"])  # a new epoch per launch: no recompiles
     def _gemv_sync(T, TSTART, X, Y, TILES, CTR, epoch, W0, W1,
                    R: gl.constexpr, BK: gl.constexpr, TC: gl.constexpr, DEP: gl.constexpr,
                    num_warps: gl.constexpr):
