@@ -46,9 +46,8 @@ from ground.errors import AmkError  # noqa: E402
 from lowering.triton import gluon_probe as G  # noqa: E402
 
 NAME = "bench/gemv_gluon.py"
-DEFAULT_VARIANTS = ("ws:32x256:6:w4,ws:64x256:3:w8,ws:32x256:6:w8,ws:16x256:12:w4,wscp:32x256:6:w4,"
-                    "pipe:32x256:6:w4,pipe:64x256:3:w8,sync:32x256:w4,sync:64x256:w8,"
-                    "ws:32x256:6:w4:dep,pipe:32x256:6:w4:dep")
+DEFAULT_VARIANTS = ("ws:32x256:6:w4,ws:64x256:3:w8,ws:16x256:12:w4,wscp:32x256:6:w4,pipe:32x256:6:w4,"
+                    "pipe:64x256:3:w8,sync:32x256:w4,ws:32x256:6:w4:dep,pipe:32x256:6:w4:dep")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -239,22 +238,25 @@ def torch_baseline(a: argparse.Namespace, ms: list, ctas: int) -> dict:
                 p90_ms=t.p90_ms, bytes=st.tl.nbytes, gbs=st.tl.nbytes / t.median_ms / 1e6, rel_err=err)
 
 
-def isolated(a: argparse.Namespace, argv: list[str], v) -> dict:
-    """Run one variant in a child process (this script, ``--row-json``) with ``--isolate``
-    seconds; a timeout or crash is a row with ``error``."""
-    keep = []
-    skip = False
-    for tok in argv:  # the parent's flags minus the ones the child must not repeat
+def child_argv(argv: list[str], spec: str) -> list[str]:
+    """The command line of the child process that measures variant ``spec`` for ``--isolate``:
+    the parent's flags without ``--variants``, ``--out``, ``--isolate`` and ``--no-torch``, then
+    that one variant in child mode (one JSON row on stdout, no baseline)."""
+    keep, skip = [], False
+    for tok in argv:
         if skip:
             skip = False
-            continue
-        if tok in ("--variants", "--out", "--isolate"):
+        elif tok in ("--variants", "--out", "--isolate"):
             skip = True
-            continue
-        if tok.startswith(("--variants=", "--out=", "--isolate=")) or tok == "--no-torch":
-            continue
-        keep.append(tok)
-    cmd = [sys.executable, str(Path(__file__).resolve()), *keep, "--variants", v.spec(), "--no-torch", "--row-json"]
+        elif not tok.startswith(("--variants=", "--out=", "--isolate=")) and tok != "--no-torch":
+            keep.append(tok)
+    return [*keep, "--variants", spec, "--no-torch", "--row-json"]
+
+
+def isolated(a: argparse.Namespace, argv: list[str], v) -> dict:
+    """Run one variant in a child process (this script, ``child_argv``) with ``--isolate``
+    seconds; a timeout or crash is a row with ``error``."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), *child_argv(argv, v.spec())]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.isolate, cwd=ROOT)
     except subprocess.TimeoutExpired:
