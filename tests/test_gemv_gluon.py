@@ -178,3 +178,21 @@ def test_gpu_every_variant_matches_torch(tmp_path):
     res = json.loads(out.read_text())
     assert res["device"] and res["command"].startswith("python bench/gemv_gluon.py")
     assert all("error" not in row and row["gbs"] > 0 and row["rel_err"] <= 1e-4 for row in res["rows"]), res["rows"]
+
+
+def test_isolated_child_measures_one_variant_with_the_parents_shape():
+    """--isolate's child command keeps the parent's shape flags (model, tile, policy, x dtype,
+    reps) and drops the variant list, the result file, the time limit and the baseline; the
+    child's variant spec parses back to the parent's variant."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gemv_gluon", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    v = G.parse_variant("wscp:32x256:6:w8:l2:dep")
+    argv = ["--tile", "16", "--variants", "ws:16x256", "--out=r.json", "--isolate", "90", "--x-f32", "--no-torch",
+            "--policy", "rr", "--reps=5"]
+    got = mod.child_argv(argv, v.spec())
+    assert got == ["--tile", "16", "--x-f32", "--policy", "rr", "--reps=5", "--variants", v.spec(), "--no-torch",
+                   "--row-json"]
+    assert G.parse_variant(got[got.index("--variants") + 1]) == v

@@ -348,7 +348,7 @@ def _build_kernels() -> dict:
         for t in range(lo, hi):
             rows = gl.load(T + t * 8 + 2)
             K = _al(gl.load(T + t * 8 + 3), BK)
-            xoff = _al(gl.load(T + t * 8 + 4), 16)
+            xoff = _al(gl.load(T + t * 8 + 4), 8)
             yoff = _al(gl.load(T + t * 8 + 5), R)
             _wait_dep(T, t, TILES, CTR, epoch, DEP)
             for rb in range(0, rows, R):
@@ -497,7 +497,7 @@ def _build_kernels() -> dict:
         for t in range(lo, hi):
             rows = gl.load(T + t * 8 + 2)
             K = _al(gl.load(T + t * 8 + 3), BK)
-            xoff = _al(gl.load(T + t * 8 + 4), 16)
+            xoff = _al(gl.load(T + t * 8 + 4), 8)
             yoff = _al(gl.load(T + t * 8 + 5), R)
             _wait_dep(T, t, TILES, CTR, epoch, DEP)
             for rb in range(0, rows, R):
@@ -528,7 +528,7 @@ def _build_kernels() -> dict:
             row0 = _al(gl.load(T + t * 8 + 1), R)
             rows = gl.load(T + t * 8 + 2)
             K = _al(gl.load(T + t * 8 + 3), BK)
-            xoff = _al(gl.load(T + t * 8 + 4), 16)
+            xoff = _al(gl.load(T + t * 8 + 4), 8)
             yoff = _al(gl.load(T + t * 8 + 5), R)
             base = gl.where(arena == 0, W0, W1)
             _wait_dep(T, t, TILES, CTR, epoch, DEP)
