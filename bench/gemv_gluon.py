@@ -269,21 +269,30 @@ def isolated(a: argparse.Namespace, argv: list[str], v) -> dict:
 
 
 def print_table(rows: list[dict], head: str) -> None:
-    """The rich table of the rows (stderr stays free for errors)."""
-    from rich.console import Console
-    from rich.table import Table
-
-    t = Table(title=head, title_justify="left")
-    for c in ("variant", "ms/step", "p10-p90", "GB/s", "of copy", "rel err", "regs", "smem KiB", "note"):
-        t.add_column(c, justify="left" if c in ("variant", "note") else "right")
+    """The table of the rows on stdout (rich where installed, plain columns otherwise)."""
+    cols = ("variant", "ms/step", "p10-p90", "GB/s", "of copy", "rel err", "regs", "smem KiB", "note")
+    cells = []
     for r in rows:
         if "ms" in r:
-            t.add_row(r["variant"], f"{r['ms']:.3f}", f"{r['p10_ms']:.3f}-{r['p90_ms']:.3f}", f"{r['gbs']:.0f}",
-                      f"{r.get('of_copy', 0):.1%}", f"{r.get('rel_err', 0):.1e}", str(r.get("regs", "-")),
-                      f"{r['shared'] / 1024:.0f}" if r.get("shared") is not None else "-", r.get("error", ""))
+            cells.append((r["variant"], f"{r['ms']:.3f}", f"{r['p10_ms']:.3f}-{r['p90_ms']:.3f}", f"{r['gbs']:.0f}",
+                          f"{r.get('of_copy', 0):.1%}", f"{r.get('rel_err', 0):.1e}", str(r.get("regs", "-")),
+                          f"{r['shared'] / 1024:.0f}" if r.get("shared") is not None else "-", r.get("error", "")))
         else:
-            t.add_row(r["variant"], "-", "-", "-", "-", "-", "-", "-", r.get("error", ""))
-    Console().print(t)
+            cells.append((r["variant"], "-", "-", "-", "-", "-", "-", "-", r.get("error", "")))
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:  # the GPU image may lack rich: plain columns
+        print(head)
+        for c in [cols, *cells]:
+            print("  ".join(f"{v:<24}" if i in (0, 8) else f"{v:>12}" for i, v in enumerate(c)).rstrip())
+        return
+    t = Table(title=head, title_justify="left")
+    for c in cols:
+        t.add_column(c, justify="left" if c in ("variant", "note") else "right")
+    for c in cells:
+        t.add_row(*c)
+    Console(width=200).print(t)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -235,7 +235,7 @@ class Variant:
         """Raise AmkError for a configuration the kernels cannot run (one line naming it)."""
         if self.kind not in VARIANTS:
             raise AmkError(f"unknown variant kind {self.kind!r}; one of: {', '.join(VARIANTS)}")
-        p2 = lambda v: v > 0 and v & (v - 1) == 0  # noqa: E731 - gl.arange needs powers of two
+        p2 = lambda v: v > 0 and v & (v - 1) == 0  # gl.arange needs powers of two
         if not (p2(self.rows) and p2(self.cols)) or self.cols < 8:
             raise AmkError(f"page shape {self.rows}x{self.cols}: rows and cols must be powers of two, cols >= 8")
         if self.kind in ("ws", "pipe") and (self.rows > 256 or self.cols > 256):
@@ -302,8 +302,12 @@ def kernels() -> dict:
 def _build_kernels() -> dict:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
     from triton.experimental.gluon.language.nvidia.ampere import async_copy
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+    )
 
     @gluon.jit
     def _al(v, A: gl.constexpr):
@@ -593,9 +597,7 @@ def compile_offline(v: Variant, arch: int = 90, asm: bool = False) -> dict:
     desc = f"tensordesc<bf16[{v.rows}, {v.cols}],{smem_layout(v)!r}>"
     sig = {}
     for n in fn.arg_names:
-        if n == "num_warps":
-            sig[n] = "constexpr"
-        elif n in cx:
+        if n == "num_warps" or n in cx:
             sig[n] = "constexpr"
         elif n in ("d0", "d1"):
             sig[n] = desc
