@@ -198,7 +198,9 @@ class Variant:
     """One kernel configuration: ``kind`` (``VARIANTS``), ring pages ``stages`` (``ws``,
     ``wscp``, ``pipe``), page shape ``rows x cols`` (bf16), compute warps ``warps``, loader
     warps ``loader_warps`` and registers ``loader_regs`` (``ws``, ``wscp``), ``dep`` (v2
-    completion-counter waits), ``x_f32`` (activation vectors in fp32, else bf16)."""
+    completion-counter waits), ``x_f32`` (activation vectors in fp32, else bf16), ``compute``
+    (False: ``ws``/``wscp`` compute warps release every page unread, no multiply-adds: the
+    weight stream's own ceiling, output not computed)."""
 
     kind: str = "ws"
     stages: int = 4
@@ -209,6 +211,7 @@ class Variant:
     loader_regs: int = 40
     dep: bool = False
     x_f32: bool = False
+    compute: bool = True
 
     def label(self) -> str:
         s = f"{self.kind}:{self.rows}x{self.cols}"
@@ -217,7 +220,7 @@ class Variant:
         s += f":w{self.warps}"
         if self.kind in ("ws", "wscp"):
             s += f":l{self.loader_warps}"
-        return s + (":dep" if self.dep else "") + (":xf32" if self.x_f32 else "")
+        return s + (":dep" if self.dep else "") + ("" if self.compute else ":nocompute") + (":xf32" if self.x_f32 else "")
 
     def spec(self) -> str:
         """The ``parse_variant`` spec of this variant (``x_f32`` is a flag, not part of it)."""
@@ -225,7 +228,7 @@ class Variant:
         if self.kind != "sync":
             s += f":{self.stages}"
         s += f":w{self.warps}:l{self.loader_warps}:r{self.loader_regs}"
-        return s + (":dep" if self.dep else "")
+        return s + (":dep" if self.dep else "") + ("" if self.compute else ":nocompute")
 
     @property
     def page_bytes(self) -> int:
@@ -246,12 +249,15 @@ class Variant:
             raise AmkError(f"ring pages {self.stages}: 2..32")
         if self.kind != "sync" and self.stages * self.page_bytes > 200 * 1024:
             raise AmkError(f"ring of {self.stages} x {self.page_bytes // 1024} KiB pages exceeds 200 KiB of shared memory")
+        if not self.compute and self.kind not in ("ws", "wscp"):
+            raise AmkError(f"nocompute needs a warp-specialised kind (ws, wscp), not {self.kind}")
         if self.loader_warps not in (1, 2, 4):
             raise AmkError(f"loader warps {self.loader_warps}: one of 1, 2, 4")
 
 
 def parse_variant(spec: str, warps: int = 4, dep: bool = False, x_f32: bool = False) -> Variant:
-    """``KIND:RxC[:S][:wN][:lN]`` (e.g. ``ws:32x256:6:w4:l1``, ``sync:64x256:w8``) into a checked
+    """``KIND:RxC[:S][:wN][:lN][:rN][:dep][:nocompute]`` (e.g. ``ws:32x256:6:w4:l1``,
+    ``sync:64x256:w8``; S ring pages, N compute warps, loader warps and registers) into a checked
     Variant; ``warps``, ``dep``, ``x_f32`` are the defaults for parts the spec leaves out.
     Raises AmkError naming the spec and the bad part."""
     parts = spec.strip().split(":")
@@ -268,10 +274,12 @@ def parse_variant(spec: str, warps: int = 4, dep: bool = False, x_f32: bool = Fa
                 kw["loader_regs"] = int(p[1:])
             elif p == "dep":
                 kw["dep"] = True
+            elif p == "nocompute":
+                kw["compute"] = False
             else:
                 kw["stages"] = int(p.lstrip("S"))
     except (IndexError, ValueError):
-        raise AmkError(f"variant {spec!r}: expected KIND:RxC[:S][:wN][:lN][:dep], e.g. ws:32x256:6:w4") from None
+        raise AmkError(f"variant {spec!r}: expected KIND:RxC[:S][:wN][:lN][:rN][:dep][:nocompute], e.g. ws:32x256:6:w4") from None
     v = Variant(**kw)
     try:
         v.check()
@@ -345,9 +353,10 @@ def _build_kernels() -> dict:
 
     @gluon.jit
     def _compute(T, lo, hi, X, Y, TILES, CTR, epoch, pages, ready, empty,
-                 R: gl.constexpr, BK: gl.constexpr, S: gl.constexpr, BL: gl.constexpr, DEP: gl.constexpr):
+                 R: gl.constexpr, BK: gl.constexpr, S: gl.constexpr, BL: gl.constexpr, DEP: gl.constexpr,
+                 COMPUTE: gl.constexpr):
         # the default partition: consume the ring in the loader's order, release each page
-        # as soon as it sits in registers
+        # as soon as it sits in registers (without COMPUTE: release it unread, the stream alone)
         i = 0
         for t in range(lo, hi):
             rows = gl.load(T + t * 8 + 2)
@@ -360,11 +369,14 @@ def _build_kernels() -> dict:
                 for kb in range(0, K // BK):
                     s = i % S
                     mbarrier.wait(ready.index(s), (i // S) & 1)
-                    w = pages.index(s).load(BL)
-                    # order the generic-proxy reads before the loader's next async write
-                    fence_async_shared()
-                    mbarrier.arrive(empty.index(s), count=1)
-                    acc = _page_dot(w, X, xoff, kb, acc, BK, BL)
+                    if COMPUTE:
+                        w = pages.index(s).load(BL)
+                        # order the generic-proxy reads before the loader's next async write
+                        fence_async_shared()
+                        mbarrier.arrive(empty.index(s), count=1)
+                        acc = _page_dot(w, X, xoff, kb, acc, BK, BL)
+                    else:
+                        mbarrier.arrive(empty.index(s), count=1)
                     i += 1
                 _store_rows(Y, yoff + rb, acc, R, BL)
             _signal(T, t, CTR, DEP)
@@ -420,7 +432,7 @@ def _build_kernels() -> dict:
     @gluon.jit(do_not_specialize=["epoch"])  # a new epoch per launch: no recompiles
     def _gemv_ws(T, TSTART, X, Y, TILES, CTR, epoch, d0, d1,
                  R: gl.constexpr, BK: gl.constexpr, S: gl.constexpr, TC: gl.constexpr,
-                 DEP: gl.constexpr, LREGS: gl.constexpr, num_warps: gl.constexpr):
+                 DEP: gl.constexpr, LREGS: gl.constexpr, COMPUTE: gl.constexpr, num_warps: gl.constexpr):
         BL: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TC, TC], [num_warps, 1], [1, 0])
         pid = gl.program_id(0)
         lo = gl.load(TSTART + pid)
@@ -433,14 +445,15 @@ def _build_kernels() -> dict:
             mbarrier.init(empty.index(s), count=1)
         fence_async_shared()
         gl.warp_specialize([
-            (_compute, (T, lo, hi, X, Y, TILES, CTR, epoch, pages, ready, empty, R, BK, S, BL, DEP)),
+            (_compute, (T, lo, hi, X, Y, TILES, CTR, epoch, pages, ready, empty, R, BK, S, BL, DEP, COMPUTE)),
             (_load_tma, (T, lo, hi, d0, d1, pages, ready, empty, R, BK, S)),
         ], [1], [LREGS])
 
     @gluon.jit(do_not_specialize=["epoch"])  # a new epoch per launch: no recompiles
     def _gemv_wscp(T, TSTART, X, Y, TILES, CTR, epoch, W0, W1,
                    R: gl.constexpr, BK: gl.constexpr, S: gl.constexpr, TC: gl.constexpr,
-                   DEP: gl.constexpr, LREGS: gl.constexpr, LW: gl.constexpr, num_warps: gl.constexpr):
+                   DEP: gl.constexpr, LREGS: gl.constexpr, LW: gl.constexpr, COMPUTE: gl.constexpr,
+                   num_warps: gl.constexpr):
         BL: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TC, TC], [num_warps, 1], [1, 0])
         SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
         pid = gl.program_id(0)
@@ -453,7 +466,7 @@ def _build_kernels() -> dict:
             mbarrier.init(ready.index(s), count=LW * 32)  # every loader thread's copies arrive
             mbarrier.init(empty.index(s), count=1)
         gl.warp_specialize([
-            (_compute, (T, lo, hi, X, Y, TILES, CTR, epoch, pages, ready, empty, R, BK, S, BL, DEP)),
+            (_compute, (T, lo, hi, X, Y, TILES, CTR, epoch, pages, ready, empty, R, BK, S, BL, DEP, COMPUTE)),
             (_load_cp, (T, lo, hi, W0, W1, pages, ready, empty, R, BK, S, LW, TC)),
         ], [LW], [LREGS])
 
@@ -565,6 +578,7 @@ def launch_args(v: Variant) -> tuple[dict, dict]:
         cx["S"] = v.stages
     if v.kind in ("ws", "wscp"):
         cx["LREGS"] = v.loader_regs
+        cx["COMPUTE"] = v.compute
     if v.kind == "wscp":
         cx["LW"] = v.loader_warps
     return cx, dict(num_warps=v.warps)
@@ -575,7 +589,8 @@ def compile_offline(v: Variant, arch: int = 90, asm: bool = False) -> dict:
     and report what the GPU run depends on: shared memory, registers and spills per thread
     (cuobjdump, when Triton ships it), whether the kernel is partitioned into warp groups
     (``ttg.warp_specialize`` in the TTGIR, ``setmaxnreg`` in the PTX), TMA copies
-    (``cp.async.bulk.tensor``), cp.async copies, mbarrier waits and register-file loads.
+    (``cp.async.bulk.tensor``), cp.async copies, mbarrier waits and 16-byte shared loads
+    (the compute warps reading pages).
 
     ``asm``: also return the PTX and TTGIR texts (keys ``ptx``, ``ttgir``).
     Needs ``TRITON_INTERPRET=0`` and a Triton with Gluon's 3.6 API (the GPU machines')."""
@@ -611,7 +626,7 @@ def compile_offline(v: Variant, arch: int = 90, asm: bool = False) -> dict:
     out = dict(variant=v.label(), arch=arch, shared=int(k.metadata.shared), num_warps=int(k.metadata.num_warps),
                warp_specialize="ttg.warp_specialize" in ttgir, setmaxnreg=ptx.count("setmaxnreg"),
                tma_copies=ptx.count("cp.async.bulk.tensor"), cp_async=len(re.findall(r"cp\.async\.c[ag]\.", ptx)),
-               mbarrier_waits=ptx.count("mbarrier.try_wait"), shared_loads=ptx.count("ld.shared"),
+               mbarrier_waits=ptx.count("mbarrier.try_wait"), page_loads=ptx.count("ld.shared.v4"),
                global_vector_loads=len(re.findall(r"ld\.global(\.\w+)*\.v4", ptx)),
                acquire="acquire" in ptx, regs=None, local_bytes=None)
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
