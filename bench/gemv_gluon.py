@@ -14,6 +14,7 @@ as per-CTA task lists (``lowering/triton/gluon_probe.py``). Variants (``--varian
 * ``sync``  no ring: plain loads of each page into registers, then its multiply-adds
 * ``:nocompute``  (``ws``, ``wscp``) the compute warps release each page unread: the weight
             stream's own ceiling (no output, not checked)
+* ``:mN``  the launch's register cap (``:m128`` with ``--ctas`` twice the SMs: two CTAs an SM)
 * ``:dep``  (v2) before reading its activation vector, a task waits until every tile of the
             previous matrix is stored (per-matrix completion counters); weights do not wait
 
@@ -48,8 +49,8 @@ from ground.errors import AmkError  # noqa: E402
 from lowering.triton import gluon_probe as G  # noqa: E402
 
 NAME = "bench/gemv_gluon.py"
-DEFAULT_VARIANTS = ("ws:32x256:6:w4,ws:32x256:6:w4:nocompute,ws:64x256:3:w8,ws:16x256:12:w4,wscp:32x256:6:w4,pipe:32x256:6:w4,"
-                    "pipe:64x256:3:w8,sync:32x256:w4,ws:32x256:6:w4:dep,pipe:32x256:6:w4:dep")
+DEFAULT_VARIANTS = ("ws:32x256:6:w4,ws:32x256:6:w4:nocompute,ws:64x256:3:w8,wscp:32x256:6:w4,"
+                    "pipe:32x256:6:w4,pipe:64x256:3:w8,sync:32x256:w4,ws:32x256:6:w4:dep,pipe:32x256:6:w4:dep")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

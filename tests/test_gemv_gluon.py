@@ -90,6 +90,7 @@ def test_variant_specs_round_trip_and_refuse():
     assert (v.kind, v.rows, v.cols, v.stages, v.warps, v.dep) == ("ws", 32, 256, 6, 8, True)
     assert G.parse_variant(v.spec()) == v and v.label() == "ws:32x256:S6:w8:l1:dep"
     assert G.parse_variant("sync:64x256", warps=8).warps == 8
+    assert G.parse_variant("ws:32x256:3:m128").maxnreg == 128
     nc = G.parse_variant("ws:32x256:6:nocompute")
     assert not nc.compute and G.parse_variant(nc.spec()) == nc and nc.label().endswith(":nocompute")
     for spec, msg in [("ws:32x512:4", "at most 256 rows and 256 columns"), ("ws:64x256:16", "exceeds 200 KiB"),
@@ -131,7 +132,7 @@ OFFLINE = [("ws:32x256:6:w4", True, True, False, False), ("ws:64x256:3:w8", True
            ("ws:32x256:6:w4:nocompute", True, True, False, False),
            ("wscp:32x256:6:w4", True, False, True, False), ("pipe:32x256:6:w4", False, True, False, False),
            ("sync:32x256:w4", False, False, False, False), ("ws:32x256:6:w4:dep", True, True, False, True),
-           ("pipe:32x256:6:w4:dep", False, True, False, True)]
+           ("pipe:32x256:6:w4:dep", False, True, False, True), ("ws:32x256:3:w4:m128", True, True, False, False)]
 
 
 @pytest.fixture(scope="module")
@@ -163,6 +164,8 @@ def test_device_triton_compiles_each_variant(offline_reports, i):
     v = G.parse_variant(spec)
     assert rep["variant"] == v.label()
     assert rep["local_bytes"] in (0, None), rep
+    if v.maxnreg and rep["regs"] is not None:  # the cap that lets two CTAs share an SM holds
+        assert rep["regs"] <= v.maxnreg, rep
     assert rep["warp_specialize"] == ws and (rep["setmaxnreg"] > 0) == ws, rep
     assert rep["num_warps"] == v.warps + (4 if ws else 0), rep
     assert (rep["tma_copies"] > 0) == tma and (rep["cp_async"] > 0) == cp and rep["acquire"] == dep, rep

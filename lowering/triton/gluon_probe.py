@@ -200,7 +200,8 @@ class Variant:
     warps ``loader_warps`` and registers ``loader_regs`` (``ws``, ``wscp``), ``dep`` (v2
     completion-counter waits), ``x_f32`` (activation vectors in fp32, else bf16), ``compute``
     (False: ``ws``/``wscp`` compute warps release every page unread, no multiply-adds: the
-    weight stream's own ceiling, output not computed)."""
+    weight stream's own ceiling, output not computed), ``maxnreg`` (registers per thread
+    for the launch, None: Triton's choice; 128 lets two 8-warp CTAs share an SM)."""
 
     kind: str = "ws"
     stages: int = 4
@@ -212,6 +213,7 @@ class Variant:
     dep: bool = False
     x_f32: bool = False
     compute: bool = True
+    maxnreg: int | None = None
 
     def label(self) -> str:
         s = f"{self.kind}:{self.rows}x{self.cols}"
@@ -220,6 +222,7 @@ class Variant:
         s += f":w{self.warps}"
         if self.kind in ("ws", "wscp"):
             s += f":l{self.loader_warps}"
+        s += f":m{self.maxnreg}" if self.maxnreg else ""
         return s + (":dep" if self.dep else "") + ("" if self.compute else ":nocompute") + (":xf32" if self.x_f32 else "")
 
     def spec(self) -> str:
@@ -227,7 +230,7 @@ class Variant:
         s = f"{self.kind}:{self.rows}x{self.cols}"
         if self.kind != "sync":
             s += f":{self.stages}"
-        s += f":w{self.warps}:l{self.loader_warps}:r{self.loader_regs}"
+        s += f":w{self.warps}:l{self.loader_warps}:r{self.loader_regs}" + (f":m{self.maxnreg}" if self.maxnreg else "")
         return s + (":dep" if self.dep else "") + ("" if self.compute else ":nocompute")
 
     @property
@@ -251,13 +254,16 @@ class Variant:
             raise AmkError(f"ring of {self.stages} x {self.page_bytes // 1024} KiB pages exceeds 200 KiB of shared memory")
         if not self.compute and self.kind not in ("ws", "wscp"):
             raise AmkError(f"nocompute needs a warp-specialised kind (ws, wscp), not {self.kind}")
+        if self.maxnreg is not None and not 24 <= self.maxnreg <= 255:
+            raise AmkError(f"register cap {self.maxnreg}: 24..255 per thread")
         if self.loader_warps not in (1, 2, 4):
             raise AmkError(f"loader warps {self.loader_warps}: one of 1, 2, 4")
 
 
 def parse_variant(spec: str, warps: int = 4, dep: bool = False, x_f32: bool = False) -> Variant:
-    """``KIND:RxC[:S][:wN][:lN][:rN][:dep][:nocompute]`` (e.g. ``ws:32x256:6:w4:l1``,
-    ``sync:64x256:w8``; S ring pages, N compute warps, loader warps and registers) into a checked
+    """``KIND:RxC[:S][:wN][:lN][:rN][:mN][:dep][:nocompute]`` (e.g. ``ws:32x256:6:w4:l1``,
+    ``sync:64x256:w8``; S ring pages, N compute warps, loader warps and registers, the launch's
+    register cap) into a checked
     Variant; ``warps``, ``dep``, ``x_f32`` are the defaults for parts the spec leaves out.
     Raises AmkError naming the spec and the bad part."""
     parts = spec.strip().split(":")
@@ -272,6 +278,8 @@ def parse_variant(spec: str, warps: int = 4, dep: bool = False, x_f32: bool = Fa
                 kw["loader_warps"] = int(p[1:])
             elif p.startswith("r"):
                 kw["loader_regs"] = int(p[1:])
+            elif p.startswith("m"):
+                kw["maxnreg"] = int(p[1:])
             elif p == "dep":
                 kw["dep"] = True
             elif p == "nocompute":
@@ -279,7 +287,7 @@ def parse_variant(spec: str, warps: int = 4, dep: bool = False, x_f32: bool = Fa
             else:
                 kw["stages"] = int(p.lstrip("S"))
     except (IndexError, ValueError):
-        raise AmkError(f"variant {spec!r}: expected KIND:RxC[:S][:wN][:lN][:rN][:dep][:nocompute], e.g. ws:32x256:6:w4") from None
+        raise AmkError(f"variant {spec!r}: expected KIND:RxC[:S][:wN][:lN][:rN][:mN][:dep][:nocompute], e.g. ws:32x256:6:w4") from None
     v = Variant(**kw)
     try:
         v.check()
@@ -581,7 +589,7 @@ def launch_args(v: Variant) -> tuple[dict, dict]:
         cx["COMPUTE"] = v.compute
     if v.kind == "wscp":
         cx["LW"] = v.loader_warps
-    return cx, dict(num_warps=v.warps)
+    return cx, dict(num_warps=v.warps, **({"maxnreg": v.maxnreg} if v.maxnreg else {}))
 
 
 def compile_offline(v: Variant, arch: int = 90, asm: bool = False) -> dict:
