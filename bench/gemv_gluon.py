@@ -281,7 +281,8 @@ def print_table(rows: list[dict], head: str) -> None:
     for r in rows:
         if "ms" in r:
             cells.append((r["variant"], f"{r['ms']:.3f}", f"{r['p10_ms']:.3f}-{r['p90_ms']:.3f}", f"{r['gbs']:.0f}",
-                          f"{r.get('of_copy', 0):.1%}", f"{r['rel_err']:.1e}" if "rel_err" in r else "-", str(r.get("regs", "-")),
+                          f"{r.get('of_copy', 0):.1%}", f"{r['rel_err']:.1e}" if "rel_err" in r else "-",
+                          str(r.get("regs", "-")),
                           f"{r['shared'] / 1024:.0f}" if r.get("shared") is not None else "-",
                           r.get("error", r.get("note", ""))))
         else:

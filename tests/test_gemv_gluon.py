@@ -95,7 +95,8 @@ def test_variant_specs_round_trip_and_refuse():
     assert not nc.compute and G.parse_variant(nc.spec()) == nc and nc.label().endswith(":nocompute")
     for spec, msg in [("ws:32x512:4", "at most 256 rows and 256 columns"), ("ws:64x256:16", "exceeds 200 KiB"),
                       ("tma:32x256", "unknown variant kind 'tma'"), ("ws:32", "expected KIND:RxC"),
-                      ("pipe:24x256", "powers of two"), ("pipe:32x256:4:nocompute", "nocompute needs a warp-specialised")]:
+                      ("pipe:24x256", "powers of two"),
+                      ("pipe:32x256:4:nocompute", "nocompute needs a warp-specialised")]:
         with pytest.raises(AmkError, match=msg):
             G.parse_variant(spec)
 

@@ -28,6 +28,8 @@ Pieces:
   - ``sync``: no ring, no warp specialisation: each page is a plain ``gl.load`` into registers
     followed by its multiply-adds (what a register GEMV without unrolling does).
 
+* ``nocompute`` (``ws``, ``wscp``): the compute warps release each page unread, the weight
+  stream's own ceiling; ``maxnreg``: the launch's register cap (128: two CTAs an SM).
 * ``DEP`` (v2): each task's first page waits, before it reads its activation vector, until the
   previous matrix's tiles have all been stored (per-matrix completion counters in global
   memory, acquire polls, one release add per tile). Only the compute warps wait; in ``ws`` the
@@ -223,7 +225,8 @@ class Variant:
         if self.kind in ("ws", "wscp"):
             s += f":l{self.loader_warps}"
         s += f":m{self.maxnreg}" if self.maxnreg else ""
-        return s + (":dep" if self.dep else "") + ("" if self.compute else ":nocompute") + (":xf32" if self.x_f32 else "")
+        s += (":dep" if self.dep else "") + ("" if self.compute else ":nocompute")
+        return s + (":xf32" if self.x_f32 else "")
 
     def spec(self) -> str:
         """The ``parse_variant`` spec of this variant (``x_f32`` is a flag, not part of it)."""
@@ -251,7 +254,8 @@ class Variant:
         if self.kind != "sync" and not 2 <= self.stages <= 32:
             raise AmkError(f"ring pages {self.stages}: 2..32")
         if self.kind != "sync" and self.stages * self.page_bytes > 200 * 1024:
-            raise AmkError(f"ring of {self.stages} x {self.page_bytes // 1024} KiB pages exceeds 200 KiB of shared memory")
+            raise AmkError(f"ring of {self.stages} x {self.page_bytes // 1024} KiB pages exceeds 200 KiB "
+                           "of shared memory")
         if not self.compute and self.kind not in ("ws", "wscp"):
             raise AmkError(f"nocompute needs a warp-specialised kind (ws, wscp), not {self.kind}")
         if self.maxnreg is not None and not 24 <= self.maxnreg <= 255:
@@ -287,7 +291,8 @@ def parse_variant(spec: str, warps: int = 4, dep: bool = False, x_f32: bool = Fa
             else:
                 kw["stages"] = int(p.lstrip("S"))
     except (IndexError, ValueError):
-        raise AmkError(f"variant {spec!r}: expected KIND:RxC[:S][:wN][:lN][:rN][:mN][:dep][:nocompute], e.g. ws:32x256:6:w4") from None
+        raise AmkError(f"variant {spec!r}: expected KIND:RxC[:S][:wN][:lN][:rN][:mN][:dep][:nocompute], "
+                       "e.g. ws:32x256:6:w4") from None
     v = Variant(**kw)
     try:
         v.check()
