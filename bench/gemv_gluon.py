@@ -311,6 +311,10 @@ def main(argv: list[str] | None = None) -> int:
     ms = matrices(a)
     for v in a.specs:  # a task list the page shape cannot cut: refuse before touching the GPU
         G.build_tasks(ms, a.ctas or 132, a.tile, v.rows, v.cols, a.policy)
+    if a.out:  # an unwritable result path fails now, not after minutes of measuring
+        from amk.output import check_writable_dir
+
+        check_writable_dir(Path(a.out).parent, "--out")
     require_gpu()
     import torch
     import triton

@@ -118,6 +118,16 @@ def test_script_refuses_bad_variants_in_one_line():
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+def test_script_refuses_an_unwritable_out_before_measuring(tmp_path):
+    """--out under a plain file: one line naming the folder, exit code 2, before any GPU work."""
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    r = _run("--variants", "sync:32x256", "--out", str(blocker / "r.json"))
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"bench/gemv_gluon.py: error: --out: cannot write to {blocker}: ")
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: the script would run")
 def test_script_refuses_without_a_gpu(tmp_path):
     """Without a GPU: one line naming what is missing, exit code 2, no result file."""
