@@ -43,6 +43,9 @@ MAX_REFINES = 4
 MAX_REPLACE_STAGES = 8
 #: relative margin a score must beat (float rounding only: the cost model is deterministic)
 EPS = 1e-9
+#: seconds one proposal may spend scoring its pool: a Llama-3.2-1B schedule (8,900 tasks)
+#: takes ~1 s per candidate (the predicted timeline), and its pool holds ~50
+SCORE_BUDGET_S = 20.0
 
 
 def edit_key(edit: dict[str, Any]) -> str:
@@ -68,6 +71,22 @@ def describe_edit(e: dict[str, Any]) -> str:
     return f"{op} {rest}"
 
 
+def interleave_kinds(edits: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``edits`` reordered round-robin over their ops (move, split, merge, refine_wait,
+    replace, in first-seen order), each op's own order kept, so that a proposal whose
+    scoring budget runs out has looked at every kind of edit."""
+    by_op: dict[str, list[dict[str, Any]]] = {}
+    for e in edits:
+        by_op.setdefault(e["op"], []).append(e)
+    out: list[dict[str, Any]] = []
+    queues = list(by_op.values())
+    while any(queues):
+        for q in queues:
+            if q:
+                out.append(q.pop(0))
+    return out
+
+
 def rejected_edits(records: list[Record]) -> dict[str, dict[str, Any]]:
     """Edits the validator (or the edit language) rejected: the last edit of each REJECTED
     trial's list, keyed by ``edit_key``, with the verdict's classes and witnesses."""
@@ -90,9 +109,10 @@ class EditProposer:
 
     name = "edits"
 
-    def __init__(self, base: Callable[[], Any], seq_len: int = 128):
+    def __init__(self, base: Callable[[], Any], seq_len: int = 128, budget_s: float = SCORE_BUDGET_S):
         self.base = base
         self.seq_len = seq_len
+        self.budget_s = budget_s
 
     # -- scoring ------------------------------------------------------------------------
     def _apply(self, prog: Any, edits: list[dict[str, Any]]) -> Any:
@@ -206,12 +226,17 @@ class EditProposer:
             prog = self._apply(self.base(), inc_edits)
         except AmkError:
             return None
+        import time
+
+        t0 = time.monotonic()
         ref = self.score(prog)
-        scored = []
-        for i, e in enumerate(self.candidates(prog)):
-            full = inc_edits + [e]
-            if edit_key(e) in banned or list_key(full) in tried:
-                continue
+        pool = [e for e in interleave_kinds(self.candidates(prog))
+                if edit_key(e) not in banned and list_key(inc_edits + [e]) not in tried]
+        scored, looked = [], 0
+        for i, e in enumerate(pool):
+            if scored and time.monotonic() - t0 > self.budget_s:
+                break  # the budget is spent and something beats the incumbent: propose it
+            looked += 1
             try:
                 s = self.score(self._apply(prog, [e]))
             except AmkError:  # the edit does not apply here (e.g. tiles that cannot merge)
@@ -223,7 +248,8 @@ class EditProposer:
         scored.sort(key=lambda x: (x[0], x[1]))
         (pred, span), _, e = scored[0]
         note = (f"{describe_edit(e)}: predicted {pred:.4g} ms (incumbent {ref[0]:.4g}), "
-                f"timeline {span:.4g} ms ({len(scored)} candidates lower the prediction)")
+                f"timeline {span:.4g} ms ({len(scored)} of {looked} scored candidates lower the "
+                f"prediction; pool {len(pool)})")
         return Proposal(dict(inc.config), "edits", inc.trial, note, predicted_ms=pred,
                         meta={"edits": inc_edits + [e]})
 

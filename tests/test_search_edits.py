@@ -222,3 +222,39 @@ def test_edit_search_starts_from_a_config_off_the_knob_grid(tmp_path):
     k = _amk("search", MODEL, "--backend", "sim", "--trials", "2", "--config", str(cfg),
              "--out", str(tmp_path / "k"))
     assert k.returncode == 2 and "not a point of the search space" in k.stderr and "'workers'" in k.stderr
+
+
+def test_pool_is_interleaved_by_kind_and_the_scoring_budget_is_honoured():
+    """A proposal over a large schedule has a scoring budget: with none left it proposes the
+    first candidate that beats the incumbent, having looked at every kind in turn."""
+    from search.edit_proposer import interleave_kinds
+
+    pool = [{"op": "move", "n": 1}, {"op": "move", "n": 2}, {"op": "split", "n": 3},
+            {"op": "replace", "n": 4}, {"op": "split", "n": 5}]
+    assert [e["n"] for e in interleave_kinds(pool)] == [1, 3, 4, 2, 5]
+
+    class Counting(EditProposer):
+        scored = 0
+
+        def score(self, prog):
+            Counting.scored += 1
+            return super().score(prog)
+
+    from lowering.lower import lower
+    from models.graph import build_graph, spec_from_config
+    from models.recipes import build_config
+    from ir.program import Target
+
+    spec = spec_from_config(build_config("tiny-llama"))
+    prog = lower(build_graph(spec), ranks=1, target=Target(name="t", sms=8, max_workers=8, backend="sim"))
+    everything = Counting(lambda: prog, 128, budget_s=1e9)
+    rec = Record(trial=0, parent=None, proposer="baseline", candidate_id="k", config={}, status="KEEP",
+                 extra={"edits": []})
+    from search.proposers import ProposalContext
+    ctx = ProposalContext(trial=1, incumbent=rec, records=[rec], space=None, seen=set(), predict=None)
+    assert everything.propose(ctx) is not None
+    full = Counting.scored
+    Counting.scored = 0
+    hurried = Counting(lambda: prog, 128, budget_s=0.0)
+    p = hurried.propose(ctx)
+    assert p is not None and Counting.scored < full and "scored candidates" in p.note
