@@ -14,7 +14,8 @@ Design (docs/lowering.md has the full description with a picture of one layer):
 * GEMVs are tiled by ``tile`` weight rows; tiles are assigned to workers by ``policy``.
   Small ops run as single tasks; chains of small ops that depend on each other (q_norm ->
   rope, k_norm -> rope -> kv_append, gate tile -> up tile -> silu_mul tile) run on one worker
-  so queue order replaces a counter.
+  so queue order replaces a counter. With a q/k norm the q and kv chains are split per KV
+  head (``_qk_norm_attention``), so the heads' latency-bound chains run on different workers.
 * Synchronisation: one monotone counter per sync point per rank, waited on with a full
   threshold (the number of producer signals per epoch), epoch-relative so it never needs a
   reset. A wait is omitted only when every producer precedes the consumer on the same worker.
