@@ -2,7 +2,8 @@
 
 Batch-1 decode is memory bound, so the model charges bytes, not FLOPs:
 
-    t_rank = max( bytes_rank / hbm_bw ,  max_w tasks_{rank,w} * task_overhead )
+    t_rank = max( bytes_rank / hbm_bw ,
+                  max_w (tasks_{rank,w} * task_overhead + serial_{rank,w} * head_latency) )
              + sync_sites * cross_rank_latency
     predicted step latency = max over ranks of t_rank
 
@@ -11,11 +12,17 @@ rows a GEMV tile streams, one embedding row, the KV-cache rows attention reads a
 sequence length, activations). ``task_overhead``: the per-task cost of the persistent
 kernel's queue loop (decode the table entry, wait, dispatch, release). ``sync_sites``: the
 number of cross-rank collectives (each all-reduce / argmax exchange costs at least one
-one-way signal latency, since the next stage waits for peers).
+one-way signal latency, since the next stage waits for peers). ``serial``: the dependent
+per-head passes of the small per-head ops (``serial_passes``): the kernel's ``rmsnorm`` over
+heads (q/k norm), ``rope``, ``kv_append`` and ``rope_append`` loop over heads one after the
+other, each pass a few dependent global-memory round trips, so they are latency bound: in an
+H100 profile of Qwen3-1.7B a q_norm over 16 heads took ~30 us, a rope ~13 us and a kv_append
+over 8 heads ~12 us, for a few KB each.
 
 Default constants (all labelled assumptions, overridable): ``hbm_bw`` 3.0e12 B/s (the copy
 bandwidth ``amk bench`` measures on an H100, docs/benchmarks.md; published peak is 3.35 TB/s),
-``task_overhead`` 0.5 us, ``cross_rank_latency`` 3 us (published NVLink one-way latencies are
+``task_overhead`` 0.5 us, ``head_latency`` 0.8 us per head pass (fits the Qwen3-1.7B
+profile above: 32 passes ~ 26 us, 16 ~ 13 us), ``cross_rank_latency`` 3 us (published NVLink one-way latencies are
 1-3 us; bench/comm.py measures 1.35-1.6 us one-way on H200s, docs/comm.md). These are
 predictions for ranking configurations and for the roofline distance, never a measurement.
 """
@@ -31,6 +38,7 @@ from ir.program import DTYPE_BYTES, Buffer, ScheduleProgram, Task
 DEFAULT_HBM_BW = 3.0e12
 DEFAULT_TASK_OVERHEAD_S = 0.5e-6
 DEFAULT_CROSS_RANK_LATENCY_S = 3e-6
+DEFAULT_HEAD_LATENCY_S = 0.8e-6
 
 
 def _region_bytes(region, buffers: dict[str, Buffer]) -> int:
@@ -76,6 +84,24 @@ def task_bytes(task: Task, buffers: dict[str, Buffer], seq_len: int) -> int:
         sum(_region_bytes(r, buffers) for r in task.outs)
 
 
+def serial_passes(task: Task) -> int:
+    """Dependent passes of ``task``'s per-head (per-group) loop in the kernel (0 for every
+    other op): ``rmsnorm`` 2 per group of ``dim`` elements (sum of squares, then scale and
+    store; a full-width norm is one group), ``rope`` 1 per head, ``kv_append`` and
+    ``rope_append`` 2 per KV head (the k and the v row)."""
+    op = task.op
+    if op == "rmsnorm":
+        dim = int(task.params.get("dim", 0) or 0)
+        return 2 * (task.ins[0].numel() // dim) if dim > 0 else 0
+    if op == "rope":
+        hd = int(task.params.get("head_dim", 0) or 0)
+        return task.ins[0].numel() // hd if hd > 0 else 0
+    if op in ("kv_append", "rope_append"):
+        hd = int(task.params.get("head_dim", 0) or 0)
+        return 2 * (task.ins[0].numel() // hd) if hd > 0 else 0
+    return 0
+
+
 @dataclass
 class CostEstimate:
     """A predicted decode-step latency (seconds) with its parts, per rank."""
@@ -97,18 +123,22 @@ class CostEstimate:
 
 def estimate(program: ScheduleProgram, seq_len: int = 1, hbm_bw: float = DEFAULT_HBM_BW,
              task_overhead_s: float = DEFAULT_TASK_OVERHEAD_S,
-             cross_rank_latency_s: float = DEFAULT_CROSS_RANK_LATENCY_S) -> CostEstimate:
+             cross_rank_latency_s: float = DEFAULT_CROSS_RANK_LATENCY_S,
+             head_latency_s: float = DEFAULT_HEAD_LATENCY_S) -> CostEstimate:
     """Predict the latency of one decode step at sequence length ``seq_len`` (tokens in the
     KV cache including the new one). ``roofline_s`` is the pure bandwidth bound (max over
-    ranks of bytes / hbm_bw); ``predicted_latency_s`` adds task and sync overheads."""
+    ranks of bytes / hbm_bw); ``predicted_latency_s`` adds task, per-head serial
+    (``serial_passes`` x ``head_latency_s``) and sync overheads."""
     buffers = program.buffer_map()
     per_rank = []
     groups_per_rank: dict[int, set[str]] = {r: set() for r in range(program.ranks)}
     by_rank_bytes = [0] * program.ranks
     by_worker = {(r, w): 0 for r in range(program.ranks) for w in range(program.workers)}
+    serial = {(r, w): 0 for r in range(program.ranks) for w in range(program.workers)}
     for t in program.tasks:
         by_rank_bytes[t.rank] += task_bytes(t, buffers, seq_len)
         by_worker[(t.rank, t.worker)] = by_worker.get((t.rank, t.worker), 0) + 1
+        serial[(t.rank, t.worker)] = serial.get((t.rank, t.worker), 0) + serial_passes(t)
         if t.group and program.ranks > 1:
             groups_per_rank[t.rank].add(t.group)
     worst = 0.0
@@ -116,7 +146,8 @@ def estimate(program: ScheduleProgram, seq_len: int = 1, hbm_bw: float = DEFAULT
     for r in range(program.ranks):
         bw_t = by_rank_bytes[r] / hbm_bw
         max_tasks = max((by_worker[(r, w)] for w in range(program.workers)), default=0)
-        ovh_t = max_tasks * task_overhead_s
+        ovh_t = max((by_worker[(r, w)] * task_overhead_s + serial[(r, w)] * head_latency_s
+                     for w in range(program.workers)), default=0.0)
         sync_t = len(groups_per_rank[r]) * cross_rank_latency_s
         t = max(bw_t, ovh_t) + sync_t
         per_rank.append({"rank": r, "bytes": by_rank_bytes[r], "bandwidth_us": bw_t * 1e6,
@@ -127,4 +158,5 @@ def estimate(program: ScheduleProgram, seq_len: int = 1, hbm_bw: float = DEFAULT
         roof = max(roof, bw_t)
     return CostEstimate(worst, roof, per_rank, {
         "hbm_bw_bytes_per_s": hbm_bw, "task_overhead_s": task_overhead_s,
-        "cross_rank_latency_s": cross_rank_latency_s, "seq_len": seq_len})
+        "cross_rank_latency_s": cross_rank_latency_s, "head_latency_s": head_latency_s,
+        "seq_len": seq_len})

@@ -14,7 +14,8 @@ Design (docs/lowering.md has the full description with a picture of one layer):
 * GEMVs are tiled by ``tile`` weight rows; tiles are assigned to workers by ``policy``.
   Small ops run as single tasks; chains of small ops that depend on each other (q_norm ->
   rope, k_norm -> rope -> kv_append, gate tile -> up tile -> silu_mul tile) run on one worker
-  so queue order replaces a counter.
+  so queue order replaces a counter. With a q/k norm the q and kv chains are split per KV
+  head (``_qk_norm_attention``), so the heads' latency-bound chains run on different workers.
 * Synchronisation: one monotone counter per sync point per rank, waited on with a full
   threshold (the number of producer signals per epoch), epoch-relative so it never needs a
   reset. A wait is omitted only when every producer precedes the consumer on the same worker.
@@ -235,6 +236,11 @@ def _layer_plan(graph: ModelGraph, layer: int) -> dict[str, GraphOp]:
 
 
 class _Lowerer:
+    #: With a q/k norm, one q chain and one kv chain per local KV head (_qk_norm_attention).
+    #: False emits the former form, one q chain and one kv chain over all of a rank's heads,
+    #: kept as the baseline the cost-model tests compare against; not a knob.
+    split_qk_chains = True
+
     def __init__(self, graph: ModelGraph, ranks: int, cfg: LoweringConfig, target: Target):
         self.g, self.spec, self.R, self.cfg = graph, graph.spec, ranks, cfg
         sp = self.spec
@@ -457,7 +463,11 @@ class _Lowerer:
                 out[r] = self._rope_attention(i, r, bufs, [self.ready(cq, nt["q"])],
                                               [self.ready(ckv, nt["k"] + nt["v"])])
                 continue
-            # q chain: [q_norm] -> rope, on one worker
+            if self.split_qk_chains and ("q_norm" in plan or "k_norm" in plan):
+                out[r] = self._qk_norm_attention(i, r, plan, bufs, [self.ready(cq, nt["q"])],
+                                                 [self.ready(ckv, nt["k"] + nt["v"])])
+                continue
+            # q chain: [q_norm] -> rope, on one worker (a q/k norm: _qk_norm_attention)
             q_in = bufs["q"][3]
             qr = self.act(f"qr.l{i}", r, nq)
             cqr = e.counter(f"c.l{i}.qr.r{r}", r)
@@ -499,22 +509,98 @@ class _Lowerer:
         return out
 
     def norm_rope(self, i: int, r: int, plan: dict[str, GraphOp], role: str, src: str, n: int,
-                  out: str) -> list:
+                  out: str, rows: tuple[int, int] | None = None, norm: tuple[str, str] | None = None,
+                  tag: str = "") -> list:
         """The chain steps ``[<role>_norm ->] rope`` of the ``n`` elements of rank ``r``'s
-        ``src`` into ``out`` (``role``: ``q`` or ``k``; the norm when the layer has one)."""
+        ``src`` into ``out`` (``role``: ``q`` or ``k``; the norm when the layer has one).
+        ``rows``: only elements [a, b) of the three vectors (whole heads; default all n);
+        ``norm``: the (normalised buffer, norm weight) already declared for the rank (default:
+        declared here); ``tag``: appended to the step tags (``q_norm<tag>``, ``rope_q<tag>``)."""
         D = self.D
+        a, b = rows if rows is not None else (0, n)
         steps = []
         if f"{role}_norm" in plan:
-            nb = self.act(f"{role}n.l{i}", r, n)
-            wn = self.weight(f"w.l{i}.{role}_norm", r, plan[f"{role}_norm"].weights["w"].key, (D,))
-            steps.append(("rmsnorm", [Region(src, r, (_r(0, n),)), Region(wn, r, (_r(0, D),))],
-                          [Region(nb, r, (_r(0, n),))], {"dim": D, "eps": self.spec.eps},
-                          f"{role}_norm"))
+            nb, wn = norm if norm is not None else self.qk_norm_buffers(i, r, plan, role, n)
+            steps.append(("rmsnorm", [Region(src, r, (_r(a, b),)), Region(wn, r, (_r(0, D),))],
+                          [Region(nb, r, (_r(a, b),))], {"dim": D, "eps": self.spec.eps},
+                          f"{role}_norm{tag}"))
             src = nb
-        steps.append(("rope", [Region(src, r, (_r(0, n),)), Region(self.inv[r], r, (_r(0, D // 2),)),
+        steps.append(("rope", [Region(src, r, (_r(a, b),)), Region(self.inv[r], r, (_r(0, D // 2),)),
                                Region(self.pos[r], r, (_r(0, 1),))],
-                      [Region(out, r, (_r(0, n),))], {"head_dim": D}, f"rope_{role}"))
+                      [Region(out, r, (_r(a, b),))], {"head_dim": D}, f"rope_{role}{tag}"))
         return steps
+
+    def qk_norm_buffers(self, i: int, r: int, plan: dict[str, GraphOp], role: str,
+                        n: int) -> tuple[str, str]:
+        """Rank r's ``<role>n.l{i}`` ([n] activation: the normalised q or k) and its
+        ``w.l{i}.<role>_norm`` ([head_dim] weight) buffers."""
+        nb = self.act(f"{role}n.l{i}", r, n)
+        wn = self.weight(f"w.l{i}.{role}_norm", r, plan[f"{role}_norm"].weights["w"].key, (self.D,))
+        return nb, wn
+
+    def _qk_norm_attention(self, i: int, r: int, plan: dict[str, GraphOp], bufs: dict,
+                           q_ready: list[Ready], kv_ready: list[Ready]) -> Loc:
+        """Attention of rank r for a layer with a per-head q/k RMSNorm (Qwen3), one
+        independent pipeline per local KV head g (local index j):
+
+        * a q chain on one worker: q_norm -> rope of g's query heads, rows
+          [(lo - h0) * D, (hi - h0) * D) of q; signals ``c.l{i}.qr.kv{g}.r{r}``;
+        * a kv chain on one worker: k_norm -> rope -> kv_append of head g alone (k and v rows
+          [j * D, (j + 1) * D), cache head j); signals ``c.l{i}.kvc.kv{g}.r{r}``;
+        * g's ``attn_split`` attention tasks, each waiting on g's two counters only.
+
+        These ops loop over heads serially inside one task, so one chain over all of the
+        rank's heads put every head's latency on the critical path; per KV head the chains
+        run on different workers at once. The writes are disjoint (whole heads), so the
+        chains need no ordering among themselves."""
+        e, D, S = self.e, self.D, self.S
+        sh = self.part.shards[r]
+        h0 = sh.q_heads[0]
+        g0, g1 = sh.kv_heads
+        nq, nkv = sh.n_q * D, sh.n_kv * D
+        q_in, k_in, v_b = bufs["q"][3], bufs["k"][3], bufs["v"][3]
+        qr = self.act(f"qr.l{i}", r, nq)
+        qn = self.qk_norm_buffers(i, r, plan, "q", nq) if "q_norm" in plan else None
+        kr = self.act(f"kr.l{i}", r, nkv)
+        kn = self.qk_norm_buffers(i, r, plan, "k", nkv) if "k_norm" in plan else None
+        kc = e.buffer(f"kc.l{i}.r{r}", "kv_cache", self.dt, (sh.n_kv, S, D), r)
+        vc = e.buffer(f"vc.l{i}.r{r}", "kv_cache", self.dt, (sh.n_kv, S, D), r)
+        pos = Region(self.pos[r], r, (_r(0, 1),))
+        heads = {g: self.part.kv_group_heads(r, g) for g in range(g0, g1)}
+        q_done: dict[int, str] = {}
+        kv_done: dict[int, str] = {}
+        for g, (lo, hi) in heads.items():  # q chains first: the q tiles finish first
+            q_done[g] = e.counter(f"c.l{i}.qr.kv{g}.r{r}", r)
+            steps = self.norm_rope(i, r, plan, "q", q_in, nq, qr, ((lo - h0) * D, (hi - h0) * D),
+                                   qn, f".kv{g}")
+            self.chain(i, r, steps, q_ready, q_done[g])
+        for j, g in enumerate(range(g0, g1)):
+            kv_done[g] = e.counter(f"c.l{i}.kvc.kv{g}.r{r}", r)
+            a, b = j * D, (j + 1) * D
+            steps = self.norm_rope(i, r, plan, "k", k_in, nkv, kr, (a, b), kn, f".kv{g}")
+            head = (_r(j, j + 1), _r(0, S), _r(0, D))
+            steps.append(("kv_append", [Region(kr, r, (_r(a, b),)), Region(v_b, r, (_r(a, b),)), pos],
+                          [Region(kc, r, head), Region(vc, r, head)], {"head_dim": D},
+                          f"kv_append.kv{g}"))
+            self.chain(i, r, steps, kv_ready, kv_done[g])
+        a_b = self.act(f"a.l{i}", r, nq)
+        ca = e.counter(f"c.l{i}.attn.r{r}", r)
+        n_att = 0
+        for j, g in enumerate(range(g0, g1)):
+            rdy = [self.ready(q_done[g], 1), self.ready(kv_done[g], 1)]
+            groups = self.attn_head_groups(r, g)
+            for s, (lo, hi) in enumerate(groups):
+                qa, qb = (lo - h0) * D, (hi - h0) * D
+                head = (_r(j, j + 1), _r(0, S), _r(0, D))
+                ins = [Region(qr, r, (_r(qa, qb),)), Region(kc, r, head), Region(vc, r, head), pos]
+                outs = [Region(a_b, r, (_r(qa, qb),))]
+                w = e.place(r, e.cost("attention", ins, outs), rdy)
+                tag = f".s{s}" if len(groups) > 1 else ""
+                e.task(f"l{i}.attn.kv{g}{tag}.r{r}", r, w, "attention", ins, outs,
+                       {"head_dim": D, "scale": float(self.spec.attn_scale)}, ready=rdy,
+                       signals=[ca])
+                n_att += 1
+        return Loc(a_b, r, 0, nq, (self.ready(ca, n_att),))
 
     def attn_head_groups(self, r: int, g: int) -> list[tuple[int, int]]:
         """Rank r's global query heads of KV head g as ``attn_split`` contiguous [lo, hi)

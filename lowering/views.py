@@ -3,7 +3,8 @@
 * ``timeline(prog)``: a PREDICTED run of one decode step on the cost model
   (lowering/costmodel.py): every worker runs its queue in order; a task starts when its
   worker is free and its waits are met, and takes ``task_bytes / (hbm_bw / workers) +
-  task_overhead`` (the workers of a rank share its HBM bandwidth evenly); a wait met by a
+  task_overhead + serial_passes x head_latency`` (the workers of a rank share its HBM
+  bandwidth evenly; the per-head ops' dependent passes are latency bound); a wait met by a
   signal from another rank adds ``cross_rank_latency``. From it: each task's start and end,
   the critical path (the chain of tasks, through queue order and the signals that released
   each wait, that ends at the last task) and each worker's idle time.
@@ -23,8 +24,8 @@ from ground.errors import AmkError
 from ir.edits import stage_of
 from ir.program import ScheduleProgram
 from ir.text import format_program
-from lowering.costmodel import (DEFAULT_CROSS_RANK_LATENCY_S, DEFAULT_HBM_BW, DEFAULT_TASK_OVERHEAD_S,
-                                estimate, task_bytes)
+from lowering.costmodel import (DEFAULT_CROSS_RANK_LATENCY_S, DEFAULT_HBM_BW, DEFAULT_HEAD_LATENCY_S,
+                                DEFAULT_TASK_OVERHEAD_S, estimate, serial_passes, task_bytes)
 
 #: the most tasks a slice may hold; a bigger selection is refused (narrow it)
 MAX_SLICE_TASKS = 400
@@ -49,7 +50,8 @@ class Timeline:
 
 def timeline(prog: ScheduleProgram, seq_len: int = 1, hbm_bw: float = DEFAULT_HBM_BW,
              task_overhead_s: float = DEFAULT_TASK_OVERHEAD_S,
-             cross_rank_latency_s: float = DEFAULT_CROSS_RANK_LATENCY_S) -> Timeline:
+             cross_rank_latency_s: float = DEFAULT_CROSS_RANK_LATENCY_S,
+             head_latency_s: float = DEFAULT_HEAD_LATENCY_S) -> Timeline:
     """Run step 0 of ``prog`` on the cost model (module docstring). ``seq_len``: tokens in
     the KV cache. Waits on the previous step (``@prev``) and thresholds at or below zero are
     met at time 0. Never raises on a deadlocked schedule: tasks that cannot start are listed
@@ -93,7 +95,8 @@ def timeline(prog: ScheduleProgram, seq_len: int = 1, hbm_bw: float = DEFAULT_HB
                         break
                 if not ok:
                     break
-                dur = task_bytes(t, buffers, seq_len) / share + task_overhead_s
+                dur = (task_bytes(t, buffers, seq_len) / share + task_overhead_s
+                       + serial_passes(t) * head_latency_s)
                 start[k], end[k], why[k] = ready, ready + dur, cause
                 busy[q] += dur
                 free[q], last[q] = ready + dur, k
