@@ -109,6 +109,26 @@ class GenerateOutput:
     sampling: dict[str, Any] = field(default_factory=dict)
 
 
+def encode(tokenizer: Any, text: str, chat: bool = False, model: str = "the model") -> list[int]:
+    """Token ids of ``text`` with ``tokenizer``; ``chat``: as the user turn of the tokenizer's
+    chat template with the generation prompt appended. AmkError when the text tokenizes to
+    nothing, or (``chat``) the tokenizer has no chat template (``model`` names it)."""
+    if chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise AmkError(f"--chat: {model}'s tokenizer has no chat template (use a model that "
+                           "ships one, e.g. smollm2-135m, or drop --chat)")
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                            add_generation_prompt=True, tokenize=True)
+        if hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+    else:
+        ids = tokenizer(text)["input_ids"]
+    ids = [int(t) for t in ids]
+    if not ids:
+        raise AmkError("the prompt tokenizes to no tokens")
+    return ids
+
+
 # -- the compiled model -----------------------------------------------------------------------
 class CompiledModel:
     """A lowered, validated schedule of one model with its backend (see ``compile``).
@@ -175,21 +195,8 @@ class CompiledModel:
 
     # inputs
     def encode(self, text: str, chat: bool = False) -> list[int]:
-        """Token ids of ``text``; ``chat``: as the user turn of the tokenizer's chat template
-        with the generation prompt appended. AmkError when the model has no tokenizer, or
-        (``chat``) its tokenizer has no chat template."""
-        tok = self.tokenizer
-        if chat:
-            if not getattr(tok, "chat_template", None):
-                raise AmkError(f"{self.model}: the tokenizer has no chat template; drop --chat "
-                               "(or use a model that ships one, e.g. smollm2-135m)")
-            ids = tok.apply_chat_template([{"role": "user", "content": text}],
-                                          add_generation_prompt=True, tokenize=True)
-            if isinstance(ids, dict) or hasattr(ids, "keys"):
-                ids = ids["input_ids"]
-        else:
-            ids = tok(text)["input_ids"]
-        return [int(t) for t in ids]
+        """Token ids of ``text`` (see the module function ``encode``)."""
+        return encode(self.tokenizer, text, chat=chat, model=self.model)
 
     def _prompt_ids(self, inputs: Any) -> list[int]:
         if isinstance(inputs, str):
@@ -336,13 +343,15 @@ def _model_arg(model: str) -> str:
 
 def compile(model: str, tp: int = 1, backend: str = "sim", config: Any = None, *,
             max_seq: int | None = None, seed: int = 0, sim_policy: str = "random",
-            dist: Any = None) -> CompiledModel:
+            dist: Any = None, resolved: Any = None, config_source: str | None = None) -> CompiledModel:
     """Resolve ``model`` (a MODEL argument: ``config:NAME``, an alias such as ``smollm2-135m``,
     a ``.gguf`` file or an HF directory), lower it for ``tp`` ranks and validate the schedule
     for ``backend`` (``sim`` or ``triton``). ``config``: see ``resolve_config``; ``max_seq``:
     the KV-cache length (positions 0 .. max_seq - 1). ``seed`` / ``sim_policy``: the sim's
     interleaving; ``dist``: a ``lowering.triton.dist.DistContext`` for one rank of a
-    multi-process triton run. Raises AmkError (exit 2) for bad input or a model that cannot
+    multi-process triton run; ``resolved``: the already resolved model (pipeline.resolve of
+    ``model``), not resolved again; ``config_source``: the line saying where ``config`` came
+    from (kept as ``CompiledModel.config_source``). Raises AmkError (exit 2) for bad input or a model that cannot
     be split, AmkError (exit 1) when the validator rejects the schedule."""
     from amk import pipeline
     from amk.checks import check_counts, check_model_split
@@ -353,12 +362,13 @@ def compile(model: str, tp: int = 1, backend: str = "sim", config: Any = None, *
     check_counts(tp)
     cfg, line = resolve_config(config, model, tp, backend, max_seq)
     split = check_model_split(model, tp, cfg.lowering)
-    resolved = pipeline.resolve(model)
+    if resolved is None:
+        resolved = pipeline.resolve(model)
     session = pipeline.Session.build(model, tp, cfg.lowering, _target(backend), resolved=resolved)
     if not session.verdict.ok:
         f = session.verdict.errors[0]
         raise AmkError(f"the validator rejected the schedule: {f.cls}: {f.message}", exit_code=1)
-    m = CompiledModel(session, _model_arg(model), tp, backend, cfg, line, seed=seed,
+    m = CompiledModel(session, _model_arg(model), tp, backend, cfg, config_source or line, seed=seed,
                       sim_policy=sim_policy, dist=dist)
     m.notes = split.notes
     return m
