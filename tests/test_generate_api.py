@@ -224,6 +224,21 @@ def test_generate_output_fields(models):
     assert seen == [[PROMPT]] + [[t] for t in o.tokens] + ["end"]
 
 
+def test_prefill_on_the_triton_backend_matches_token_by_token():
+    """The triton executor (the CPU interpreter here, the megakernel on a GPU): the prefill
+    writes its arena's caches, and the logits and tokens that follow equal step-by-step
+    feeding's (tp 2, each rank its KV-head slice)."""
+    m = amk.compile("config:tiny-qwen3", tp=2, backend="triton", config=CFG.replace(max_seq=8))
+    s, prompt = m.session, PROMPT[:5]
+    slow = m.decoder
+    fast = s.decoder("triton")
+    a = slow.generate(prompt, 1)
+    la = slow.logits()
+    b = fast.generate(prompt, 1, prefill=Prefiller(s.resolved.model, s.program, fast.ex, "f32").fill)
+    assert a == b and fast.steps == 1 and slow.steps == len(prompt)
+    assert (la - fast.logits()).abs().max() <= 1e-4 * max(1.0, float(la.abs().max()))
+
+
 # -- compile, save, load ---------------------------------------------------------------------
 def test_save_and_load_without_recompiling(models, tmp_path, monkeypatch):
     m = models("tiny-qwen3", 2)
