@@ -175,8 +175,6 @@ class CompiledModel:
         """Build the executor (and, with ``prefill``, the prefill model in the executor's dtype
         and device) now rather than inside the first timed ``generate``."""
         if self._decoder is None:
-            from amk.pipeline import Decoder  # noqa: F401 - the type Session.decoder returns
-
             opts = None
             if self.backend == "triton":
                 from lowering.triton.blocks import kernel_options

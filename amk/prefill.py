@@ -93,10 +93,10 @@ class Prefiller:
                 import copy
 
                 self._model = copy.deepcopy(self.src).to(device=self.device, dtype=self.dtype)
-            try:  # the fused attention kernels; eager where a model lacks SDPA
-                self._model.set_attn_implementation("sdpa")
-            except Exception:  # noqa: BLE001 - an older transformers or a model without it
-                pass
+                try:  # SDPA on the copy (the shared model is left as resolved: SDPA by default)
+                    self._model.set_attn_implementation("sdpa")
+                except Exception:  # noqa: BLE001 - a model without SDPA keeps its own attention
+                    pass
         return self._model
 
     def kv(self, tokens: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -18,7 +18,6 @@ import pytest
 import torch
 
 import amk
-from amk import api
 from amk.prefill import Prefiller, cache_slots
 from amk.sampling import Sampler, SamplingParams, sample
 from ground.errors import AmkError
