@@ -223,10 +223,10 @@ def test_generate_output_fields(models):
     assert seen == [[PROMPT]] + [[t] for t in o.tokens] + ["end"]
 
 
-def test_prefill_on_the_triton_backend_matches_token_by_token():
+def test_prefill_on_the_triton_backend_matches_token_by_token(tmp_path):
     """The triton executor (the CPU interpreter here, the megakernel on a GPU): the prefill
     writes its arena's caches, and the logits and tokens that follow equal step-by-step
-    feeding's (tp 2, each rank its KV-head slice)."""
+    feeding's (tp 2, each rank its KV-head slice). Saved, the kernel source comes along."""
     m = amk.compile("config:tiny-qwen3", tp=2, backend="triton", config=CFG.replace(max_seq=8))
     s, prompt = m.session, PROMPT[:5]
     slow = m.decoder
@@ -236,6 +236,9 @@ def test_prefill_on_the_triton_backend_matches_token_by_token():
     b = fast.generate(prompt, 1, prefill=Prefiller(s.resolved.model, s.program, fast.ex, "f32").fill)
     assert a == b and fast.steps == 1 and slow.steps == len(prompt)
     assert (la - fast.logits()).abs().max() <= 1e-4 * max(1.0, float(la.abs().max()))
+    d = m.save(tmp_path / "t")
+    assert sorted(p.name for p in d.iterdir()) == ["amk.json", "kernel.py", "schedule.json"]
+    assert "amk_megakernel" in (d / "kernel.py").read_text()
 
 
 # -- compile, save, load ---------------------------------------------------------------------
