@@ -171,9 +171,13 @@ class CompiledModel:
         self.prepare()
         return self._decoder
 
-    def prepare(self, prefill: bool = True) -> None:
+    def prepare(self, prefill: bool = True, warm: bool = False) -> None:
         """Build the executor (and, with ``prefill``, the prefill model in the executor's dtype
-        and device) now rather than inside the first timed ``generate``."""
+        and device) now rather than inside the first timed ``generate``. ``warm``: also run
+        one decode step (token 0 at position 0: the triton kernel compiles at its first
+        launch) and, with ``prefill``, a one-token prefill, so that the next ``generate``'s
+        ``ttft_s`` holds neither compile nor first-call costs. Both write only cache row 0,
+        which every sequence rewrites before reading."""
         if self._decoder is None:
             opts = None
             if self.backend == "triton":
@@ -190,6 +194,10 @@ class CompiledModel:
             self._prefiller = Prefiller(self.session.resolved.model, self.program, self._decoder.ex,
                                         self.config.lowering.dtype)
             self._prefiller._prepared()
+        if warm:
+            self._decoder.step(0, 0)
+            if prefill:
+                self._prefiller.fill([0])
 
     # inputs
     def encode(self, text: str, chat: bool = False) -> list[int]:

@@ -241,6 +241,15 @@ def test_prefill_on_the_triton_backend_matches_token_by_token(tmp_path):
     assert "amk_megakernel" in (d / "kernel.py").read_text()
 
 
+def test_warm_prepare_changes_no_tokens(models):
+    cold = models("tiny-qwen2", 1).generate(PROMPT, 6, eos_token_id=[])
+    m = amk.compile("config:tiny-qwen2", tp=1, backend="sim", config=CFG)
+    m.prepare(prefill=True, warm=True)
+    assert m.decoder.steps == 1  # the warm-up step
+    for pf in (True, False):
+        assert torch.equal(m.generate(PROMPT, 6, eos_token_id=[], prefill=pf), cold)
+
+
 # -- compile, save, load ---------------------------------------------------------------------
 def test_save_and_load_without_recompiling(models, tmp_path, monkeypatch):
     m = models("tiny-qwen3", 2)

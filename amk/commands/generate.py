@@ -149,8 +149,8 @@ def run(args: argparse.Namespace) -> int:
             if e.exit_code == 1 and args.json and lead:  # the validator's verdict
                 emit_json({"ok": False, "model": args.model, "error": str(e)})
             raise
-    with err.status(f"building the {args.backend} executor"):
-        m.prepare(prefill=bool(args.prefill))
+    with err.status(f"building the {args.backend} executor and warming it up"):
+        m.prepare(prefill=bool(args.prefill), warm=True)  # ttft_ms without the kernel compile
     stream = lead and not args.json and not args.no_stream
     con = Console(highlight=False)
     if stream:
