@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(prompt) < args.prompt_len:
         raise AmkError(f"the text gives {len(prompt)} tokens, fewer than --prompt-len {args.prompt_len}")
     with err.status("building the executor and warming up (kernel compile, prefill forward)"):
-        m.prepare(prefill=True)
+        m.prepare(prefill=True, warm=True)
         for pf in (True, False):
             m.generate(prompt[:8], 2, prefill=pf, eos_token_id=[])
     runs: dict[str, list[float]] = {"prefill": [], "step by step": []}
