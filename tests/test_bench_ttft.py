@@ -55,3 +55,15 @@ def test_ttft_on_the_sim_smollm2(tmp_path):
 def test_ttft_refuses_one_run():
     r = ttft("--backend", "sim", "--runs", "1")
     assert r.returncode == 2 and r.stderr.strip() == "bench/ttft.py: error: --runs must be >= 2, got 1"
+
+
+@pytest.mark.gpu
+def test_ttft_on_the_gpu_prefill_is_10x_shorter(tmp_path):
+    """The GPU must-show: SmolLM2-135M-Instruct, 512-token prompt, triton: the prefill's time
+    to first token is at least 10x shorter than step by step, and both continuations equal
+    HF's greedy tokens."""
+    out = tmp_path / "ttft.json"
+    r = ttft("--backend", "triton", "--prompt-len", "512", "--new-tokens", "32", "--out", out)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["ok"] is True and res["speedup"] >= 10, res["ttft_ms"]
