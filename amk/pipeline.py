@@ -1,4 +1,4 @@
-"""The compile pipeline and greedy decoding through a backend executor.
+"""The compile pipeline and decoding (greedy or sampled) through a backend executor.
 
 Stages: resolve the MODEL argument (models/sources.py) -> import the decode-step graph
 (models/graph.py) -> lower to a ScheduleProgram (lowering/lower.py) -> validate
@@ -12,11 +12,13 @@ alone compiles. ``Session.load_weights()`` loads them for the executor and the c
 check; ``check_skip_reason`` says why that check cannot run here (no weights, or more memory
 than is available: ``check_memory``).
 
-Decoding feeds ONE token per step (one epoch of the program per token): the prompt is fed
-token by token through the same decode program (no separate prefill yet), then each
-generated token is fed back. The host writes ``token.r{r}`` and ``pos.r{r}`` on every rank
-before a step and reads ``next.r{r}`` (the greedy token, identical on every rank) and
-``logits.r{r}`` (each rank's vocabulary rows) after it.
+Decoding runs ONE token per step (one epoch of the program per token). The prompt is either
+fed token by token through the same decode program, or (``Decoder.generate(...,
+prefill=...)``, amk/prefill.py) all but its last token fill the KV caches in one HF forward
+and the last one runs the first decode step; then each generated token is fed back. The host
+writes ``token.r{r}`` and ``pos.r{r}`` on every rank before a step and reads ``next.r{r}``
+(the greedy token, identical on every rank) and ``logits.r{r}`` (each rank's vocabulary
+rows) after it; sampling (amk/sampling.py) draws from the gathered logits on every rank.
 """
 
 from __future__ import annotations
@@ -121,7 +123,8 @@ def make_executor(program: ScheduleProgram, graph: ModelGraph, state: dict[str, 
 
 # -- decoding --------------------------------------------------------------------------------
 class Decoder:
-    """Greedy decoding through an executor running a lowered program.
+    """Decoding (greedy, or sampled with a ``Sampler``) through an executor running a
+    lowered program.
 
     ``executor`` has ``step(epoch)``, ``read(buffer, rank)``, ``write(buffer, rank, tensor)``
     (SimExecutor / TritonExecutor). Epochs run in order from 0 and keep counting across
@@ -152,9 +155,10 @@ class Decoder:
             raise AmkError(f"position {pos} is outside the KV cache of {self.max_seq} tokens; "
                            "raise the max_seq knob (--config FILE with {\"max_seq\": N})")
 
-    def step(self, token: int, pos: int) -> int:
-        """Run one decode step for ``token`` at ``pos``; returns the greedy next token.
-        Raises AmkError if the ranks disagree on the next token."""
+    def step(self, token: int, pos: int, sampler: Any = None) -> int:
+        """Run one decode step for ``token`` at ``pos``; returns the next token: the greedy
+        one of the schedule, or with ``sampler`` (amk.sampling.Sampler) the one every local
+        rank draws from the gathered logits. Raises AmkError if the ranks disagree on it."""
         self._check_pos(pos)
         for r in self.local:
             self._write_inputs(r, token, pos)
@@ -163,7 +167,7 @@ class Decoder:
         self.seconds += time.perf_counter() - t0
         self.epoch += 1
         self.steps += 1
-        return self.next_token()
+        return self.next_token() if sampler is None else self.sampled_token(sampler)
 
     def _gather(self, local: dict) -> dict:
         """Merge per-rank dicts from every process (identity without ``dist``)."""
@@ -180,6 +184,17 @@ class Decoder:
         toks = [got[r] for r in range(self.R)]
         if len(set(toks)) != 1:
             raise AmkError(f"ranks disagree on the next token: {toks}", exit_code=1)
+        return toks[0]
+
+    def sampled_token(self, sampler: Any) -> int:
+        """The token each local rank draws with ``sampler`` (``pick(rank, logits)``) from the
+        full logits of the last step, gathered from every rank; AmkError (exit 1) if the ranks
+        disagree (in a multi-process run each process draws for its own rank)."""
+        logits = self.logits()
+        got = self._gather({r: sampler.pick(r, logits) for r in self.local})
+        toks = [got[r] for r in range(self.R) if r in got]
+        if len(set(toks)) != 1:
+            raise AmkError(f"ranks disagree on the sampled token: {toks}", exit_code=1)
         return toks[0]
 
     def logits(self, rank_logits: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
@@ -244,24 +259,35 @@ class Decoder:
         return {p: self.logits(out[p]) for p in sorted(keep_set)}
 
     def generate(self, prompt: Sequence[int], max_new_tokens: int,
-                 eos: Sequence[int] = (), on_token: Callable[[int], None] | None = None) -> list[int]:
-        """Greedy decoding: feed the prompt token by token, then each new token; stop after
-        ``max_new_tokens`` new tokens or at a token in ``eos`` (which is kept, as HF does).
-        Returns the new tokens."""
+                 eos: Sequence[int] = (), on_token: Callable[[int], None] | None = None,
+                 sampler: Any = None, prefill: Callable[[Sequence[int]], None] | None = None) -> list[int]:
+        """Decode ``max_new_tokens`` new tokens after ``prompt``; stop early at a token in
+        ``eos`` (which is kept, as HF does). Returns the new tokens.
+
+        The prompt is fed token by token through the decode step, or with ``prefill`` (a
+        callable writing the KV-cache rows of the tokens it gets at positions 0..n-1, e.g.
+        ``amk.prefill.Prefiller.fill``) all prompt tokens but the last go through it in one
+        pass and only the last runs a decode step. ``sampler``: draw each token (see
+        ``sampled_token``) instead of the schedule's greedy one. ``on_token(tok)`` is called
+        as each new token is known."""
         if not prompt:
             raise AmkError("the prompt is empty (no tokens to feed)")
         if max_new_tokens < 1:
             return []
         self._check_pos(len(prompt) + max_new_tokens - 2)
         nxt = None
-        for pos, tok in enumerate(prompt):
-            nxt = self.step(int(tok), pos)
+        start = 0
+        if prefill is not None and len(prompt) > 1:
+            prefill([int(t) for t in prompt[:-1]])
+            start = len(prompt) - 1
+        for pos in range(start, len(prompt)):
+            nxt = self.step(int(prompt[pos]), pos, sampler)
         new = [nxt]
         if on_token:
             on_token(nxt)
         pos = len(prompt)
         while len(new) < max_new_tokens and new[-1] not in eos:
-            nxt = self.step(new[-1], pos)
+            nxt = self.step(new[-1], pos, sampler)
             pos += 1
             new.append(nxt)
             if on_token:

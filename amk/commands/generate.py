@@ -1,14 +1,21 @@
-"""``amk generate MODEL --prompt TEXT --max-new-tokens N``: greedy decoding through the schedule.
+"""``amk generate MODEL --prompt TEXT --max-new-tokens N``: decoding through the schedule.
 
-The prompt is tokenized with the model's tokenizer and fed one token per decode step (no
-separate prefill yet), then each generated token is fed back, until N new tokens or an EOS
-token (as HF generate stops). ``--verify`` runs HF ``generate`` (greedy, same prompt ids,
-same max_new_tokens) and reports the first diverging position, or none.
+A thin layer over the Python API (amk/api.py): ``amk.api.compile`` lowers and validates, then
+``CompiledModel.generate`` decodes. The prompt is tokenized with the model's tokenizer
+(``--chat``: as the user turn of its chat template); with ``--prefill 1`` (the default) all
+prompt tokens but the last fill the KV caches in one HF forward (amk/prefill.py) and the last
+runs the first decode step, with ``--prefill 0`` every prompt token runs a decode step. Then
+each new token is fed back until N new tokens or an EOS token (as HF generate stops). Greedy
+by default; ``--do-sample`` with ``--temperature``, ``--top-k``, ``--top-p`` and
+``--sample-seed`` draws instead (amk/sampling.py). ``--verify`` (greedy only) runs HF
+``generate`` (greedy, same prompt ids, same max_new_tokens) and reports the first diverging
+position, or none.
 
-``--json`` prints one object on stdout (progress goes to stderr): ok, text, tokens,
-prompt_tokens, steps, seconds, and with --verify reference_tokens, reference_text, match
-(bool) and first_divergence (int or null); when the validator rejects the schedule,
-``{"ok": false, "error": ...}``.
+Output: the text goes to stdout as the tokens come (``--no-stream``: at the end), the summary
+and progress to stderr. ``--json`` prints one object on stdout instead: ok, text, tokens,
+prompt_tokens, steps, seconds, ttft_ms (time to first token, prefill included),
+tokens_per_s (decode rate after the first token), prefill, sampling, and with --verify
+reference_tokens, reference_text, match (bool) and first_divergence (int or null).
 
 Exit codes: 0 success (and match, with --verify); 1 the schedule was rejected, or --verify
 found a divergence; 2 bad input.
@@ -17,16 +24,18 @@ found a divergence; 2 bad input.
 from __future__ import annotations
 
 import argparse
-import time
+import sys
 
-from amk.commands.compile import add_common_args, backend_options, resolve_args_config, target_for
+from amk.commands.compile import add_common_args, resolve_args_config
 from ground.errors import AmkError
 
 
-HELP = "greedy decoding through the compiled schedule"
+HELP = "decode through the compiled schedule (greedy or sampled)"
 DESCRIPTION = """\
-Compile MODEL (as amk compile does, without writing files), then decode greedily through the
-schedule on the backend. --verify compares the tokens with HF generate."""
+Compile MODEL (as amk compile does, without writing files), then decode through the schedule
+on the backend: the prompt through a prefill (--prefill 1, default) or one decode step per
+token (--prefill 0), then greedy decoding or, with --do-sample, sampling. --verify compares
+greedy tokens with HF generate."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -35,24 +44,77 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt", required=True, help="prompt text")
     p.add_argument("--max-new-tokens", type=int, default=32, metavar="N",
                    help="tokens to generate (default 32)")
+    p.add_argument("--prefill", type=int, choices=(0, 1), default=1,
+                   help="1: fill the KV caches for the prompt in one forward pass (default); "
+                        "0: feed the prompt one decode step per token")
+    p.add_argument("--chat", action="store_true",
+                   help="apply the tokenizer's chat template (the prompt as the user turn)")
+    s = p.add_argument_group("sampling (default: greedy)")
+    s.add_argument("--do-sample", action="store_true",
+                   help="sample instead of greedy decoding")
+    s.add_argument("--temperature", type=float, default=None, metavar="T",
+                   help="> 0; divides the logits (default 1)")
+    s.add_argument("--top-k", type=int, default=None, metavar="K",
+                   help="keep the K most probable tokens (>= 1)")
+    s.add_argument("--top-p", type=float, default=None, metavar="P",
+                   help="keep the smallest set of tokens whose probability reaches P, in (0, 1]")
+    s.add_argument("--sample-seed", type=int, default=0, metavar="S",
+                   help="seed of the sampling generator (default 0); --seed is the sim's interleaving")
     p.add_argument("--verify", action="store_true",
-                   help="also run HF generate and report the first diverging position")
+                   help="also run HF generate (greedy) and report the first diverging position")
+    p.add_argument("--no-stream", action="store_true",
+                   help="print the text when decoding ends instead of token by token")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object to stdout (progress goes to stderr)")
     p.set_defaults(func=run)
 
 
+def sampling_params(args: argparse.Namespace):
+    """The SamplingParams of the command line; AmkError (exit 2) names a bad flag, and
+    --verify with --do-sample (HF greedy is the only reference)."""
+    from amk.sampling import SamplingParams
+
+    t = args.temperature
+    params = SamplingParams(args.do_sample, 1.0 if t is None else t, args.top_k, args.top_p)
+    params.check(flag="--")
+    if args.verify and args.do_sample:
+        raise AmkError("--verify compares with HF greedy decoding; it cannot be used with --do-sample")
+    return params
+
+
+class _Printer:
+    """A transformers ``TextStreamer`` that writes to stdout and flushes each piece (the text
+    appears as the tokens come; word pieces are held until they decode to whole characters)."""
+
+    def __new__(cls, tokenizer):
+        from transformers import TextStreamer
+
+        class Streamer(TextStreamer):
+            def on_finalized_text(self, text: str, stream_end: bool = False) -> None:
+                sys.stdout.write(text + ("\n" if stream_end else ""))
+                sys.stdout.flush()
+
+        return Streamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+
+
 def run(args: argparse.Namespace) -> int:
     from amk.checks import check_model_split
-    from lowering.config import sets
+    from lowering.config import AmkConfig, sets
     from models.sources import require_weights
 
     if args.max_new_tokens < 1:
         raise AmkError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    params = sampling_params(args)
     full, config_source = resolve_args_config(args)  # before any heavy import
     cfg = full.lowering
     split = check_model_split(args.model, args.tp, cfg)  # the config only, no weights
     require_weights(split.source, "amk generate")
+    from amk import api
+    from models.sources import load_config, load_tokenizer
+
+    # the prompt's ids (and a --chat without a template) before anything is printed
+    tok = load_tokenizer(split.source, load_config(split.source))
+    prompt_ids = api.encode(tok, args.prompt, chat=args.chat, model=args.model)
 
     from rich.console import Console
     from rich.markup import escape
@@ -71,10 +133,6 @@ def run(args: argparse.Namespace) -> int:
             err.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     with err.status(f"resolving {args.model}"):
         resolved = pipeline.resolve(args.model)
-        tok = resolved.tokenizer
-    prompt_ids = [int(t) for t in tok(args.prompt)["input_ids"]]
-    if not prompt_ids:
-        raise AmkError("the prompt tokenizes to no tokens")
     need = len(prompt_ids) + args.max_new_tokens
     if need > cfg.max_seq:
         if sets(args, "max_seq"):
@@ -83,28 +141,36 @@ def run(args: argparse.Namespace) -> int:
                            f"{' or ' + args.config if args.config else ''})")
         cfg = cfg.replace(max_seq=need)
     with err.status(f"lowering for {args.tp} ranks and validating"):
-        session = pipeline.Session.build(args.model, args.tp, cfg, target_for(args.backend),
-                                          resolved=resolved)
-    if not session.verdict.ok:
-        f = session.verdict.errors[0]
-        msg = f"the validator rejected the schedule: {f.cls}: {f.message}"
-        if args.json and lead:
-            emit_json({"ok": False, "model": session.graph.name, "error": msg})
-        err.print(f"[bold red]error:[/] {escape(msg)}")
-        return 1
-    opts = backend_options(args.backend, full)
-    if ctx is not None:
-        opts = {**(opts or {}), "dist": ctx}
-    dec = session.decoder(args.backend, seed=args.seed, policy=args.sim_policy, backend_options=opts)
-    eos = pipeline.eos_ids(resolved.model)
-    t0 = time.perf_counter()
-    with err.status(f"decoding on {args.backend} ({len(prompt_ids)} prompt tokens, one step each)"):
-        new = dec.generate(prompt_ids, args.max_new_tokens, eos)
-    seconds = time.perf_counter() - t0
+        try:
+            m = api.compile(args.model, args.tp, args.backend, AmkConfig(cfg, full.kernel),
+                            seed=args.seed, sim_policy=args.sim_policy, dist=ctx,
+                            resolved=resolved, config_source=config_source)
+        except AmkError as e:
+            if e.exit_code == 1 and args.json and lead:  # the validator's verdict
+                emit_json({"ok": False, "model": args.model, "error": str(e)})
+            raise
+    with err.status(f"building the {args.backend} executor and warming it up"):
+        m.prepare(prefill=bool(args.prefill), warm=True)  # ttft_ms without the kernel compile
+    stream = lead and not args.json and not args.no_stream
+    con = Console(highlight=False)
+    if stream:
+        con.print(f"[bold]{escape(args.prompt)}[/]", end="")
+    how = "prefill" if args.prefill else "one step per prompt token"
+    with err.status(f"decoding on {args.backend} ({len(prompt_ids)} prompt tokens, {how})"):
+        res = m.generate(prompt_ids, args.max_new_tokens, do_sample=params.do_sample,
+                         temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+                         seed=args.sample_seed, streamer=_Printer(tok) if stream else None,
+                         prefill=bool(args.prefill), return_dict_in_generate=True)
+    new = res.tokens
     text = tok.decode(new, skip_special_tokens=True)
-    out = {"model": session.graph.name, "ranks": args.tp, "workers": session.program.workers,
-           "backend": args.backend, "config_source": config_source, "prompt": args.prompt, "prompt_tokens": prompt_ids,
-           "text": text, "tokens": new, "steps": dec.steps, "seconds": round(seconds, 3)}
+    out = {"model": m.session.graph.name, "ranks": args.tp, "workers": m.program.workers,
+           "backend": args.backend, "config_source": config_source, "prompt": args.prompt,
+           "chat": args.chat, "prompt_tokens": prompt_ids, "text": text, "tokens": new,
+           "steps": res.steps, "seconds": round(res.seconds, 3),
+           "ttft_ms": round(res.ttft_s * 1e3, 3),
+           "tokens_per_s": round(res.tokens_per_s, 3) if res.tokens_per_s else None,
+           "prefill": res.prefill, "prefill_ms": round(res.prefill_s * 1e3, 3),
+           "sampling": res.sampling}
     rc = 0
     if args.verify and lead:
         with err.status("HF generate (greedy) for --verify"):
@@ -119,16 +185,18 @@ def run(args: argparse.Namespace) -> int:
     out["ok"] = rc == 0
     if args.json:
         emit_json(out)
-    else:
-        con = Console(highlight=False)
+        return rc
+    if not stream:
         con.print(f"[bold]{escape(args.prompt)}[/]{escape(text)}")
-        con.print(f"[dim]{len(new)} tokens, {dec.steps} decode steps in {seconds:.1f} s on "
-                  f"{args.backend}, tp={args.tp}[/]")
-        if args.verify:
-            if out["match"]:
-                con.print(f"[green]verify: identical to HF greedy ({len(ref)} tokens)[/]")
-            else:
-                con.print(f"[red]verify: first divergence at new token {div}: amk "
-                          f"{new[div] if div < len(new) else None} vs HF "
-                          f"{ref[div] if div < len(ref) else None}[/]")
+    rate = f", {res.tokens_per_s:.1f} tokens/s after it" if res.tokens_per_s else ""
+    err.print(f"[dim]{len(new)} tokens, {res.steps} decode steps in {res.seconds:.2f} s on "
+              f"{args.backend}, tp={args.tp}; first token after {res.ttft_s * 1e3:.1f} ms "
+              f"({'prefill' if res.prefill else 'no prefill'}){rate}[/]", soft_wrap=True)
+    if args.verify:
+        if out["match"]:
+            err.print(f"[green]verify: identical to HF greedy ({len(ref)} tokens)[/]")
+        else:
+            err.print(f"[red]verify: first divergence at new token {div}: amk "
+                      f"{new[div] if div < len(new) else None} vs HF "
+                      f"{ref[div] if div < len(ref) else None}[/]")
     return rc
