@@ -273,6 +273,8 @@ async function pageReview() {
         el("p", {}, el("b", {text: `${p.id}`}), document.createTextNode(` (${p.proposer}, candidate ${p.candidate_id})`)),
         el("p", {text: p.note || ""}),
         p.edits ? el("pre", {text: JSON.stringify(p.edits, null, 1)}) : el("pre", {text: JSON.stringify(p.config, null, 1)}),
+        p.edits && p.base_schedule ? el("p", {}, el("a", {class: "preview", id: "preview-" + p.id, text: "check these edits in the editor (validator verdict) before deciding",
+          href: "/static/edit.html?" + q({schedule: (path === "." ? "" : path + "/") + p.base_schedule, edits: JSON.stringify(p.edits)})})) : null,
         el("p", {}, comment),
         el("p", {}, el("button", {class: "approve", id: "approve-" + p.id, text: "approve", on: {click: () => decide(true)}}),
           el("button", {class: "reject", id: "reject-" + p.id, text: "reject", on: {click: () => decide(false)}})));
@@ -294,7 +296,7 @@ async function pageEdit() {
   const schedule = param("schedule");
   crumbs([schedule, "/static/schedule.html?" + q({path: schedule})], ["edit", null]);
   const edits = el("textarea", {id: "edits", rows: 8, spellcheck: "false"});
-  edits.value = '[\n  {"op": "move", "task": "TASK_ID", "worker": 0}\n]';
+  edits.value = param("edits") || '[\n  {"op": "move", "task": "TASK_ID", "worker": 0}\n]';
   const name = el("input", {type: "text", id: "save-name", value: "edited", size: 20});
   const out = el("div", {id: "result"});
   const go = async save => {
