@@ -11,7 +11,9 @@ Format):
 * one "X" slice (``cat`` ``wait``) per task that waited on its counters: from the moment the
   task reached the head of its worker's queue until its waits were met;
 * one flow ("s" -> "f", one ``id`` each) from each signal to the wait it released: the
-  signalling task whose signal made the counter reach the wait's threshold;
+  signalling task whose signal made the counter reach the wait's threshold (on the GPU clock
+  a signal stamped after the waiter ended, by the clocks of two SMs, has no arrow:
+  ``otherData.flows_dropped`` counts them);
 * ``otherData``: the clock (``simulated``: the cost model's timeline, lowering/views.py;
   ``gpu``: the megakernel's in-kernel %globaltimer stamps), the step's makespan, the cost
   model's roofline and prediction, and the program's shape.
@@ -140,22 +142,30 @@ def build_trace(prog: ScheduleProgram, times: TaskTimes, *, clock: str, seq_len:
                             "gbps": round(nbytes / dur / 1e9, 3) if dur > 0 else None,
                             "waits": waits,
                             "signals": [f"{s.counter}+={s.amount}" for s in t.signals]}})
-    for n, (src, dst, i) in enumerate(releases(prog, times)):
+    n = dropped = 0
+    for src, dst, i in releases(prog, times):
         s_t, d_t = prog.tasks[src], prog.tasks[dst]
         s_start, s_end = _us(times[src][1]), _us(times[src][2])
+        d_start, d_end = _us(times[dst][1]), _us(times[dst][2])
         s_ts = max(s_start, s_end - min(_INSIDE_US, (s_end - s_start) / 2))
         if dst in wait_slice:  # bind to the wait slice, just before it ends
             ws, wd = wait_slice[dst]
-            f_ts = ws + wd - min(_INSIDE_US, wd / 2)
+            lo, f_ts = ws, ws + wd - min(_INSIDE_US, wd / 2)
         else:  # no wait: the task slice, just after it starts
-            d_start, d_end = _us(times[dst][1]), _us(times[dst][2])
-            f_ts = d_start + min(_INSIDE_US, (d_end - d_start) / 2)
+            lo, f_ts = d_start, d_start + min(_INSIDE_US, (d_end - d_start) / 2)
+        if f_ts < s_ts:  # the signal's stamp after the release (clocks of two SMs): any
+            s_ts = s_ts if s_ts <= d_end else s_start  # point of the waiter's slices will do
+            if s_ts > d_end:
+                dropped += 1
+                continue
+            f_ts = max(s_ts, lo)
         w = d_t.waits[i]
         name = f"{w.counter}>={w.threshold}"
-        ev.append({"name": name, "cat": "signal", "ph": "s", "id": n + 1, "pid": s_t.rank,
+        n += 1
+        ev.append({"name": name, "cat": "signal", "ph": "s", "id": n, "pid": s_t.rank,
                    "tid": s_t.worker, "ts": round(s_ts, 6)})
-        ev.append({"name": name, "cat": "signal", "ph": "f", "bp": "e", "id": n + 1, "pid": d_t.rank,
-                   "tid": d_t.worker, "ts": round(max(f_ts, s_ts), 6)})
+        ev.append({"name": name, "cat": "signal", "ph": "f", "bp": "e", "id": n, "pid": d_t.rank,
+                   "tid": d_t.worker, "ts": round(f_ts, 6)})
     est = estimate(prog, seq_len)
     other: dict[str, Any] = {
         "clock": clock,
@@ -164,6 +174,7 @@ def build_trace(prog: ScheduleProgram, times: TaskTimes, *, clock: str, seq_len:
                        "MEASURED: the megakernel's in-kernel %globaltimer stamps of one decode step"),
         "program": prog.name, "ranks": prog.ranks, "workers": prog.workers, "tasks": len(prog.tasks),
         "traced_tasks": len(times), "seq_len": seq_len, "step_us": _us(span),
+        "flows": n, "flows_dropped": dropped,
         "roofline": {**est.to_json(), "step_pct_of_roofline":
                      round(100 * est.roofline_s / span, 3) if span > 0 else None},
         "config": dict(prog.config),

@@ -135,6 +135,29 @@ def test_gpu_stamps_become_the_trace(traces):
     assert check_trace(trace) == [] and trace["otherData"]["clock"] == "gpu"
 
 
+def test_skewed_gpu_stamps_still_give_a_valid_trace():
+    """GPU stamps come from the clocks of different SMs: a signal stamped after the waiter
+    was released still gets an arrow inside both slices; one stamped after the waiter ended
+    gets none (counted in otherData.flows_dropped)."""
+    from ir.program import Buffer, Counter, ScheduleProgram, Signal, Task, Wait
+    from lowering.trace import build_trace, check_trace
+
+    prog = ScheduleProgram(name="p", ranks=1, workers=3,
+                           buffers=[Buffer("x", "activation", "f32", (4,))],
+                           counters=[Counter("c", 0), Counter("d", 0)],
+                           tasks=[Task("a", 0, 0, "nop", signals=(Signal("c", 1), Signal("d", 1))),
+                                  Task("z", 0, 1, "nop", waits=(Wait("c", 1),)),
+                                  Task("y", 0, 2, "nop", waits=(Wait("d", 1),))])
+    times = {0: (0.0, 1e-6, 5e-6), 1: (0.0, 4e-6, 6e-6), 2: (0.0, 2e-6, 3e-6)}
+    trace = build_trace(prog, times, clock="gpu")
+    assert check_trace(trace) == []
+    assert trace["otherData"]["flows"] == 2 and trace["otherData"]["flows_dropped"] == 0
+    times[2] = (0.0, 0.2e-6, 0.4e-6)  # y ended before a's slice began: no arrow
+    trace = build_trace(prog, times, clock="gpu")
+    assert check_trace(trace) == []
+    assert trace["otherData"]["flows"] == 1 and trace["otherData"]["flows_dropped"] == 1
+
+
 def _bad(trace: dict, edit) -> list[str]:
     from lowering.trace import check_trace
 
