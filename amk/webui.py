@@ -167,29 +167,32 @@ def schedule_view(prog) -> dict[str, Any]:
 
 
 def _witness_names(report: dict[str, Any]) -> dict[str, list[str]]:
-    """Task ids and counter names a verdict's witnesses name (for highlighting)."""
+    """Task ids and counter names a verdict's errors and witnesses name (for highlighting):
+    the errors' ``tasks``; a witness's ``task`` / ``signalled_by`` / ``pending_signallers``
+    values and ``counter`` values; deadlock cycle nodes ``task ID`` / ``counter NAME``."""
     tasks, counters = set(), set()
+    task_keys = {"task", "tasks", "signalled_by", "pending_signallers"}
 
     def visit(x: Any, key: str = "") -> None:
         if isinstance(x, dict):
             for k, v in x.items():
-                if k in ("task", "tasks", "waiter", "signaller", "from", "to") and isinstance(v, str):
-                    tasks.add(v)
-                elif k in ("counter", "counters") and isinstance(v, str):
-                    counters.add(v)
                 visit(v, k)
         elif isinstance(x, (list, tuple)):
             for v in x:
                 visit(v, key)
-        elif isinstance(x, str) and key in ("tasks", "cycle", "path"):
-            tasks.add(x)
-        elif isinstance(x, str) and key == "counters":
-            counters.add(x)
+        elif isinstance(x, str):
+            if x.startswith("task "):
+                tasks.add(x[5:])
+            elif x.startswith("counter "):
+                counters.add(x[8:])
+            elif key in task_keys:
+                tasks.add(x)
+            elif key in ("counter", "counters"):
+                counters.add(x)
 
     for e in report.get("errors") or []:
         visit(e.get("tasks"), "tasks")
         visit(e.get("witness"))
-        visit({k: v for k, v in e.items() if k in ("counters",)})
     return {"tasks": sorted(tasks), "counters": sorted(counters)}
 
 

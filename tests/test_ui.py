@@ -205,3 +205,38 @@ def test_amk_ui_command(tmp_path):
         finally:
             p.terminate()
             p.wait(timeout=30)
+
+
+def test_witness_names_of_a_deadlock_and_a_race():
+    """The names the verdict page marks: a deadlock cycle's task and counter nodes, a race's
+    pair of tasks."""
+    from amk.editing import verdict_report
+    from amk.webui import _witness_names
+    from ir.text import parse_program
+    from validator import validate
+
+    text = (ROOT / "examples" / "schedules" / "norm_gemv_w2.amk").read_text()
+    # gemv.1 waits on a counter nobody signals: the queues stall there
+    bad = parse_program(text.replace("counter c.u @r0 width=32", "counter c.u @r0 width=32\ncounter c.never @r0 width=32")
+                        .replace("wait(c.hn >= 1)", "wait(c.never >= 1)"))
+    names = _witness_names(verdict_report(validate(bad)))
+    assert "gemv.1" in names["tasks"] and "c.never" in names["counters"], names
+    race = {"errors": [{"tasks": ["a", "b"], "witness": {"read": {"task": "b"}, "write": {"task": "a"}}},
+                       {"tasks": ["x"], "witness": {"cycle": [{"from": "task x", "to": "counter c.1"}]}}]}
+    assert _witness_names(race) == {"tasks": ["a", "b", "x"], "counters": ["c.1"]}
+
+
+def test_amk_ui_is_not_imported_by_other_commands(tmp_path):
+    code = """
+import contextlib, io, sys
+from amk.cli import build_parser, main
+build_parser()
+with contextlib.redirect_stdout(io.StringIO()):
+    rc = main(["profile", sys.argv[1], "--seq-len", "1", "--json"])
+print(rc, sorted(m for m in ("fastapi", "uvicorn", "starlette") if m in sys.modules))
+"""
+    r = subprocess.run([sys.executable, "-c", code, str(ROOT / "examples" / "schedules" / "norm_gemv_w2.amk")],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "0 []"
