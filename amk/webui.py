@@ -38,6 +38,7 @@ STATIC_RE = re.compile(r"[a-z][a-z0-9_-]*\.(html|js|css)")
 TYPES = {"html": "text/html; charset=utf-8", "js": "text/javascript; charset=utf-8",
          "css": "text/css; charset=utf-8"}
 MAX_DEPTH = 4
+TRACE_RE = re.compile(r"trace.*\.json")
 MAX_TRACE_TASKS = 20000
 
 
@@ -61,8 +62,9 @@ def inside(root: Path, rel: str) -> Path:
 
 def find_runs(root: Path) -> list[dict[str, Any]]:
     """The runs under ``root`` (depth at most MAX_DEPTH), each ``{"path", "kind", ...}``:
-    ``search`` (results.jsonl), ``tune`` (trials.jsonl) or ``schedule`` (schedule.json /
-    schedule.amk of ``amk compile --out`` and the schedules a search keeps)."""
+    ``search`` (results.jsonl), ``tune`` (trials.jsonl), ``schedule`` (schedule.json /
+    schedule.amk of ``amk compile --out`` and the schedules a search keeps) or ``trace``
+    (``trace*.json`` files of ``amk profile``)."""
     root = root.resolve()
     out = []
 
@@ -77,6 +79,9 @@ def find_runs(root: Path) -> list[dict[str, Any]]:
             if n in names:
                 out.append({"path": (d / n).relative_to(root).as_posix(), "kind": "schedule"})
                 break
+        for n in sorted(names):
+            if TRACE_RE.fullmatch(n) and (d / n).is_file():
+                out.append({"path": (d / n).relative_to(root).as_posix(), "kind": "trace"})
         if depth >= MAX_DEPTH:
             return
         for p in sorted(d.iterdir()):
@@ -223,7 +228,8 @@ def verdict_view(d: Path, trial: int) -> dict[str, Any]:
 
 def validate_edit(root: Path, body: dict[str, Any]) -> dict[str, Any]:
     """The editor's save: ``{"schedule": REL, "edits": [...]}`` (an edit list against that
-    schedule) or ``{"text": "..."}`` (a whole text-IR program), validated. With ``"save":
+    schedule) or ``{"text": "..."}`` (a whole text-IR program, edited from ``schedule`` if
+    given), validated. With ``"save":
     NAME`` and an accepted result, the program is written as ``edited/NAME.amk`` (and the edit
     list as ``edited/NAME.edits.json``) inside the run directory of ``schedule`` (or ``root``).
     Returns ``{"ok", "verdict", "highlight", "text", "saved"}``; bad input is ``{"error"}``."""
@@ -239,7 +245,9 @@ def validate_edit(root: Path, body: dict[str, Any]) -> dict[str, Any]:
         if body.get("text") is not None:
             prog = parse_program(str(body["text"]))
             verdict = validate(prog)
-            where = root
+            where = root.resolve()
+            if body.get("schedule"):  # saved beside the schedule it was edited from
+                where = inside(root, str(body["schedule"])).parent
         else:
             src = inside(root, str(body.get("schedule", "")))
             if not src.is_file():
@@ -361,7 +369,7 @@ def create_app(root: str | Path, db: str | None = None, hosts: list[str] | None 
         p = path_of(path)
         if not p.is_file():
             raise HTTPException(404, "no such file")
-        if re.fullmatch(r"trace.*\.json", p.name):
+        if TRACE_RE.fullmatch(p.name):
             return Response(p.read_bytes(), media_type="application/json")
         from amk.profile import sim_trace
 

@@ -89,6 +89,7 @@ def served(tmp_path_factory):
         assert p.returncode == 0, err[-3000:]
     (root / "compiled").mkdir()
     shutil.copy(ROOT / "examples" / "schedules" / "norm_gemv_w2.amk", root / "compiled" / "schedule.amk")
+    shutil.copy(ROOT / "bench" / "results" / "cpu" / "trace-tiny-llama-tp2-sim.json", root / "compiled")
     old = os.environ.get("ANTHROPIC_API_KEY")
     os.environ["ANTHROPIC_API_KEY"] = SECRET
     srv = Server(root)
@@ -108,6 +109,9 @@ def test_runs_trials_schedule_trace_verdict(served):
     runs = {r["path"]: r for r in json.loads(body)["runs"]}
     assert code == 200 and runs["knobs"]["kind"] == "search" and runs["edits"]["kind"] == "search"
     assert runs["compiled/schedule.amk"]["kind"] == "schedule"
+    assert runs["compiled/trace-tiny-llama-tp2-sim.json"]["kind"] == "trace"
+    code, body = srv.get("/api/trace?path=compiled/trace-tiny-llama-tp2-sim.json")
+    assert code == 200 and body == (root / "compiled" / "trace-tiny-llama-tp2-sim.json").read_bytes()
     code, body = srv.get("/api/run?path=edits")
     run = json.loads(body)
     assert code == 200 and len(run["trials"]) == 3
@@ -137,6 +141,15 @@ def test_edit_editor_validates_and_saves_only_accepted(served):
     code, out = srv.post("/api/edit/validate", {"schedule": "edits/base/schedule.json", "edits": [], "save": "same"})
     assert code == 200 and out["ok"] is True and out["saved"] == "edits/base/edited/same.amk"
     assert (root / "edits" / "base" / "edited" / "same.amk").is_file()
+    text = (root / "compiled" / "schedule.amk").read_text()
+    code, out = srv.post("/api/edit/validate", {"schedule": "compiled/schedule.amk", "save": "t",
+                                                "text": text.replace("wait(c.hn >= 1) ", "")})
+    assert code == 200 and out["ok"] is False and "gemv.1" in out["highlight"]["tasks"]
+    assert not (root / "compiled" / "edited").exists()
+    code, out = srv.post("/api/edit/validate", {"schedule": "compiled/schedule.amk", "save": "t", "text": text})
+    assert code == 200 and out["ok"] is True and out["saved"] == "compiled/edited/t.amk"
+    code, out = srv.post("/api/edit/validate", {"text": "amk 1\nprogram"})
+    assert code == 400 and "error" in out
     code, out = srv.post("/api/edit/validate", {"schedule": "edits/base/schedule.json",
                                                 "edits": [{"op": "move", "task": "nope", "worker": 0}]})
     assert code == 400 and "nope" in out["error"]

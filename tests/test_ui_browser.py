@@ -48,6 +48,8 @@ def ui(tmp_path_factory):
     root = tmp_path_factory.mktemp("uib")
     knobs = make_search(root / "knobs")
     held = make_search(root / "edits", "--edits", "--approve")
+    (root / "traces").mkdir()
+    shutil.copy(ROOT / "bench" / "results" / "cpu" / "trace-tiny-llama-tp2-sim.json", root / "traces")
     _, err = knobs.communicate(timeout=300)
     assert knobs.returncode == 0, err[-3000:]
     shots = Path(os.environ.get("AMK_UI_SCREENSHOTS") or tmp_path_factory.mktemp("shots"))
@@ -129,6 +131,18 @@ def test_schedule_page_draws_the_trace(ui, browser):
     shot(browser, shots, "schedule")
     browser.execute_script("document.getElementById('trace-wrap').scrollIntoView()")
     shot(browser, shots, "trace")
+
+
+def test_trace_file_page(ui, browser):
+    root, srv, _, shots = ui
+    trace = json.loads((root / "traces" / "trace-tiny-llama-tp2-sim.json").read_text())
+    load(browser, srv, "/static/trace.html?path=traces/trace-tiny-llama-tp2-sim.json")
+    boxes = browser.find_elements("css selector", "#trace-view rect.task-slice")
+    assert len(boxes) == sum(1 for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] != "wait")
+    labels = {t.text for t in browser.find_elements("css selector", "#trace-view text")}
+    assert {"r0 worker 0", "r1 worker 3"} <= labels
+    assert "simulated" in browser.find_element("id", "trace-meta").text
+    shot(browser, shots, "trace-file")
 
 
 def test_approving_in_the_browser_lets_the_search_finish(ui, browser):

@@ -60,7 +60,8 @@ async function pageIndex() {
   const data = await api("/api/runs");
   crumbs([data.root || "runs", null]);
   const rows = data.runs.map(r => {
-    const href = r.kind === "schedule" ? "/static/schedule.html?" + q({path: r.path}) : "/static/run.html?" + q({path: r.path});
+    const page = {schedule: "schedule", trace: "trace"}[r.kind] || "run";
+    const href = `/static/${page}.html?` + q({path: r.path});
     return el("tr", {class: "run-row"}, td(el("a", {href, text: r.path})), td(r.kind), td(r.model), td(r.tp), td(r.backend), td(r.proposer));
   });
   setMain(el("h1", {text: "runs and schedules"}),
@@ -198,6 +199,21 @@ async function pageSchedule() {
   document.getElementById("trace-wrap").replaceChildren(traceView(trace));
 }
 
+async function pageTrace() {
+  const path = param("path");
+  crumbs([path, null]);
+  const trace = await api("/api/trace?" + q({path}));
+  const o = trace.otherData || {};
+  const rows = Object.entries(o).filter(([k, v]) => typeof v !== "object" || v === null).map(([k, v]) => el("tr", {}, td(k), td(fmt(v, 6))));
+  const roof = o.roofline || {};
+  setMain(el("h1", {text: "trace " + path}),
+    el("p", {}, el("a", {href: "/api/trace?" + q({path}), download: path.split("/").pop(), id: "trace-link", text: "download"}),
+      document.createTextNode(" (open it in ui.perfetto.dev or chrome://tracing)")),
+    el("p", {class: "muted", text: `clock ${o.clock}: ${o.clock_note || ""}; roofline ${fmt(roof.roofline_us)} us, cost model ${fmt(roof.predicted_latency_us)} us`}),
+    el("div", {class: "trace-wrap", id: "trace-wrap"}, traceView(trace)),
+    el("h2", {text: "metadata (otherData)"}), table(["key", "value"], rows, {id: "trace-meta"}));
+}
+
 // ---------------------------------------------------------------- witness in the text IR
 function escapeRe(s) { return s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&"); }
 
@@ -312,13 +328,32 @@ async function pageEdit() {
     out.replaceChildren(...kids);
     if (first) first.scrollIntoView({block: "center"});
   };
+  const irBox = el("textarea", {id: "ir-text", rows: 18, spellcheck: "false"});
+  const irName = el("input", {type: "text", id: "ir-save-name", value: "edited-ir", size: 20});
+  const goText = async save => {
+    out.replaceChildren(el("p", {class: "muted", text: "validating…"}));
+    let data;
+    try { data = await api("/api/edit/validate", {schedule, text: irBox.value, save: save ? irName.value : null}); }
+    catch (e) { out.replaceChildren(el("p", {class: "error", id: "edit-error", text: "error: " + e.message})); return; }
+    const kids = [verdictBlock(data.verdict)];
+    if (data.saved) kids.push(el("p", {id: "saved", text: "saved as " + data.saved}));
+    else if (save) kids.push(el("p", {class: "error", id: "not-saved", text: "not saved: the validator rejected the schedule"}));
+    const [pre, first] = highlightedIR(data.text, data.highlight);
+    kids.push(el("h2", {text: "the schedule (text IR; the witness's tasks and counters marked)"}), pre);
+    out.replaceChildren(...kids);
+    if (first) first.scrollIntoView({block: "center"});
+  };
+  const irPart = el("details", {id: "ir-editor"}, el("summary", {text: "or edit the text IR itself"}), irBox,
+    el("p", {}, el("button", {id: "ir-validate", text: "validate", on: {click: () => goText(false)}}),
+      el("button", {id: "ir-save", text: "save as", on: {click: () => goText(true)}}), irName));
+  api("/api/schedule?" + q({path: schedule})).then(d => { irBox.value = d.text; }).catch(() => {});
   setMain(el("h1", {text: "edit " + schedule}),
     el("p", {class: "muted", text: "A JSON list of typed edits (move, swap, split, merge, replace, refine_wait, add_wait, drop_wait, add_signal, drop_signal, add_counter; docs/ir.md). Save validates and writes edited/NAME.amk beside the schedule only when the validator accepts it."}),
     edits, el("p", {}, el("button", {id: "validate", text: "validate", on: {click: () => go(false)}}),
-      el("button", {id: "save", text: "save as", on: {click: () => go(true)}}), name), out);
+      el("button", {id: "save", text: "save as", on: {click: () => go(true)}}), name), irPart, out);
 }
 
-const PAGES = {index: pageIndex, run: pageRun, schedule: pageSchedule, verdict: pageVerdict, review: pageReview, edit: pageEdit};
+const PAGES = {index: pageIndex, run: pageRun, schedule: pageSchedule, trace: pageTrace, verdict: pageVerdict, review: pageReview, edit: pageEdit};
 document.addEventListener("DOMContentLoaded", () => {
   const fn = PAGES[document.body.dataset.page];
   if (fn) fn().then(() => document.body.setAttribute("data-ready", "1")).catch(err => { fail(err); document.body.setAttribute("data-ready", "1"); });
