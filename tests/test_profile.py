@@ -221,3 +221,62 @@ def test_triton_without_a_gpu_is_one_line():
     r = amk("profile", MODEL, "--backend", "triton", "--json")
     assert r.returncode == 2
     assert "needs a CUDA GPU" in one_json_object(r.stdout)["error"]
+
+
+def test_gpu_trace_glue_with_a_stand_in_kernel(monkeypatch):
+    """amk.profile.gpu_trace end to end with a stand-in for the profiled megakernel (no GPU
+    here): it asks the decoder for ``profile=True``, runs ``seq_len`` steps, reads the
+    ``_prof`` buffer as rows of ``vm.PROF_W`` stamps and writes a ``gpu`` trace."""
+    import torch
+
+    from amk.profile import gpu_trace
+    from ir.io import load_program
+    from lowering.config import KernelConfig
+    from lowering.trace import check_trace
+    from lowering.triton import vm
+
+    prog = load_program(str(ROOT / "examples" / "schedules" / "norm_gemv_w2.amk"))
+    rows = [k for w in range(prog.workers) for k, t in enumerate(prog.tasks) if t.worker == w]
+    seen: dict = {}
+
+    class Table:
+        task_ids = [prog.tasks[k].id for k in rows]
+        task_ranks = [prog.tasks[k].rank for k in rows]
+        n_tasks = len(rows)
+
+    class Ex:
+        table = Table()
+        _prof = torch.zeros(len(rows) * vm.PROF_W, dtype=torch.int64)
+
+    class Dec:
+        ex = Ex()
+
+        def step(self, tok, pos):
+            seen.setdefault("steps", []).append(pos)
+            clock = 10**9 + 10_000 * pos
+            for row, k in enumerate(rows):  # each worker runs its queue back to back
+                w = prog.tasks[k].worker
+                base = clock + 1000 * sum(1 for r in rows[:row] if prog.tasks[r].worker == w)
+                self.ex._prof[row * vm.PROF_W:row * vm.PROF_W + 3] = torch.tensor([base, base + 100, base + 900])
+            return tok
+
+    class Session:
+        program = prog
+
+        def decoder(self, backend, backend_options):
+            seen["backend"], seen["options"] = backend, backend_options
+            return Dec()
+
+    class Props:
+        name = "Stand-in GPU"
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a: Props())
+    trace = gpu_trace(Session(), KernelConfig(), 4, meta={"model": "stand-in"})
+    assert seen["backend"] == "triton" and seen["options"]["profile"] is True and seen["steps"] == [0, 1, 2, 3]
+    assert check_trace(trace) == []
+    o = trace["otherData"]
+    assert o["clock"] == "gpu" and o["device"] == "Stand-in GPU" and o["traced_step"] == 3
+    assert o["traced_tasks"] == len(prog.tasks) and o["step_us"] == pytest.approx(
+        max(sum(1 for t in prog.tasks if t.worker == w) for w in range(prog.workers)) - 0.1)
