@@ -426,7 +426,8 @@ def tunedb_entries(db: str | None, run: Path | None = None) -> list[dict[str, An
 
     if db is None and run is not None:
         try:
-            db = json.loads((run / "settings.json").read_text()).get("db") or None
+            obj = json.loads((run / "settings.json").read_text())
+            db = obj.get("settings", obj).get("db") or None
         except (OSError, json.JSONDecodeError, AttributeError):
             db = None
     try:

@@ -83,7 +83,11 @@ def served(tmp_path_factory):
     """A directory with a knob search and an edit search (3 sim trials each), and a compiled
     schedule, served; the environment holds a fake API key."""
     root = tmp_path_factory.mktemp("ui")
-    procs = [make_search(root / "knobs"), make_search(root / "edits", "--edits")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [make_search(root / "knobs"), make_search(root / "edits", "--edits"),
+             subprocess.Popen([sys.executable, "-m", "amk", "tune", "config:tiny-llama", "--backend", "sim",
+                               "--trials", "2", "--out", str(root / "tune"), "--db", str(root / "db")],
+                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
     for p in procs:
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err[-3000:]
@@ -122,6 +126,13 @@ def test_runs_trials_schedule_trace_verdict(served):
     v = json.loads(body)
     assert code == 200 and v["verdict"]["ok"] is False and "\ntask lm.combine.r0 @r0.w3 " in v["text"]
     assert set(v["highlight"]["tasks"]) >= set(v["verdict"]["errors"][0]["tasks"])
+    code, body = srv.get("/api/run?path=tune")
+    tune = json.loads(body)
+    n = len((root / "tune" / "trials.jsonl").read_text().splitlines())
+    assert code == 200 and tune["kind"] == "tune" and len(tune["trials"]) == n >= 2
+    assert tune["trials"][0]["status"] == "KEEP" and tune["trials"][0]["timing_source"] == "predicted"
+    entries = [e for e in tune["tunedb"] if e.get("source") == "user"]
+    assert len(entries) == 1 and entries[0]["tp"] == 1 and entries[0]["ms"] > 0
     code, body = srv.get("/api/schedule?path=compiled/schedule.amk")
     s = json.loads(body)
     assert code == 200 and s["queues"] and s["summary"]["critical_path"] and "task " in s["text"]
