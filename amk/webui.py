@@ -279,7 +279,8 @@ def validate_edit(root: Path, body: dict[str, Any]) -> dict[str, Any]:
 def create_app(root: str | Path, db: str | None = None, hosts: list[str] | None = None):
     """The FastAPI app over directory ``root`` (module docstring). ``db``: the tuning database
     directory whose entries the tune view lists (``search.tunedb.open_db``); ``hosts``: the
-    Host header values accepted (default the loopback names)."""
+    Host header values accepted besides the loopback names (``"*"``: any, for a wildcard
+    bind address). AmkError when ``root`` is not a directory."""
     from fastapi import Body, FastAPI, HTTPException, Query, Request
     from fastapi.responses import JSONResponse, RedirectResponse, Response
 
@@ -291,14 +292,11 @@ def create_app(root: str | Path, db: str | None = None, hosts: list[str] | None 
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
-        host = (request.headers.get("host") or "").rsplit(":", 1)[0] if not (
-            request.headers.get("host") or "").startswith("[") else request.headers.get("host", "").split("]")[0] + "]"
-        if host not in allowed:
+        raw = request.headers.get("host") or ""
+        host = raw.split("]")[0] + "]" if raw.startswith("[") else raw.rsplit(":", 1)[0]
+        if "*" not in allowed and host not in allowed:
             return JSONResponse({"error": "unexpected Host header"}, status_code=400)
-        try:
-            resp = await call_next(request)
-        except Forbidden:
-            return JSONResponse({"error": "path outside the served directory"}, status_code=403)
+        resp = await call_next(request)
         resp.headers["X-Content-Type-Options"] = "nosniff"
         resp.headers["Content-Security-Policy"] = ("default-src 'self'; img-src 'self' data:; "
                                                    "style-src 'self' 'unsafe-inline'; script-src 'self'")
@@ -445,7 +443,7 @@ def serve(root: str | Path, host: str = "127.0.0.1", port: int = 8765, db: str |
     socket listens."""
     import uvicorn
 
-    app = create_app(root, db, hosts=[host])
+    app = create_app(root, db, hosts=["*"] if host in ("0.0.0.0", "::") else [host])
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
     server = uvicorn.Server(config)
     if ready is not None:

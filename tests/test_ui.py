@@ -31,14 +31,14 @@ def free_port() -> int:
 class Server:
     """``amk.webui.create_app(root)`` under uvicorn in a thread, on a free loopback port."""
 
-    def __init__(self, root: Path, db: str | None = None):
+    def __init__(self, root: Path, db: str | None = None, hosts: list[str] | None = None):
         import uvicorn
 
         from amk.webui import create_app
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cfg = uvicorn.Config(create_app(root, db), host="127.0.0.1", port=self.port, log_level="warning")
+        cfg = uvicorn.Config(create_app(root, db, hosts), host="127.0.0.1", port=self.port, log_level="warning")
         self.server = uvicorn.Server(cfg)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
@@ -264,3 +264,15 @@ print(rc, sorted(m for m in ("fastapi", "uvicorn", "starlette") if m in sys.modu
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip().splitlines()[-1] == "0 []"
+
+
+def test_a_wildcard_bind_accepts_any_host_name(tmp_path):
+    """``--host 0.0.0.0`` (warned about) is reached by other names: the Host check is off;
+    a named --host adds that name to the loopback ones."""
+    for hosts, code in ((["*"], 200), (["10.1.2.3"], 400)):
+        srv = Server(tmp_path, hosts=hosts)
+        try:
+            assert srv.get("/api/runs", headers={"Host": "box.lan:8765"})[0] == code
+            assert srv.get("/api/runs", headers={"Host": "10.1.2.3:8765"})[0] == 200
+        finally:
+            srv.close()
