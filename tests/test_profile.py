@@ -94,7 +94,6 @@ def test_flows_go_from_a_signal_to_the_wait_it_releases(traces, tmp_path):
 def test_releases_pick_the_signal_that_reaches_the_threshold():
     """Two producers signal c (+1 each); a consumer waits c >= 2: the later signal releases
     it, and the flow goes from that producer."""
-    from ir.builder import ProgramBuilder  # noqa: F401  (the builder's module must import)
     from ir.program import Buffer, Counter, ScheduleProgram, Signal, Task, Wait
     from lowering.trace import build_trace, check_trace, releases
 

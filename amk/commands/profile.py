@@ -62,7 +62,7 @@ def _is_schedule(target: str) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     from amk import output
-    from amk.profile import gpu_trace, sim_trace, trace_summary
+    from amk.profile import sim_trace, trace_summary
     from ground.files import atomic_write_text
     from lowering.trace import check_trace
 
