@@ -201,3 +201,17 @@ def test_unsafe_edit_shows_the_validators_witness(ui, browser):
     assert {"lm.argmax.k0.r0", "lm.combine.r0"} <= marked
     assert not (root / "edits" / "base" / "edited").exists()
     shot(browser, shots, "edit")
+
+
+def test_a_missing_browser_skips_unless_required(monkeypatch, tmp_path):
+    """Without chromium the browser tests skip with the reason; AMK_REQUIRE_BROWSER=1 (CI)
+    turns that into a failure."""
+    import tests.test_ui_browser as mod
+
+    monkeypatch.setattr(mod, "CHROMIUM", str(tmp_path / "no-chromium"))
+    monkeypatch.delenv("AMK_REQUIRE_BROWSER", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="apt-get install chromium chromium-driver"):
+        mod._need_browser()
+    monkeypatch.setenv("AMK_REQUIRE_BROWSER", "1")
+    with pytest.raises(pytest.fail.Exception, match="AMK_REQUIRE_BROWSER=1"):
+        mod._need_browser()
