@@ -42,24 +42,41 @@ def _need_browser() -> None:
 
 @pytest.fixture(scope="module")
 def ui(tmp_path_factory):
-    """(root, server, the held search's process, screenshot dir): a knob search (finished)
-    and an edit search started with --approve (waiting for review), served."""
+    """(root, server, screenshot dir): a finished knob search, a schedule file and a trace
+    file, served. The tests need no order among themselves (pytest-xdist may split them)."""
     _need_browser()
     root = tmp_path_factory.mktemp("uib")
     knobs = make_search(root / "knobs")
-    held = make_search(root / "edits", "--edits", "--approve")
     (root / "traces").mkdir()
     shutil.copy(ROOT / "bench" / "results" / "cpu" / "trace-tiny-llama-tp2-sim.json", root / "traces")
+    (root / "compiled").mkdir()
+    shutil.copy(ROOT / "examples" / "schedules" / "norm_gemv_w2.amk", root / "compiled" / "schedule.amk")
     _, err = knobs.communicate(timeout=300)
     assert knobs.returncode == 0, err[-3000:]
     shots = Path(os.environ.get("AMK_UI_SCREENSHOTS") or tmp_path_factory.mktemp("shots"))
     shots.mkdir(parents=True, exist_ok=True)
     srv = Server(root)
-    yield root, srv, held, shots
+    yield root, srv, shots
     srv.close()
-    if held.poll() is None:
-        held.kill()
-        held.communicate()
+
+
+@pytest.fixture(scope="module")
+def held(ui):
+    """An edit search started with --approve in the served directory (waiting for review)."""
+    import time
+
+    root = ui[0]
+    proc = make_search(root / "edits", "--edits", "--approve")
+    first = root / "edits" / "review" / "pending" / "trial-0001.json"
+    t0 = time.monotonic()
+    while not first.exists():  # trial 0 ran, trial 1 waits for the review
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() - t0 < 120, "no proposal held for review after 120 s"
+        time.sleep(0.1)
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +111,7 @@ def shot(drv, shots: Path, name: str) -> None:
 
 
 def test_runs_page(ui, browser):
-    root, srv, _, shots = ui
+    root, srv, shots = ui
     load(browser, srv, "/")
     rows = browser.find_elements("css selector", "#runs tr.run-row")
     paths = [r.find_element("css selector", "td a").text for r in rows]
@@ -103,7 +120,7 @@ def test_runs_page(ui, browser):
 
 
 def test_trials_table_and_latency_chart(ui, browser):
-    root, srv, _, shots = ui
+    root, srv, shots = ui
     load(browser, srv, "/static/run.html?path=knobs")
     rows = browser.find_elements("css selector", "#trials tbody tr.trial-row")
     n = len((root / "knobs" / "results.jsonl").read_text().splitlines())
@@ -116,7 +133,7 @@ def test_trials_table_and_latency_chart(ui, browser):
 
 
 def test_schedule_page_draws_the_trace(ui, browser):
-    root, srv, _, shots = ui
+    root, srv, shots = ui
     from ir.io import load_program
 
     prog = load_program(str(root / "knobs" / "best" / "schedule.json"))
@@ -134,7 +151,7 @@ def test_schedule_page_draws_the_trace(ui, browser):
 
 
 def test_trace_file_page(ui, browser):
-    root, srv, _, shots = ui
+    root, srv, shots = ui
     trace = json.loads((root / "traces" / "trace-tiny-llama-tp2-sim.json").read_text())
     load(browser, srv, "/static/trace.html?path=traces/trace-tiny-llama-tp2-sim.json")
     boxes = browser.find_elements("css selector", "#trace-view rect.task-slice")
@@ -145,10 +162,13 @@ def test_trace_file_page(ui, browser):
     shot(browser, shots, "trace-file")
 
 
-def test_approving_in_the_browser_lets_the_search_finish(ui, browser):
+def test_approving_in_the_browser_lets_the_search_finish(ui, held, browser):
+    """Approve trial 1 and reject trial 2 in the review page: the search evaluates the one,
+    records the other as rejected in review, and finishes; the validator's rejection of
+    trial 1 (an unsafe move) shows its witness marked in the text IR."""
     from selenium.webdriver.support.ui import WebDriverWait
 
-    root, srv, held, shots = ui
+    root, srv, shots = ui
     load(browser, srv, "/static/review.html?path=edits")
     wait = WebDriverWait(browser, 90)
     btn = wait.until(lambda d: d.find_elements("id", "approve-trial-0001"))[0]
@@ -168,15 +188,9 @@ def test_approving_in_the_browser_lets_the_search_finish(ui, browser):
     assert recs[2]["status"] == "REJECTED" and recs[2]["reason"] == "rejected in review: not this one"
     wait.until(lambda d: len(d.find_elements("css selector", "#decided tr.decided-row")) == 2)
 
-
-def test_rejected_trial_shows_its_witness(ui, browser):
-    root, srv, held, shots = ui
-    recs = [json.loads(x) for x in (root / "edits" / "results.jsonl").read_text().splitlines()]
     bad = next(r for r in recs if (r["extra"].get("verdict") or {}).get("errors"))
     load(browser, srv, "/static/run.html?path=edits")
     browser.find_element("css selector", f"tr[data-trial='{bad['trial']}'] a.witness-link").click()
-    from selenium.webdriver.support.ui import WebDriverWait
-
     WebDriverWait(browser, 30).until(lambda d: d.find_element("tag name", "body").get_attribute("data-ready"))
     marked = {m.text for m in browser.find_elements("css selector", "#ir mark.task")}
     assert set(bad["extra"]["verdict"]["errors"][0]["tasks"]) <= marked
@@ -185,21 +199,25 @@ def test_rejected_trial_shows_its_witness(ui, browser):
 
 
 def test_unsafe_edit_shows_the_validators_witness(ui, browser):
+    """Dropping gemv.1's wait on the norm's counter races on hn: saving shows the
+    validator's ReadWriteRace with both tasks marked, and writes nothing."""
     from selenium.webdriver.support.ui import WebDriverWait
 
-    root, srv, _, shots = ui
-    load(browser, srv, "/static/edit.html?schedule=edits/base/schedule.json")
+    root, srv, shots = ui
+    load(browser, srv, "/static/edit.html?schedule=compiled/schedule.amk")
     area = browser.find_element("id", "edits")
     area.clear()
-    area.send_keys('[{"op": "move", "task": "lm.combine.r0", "worker": 3}]')
+    area.send_keys('[{"op": "drop_wait", "task": "gemv.1", "counter": "c.hn"}]')
     browser.find_element("id", "save").click()
     verdict = WebDriverWait(browser, 30).until(lambda d: d.find_elements("css selector", "#result #verdict"))[0]
     assert "rejected: ReadWriteRace" in verdict.text
-    assert "lm.argmax.k0.r0" in verdict.text and "lm.combine.r0" in verdict.text
+    assert "norm writes and gemv.1 reads hn" in verdict.text
     assert browser.find_elements("id", "not-saved")
     marked = {m.text for m in browser.find_elements("css selector", "#ir mark.task")}
-    assert {"lm.argmax.k0.r0", "lm.combine.r0"} <= marked
-    assert not (root / "edits" / "base" / "edited").exists()
+    assert {"norm", "gemv.1"} <= marked
+    lines = [ln.text for ln in browser.find_elements("css selector", "#ir span.line.hl")]
+    assert lines and all(ln.startswith("task ") for ln in lines)  # not "program \"norm-gemv-w2\""
+    assert not (root / "compiled" / "edited").exists()
     shot(browser, shots, "edit")
 
 

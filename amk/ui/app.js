@@ -220,7 +220,7 @@ function escapeRe(s) { return s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&"); }
 function highlightedIR(text, hl) {
   const pre = el("pre", {id: "ir"});
   const names = [...(hl.tasks || []).map(n => [n, "task"]), ...(hl.counters || []).map(n => [n, "counter"])].sort((a, b) => b[0].length - a[0].length);
-  const re = names.length ? new RegExp("(?<![\\w.])(" + names.map(n => escapeRe(n[0])).join("|") + ")(?![\\w])", "g") : null;
+  const re = names.length ? new RegExp("(?<![\\w.\"-])(" + names.map(n => escapeRe(n[0])).join("|") + ")(?![\\w.\"-])", "g") : null;
   const kind = Object.fromEntries(names);
   let first = null;
   for (const line of text.split("\n")) {
