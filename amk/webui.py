@@ -69,7 +69,11 @@ def find_runs(root: Path) -> list[dict[str, Any]]:
     out = []
 
     def walk(d: Path, depth: int) -> None:
-        names = {p.name for p in d.iterdir()} if d.is_dir() else set()
+        try:
+            entries = sorted(d.iterdir()) if d.is_dir() else []
+        except OSError:  # unreadable: not listed
+            return
+        names = {p.name for p in entries}
         rel = d.relative_to(root).as_posix() if d != root else "."
         if "results.jsonl" in names:
             out.append({"path": rel, "kind": "search", **_brief(d, "state.json")})
@@ -84,7 +88,7 @@ def find_runs(root: Path) -> list[dict[str, Any]]:
                 out.append({"path": (d / n).relative_to(root).as_posix(), "kind": "trace"})
         if depth >= MAX_DEPTH:
             return
-        for p in sorted(d.iterdir()):
+        for p in entries:
             if p.is_dir() and not p.is_symlink() and not p.name.startswith(".") \
                     and p.name not in ("work", "review", "__pycache__"):
                 walk(p, depth + 1)
