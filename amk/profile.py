@@ -8,7 +8,8 @@ Two clocks:
   (lowering/triton: ``profile=True``, ``vm.PROF_W`` int64 stamps per task row: %globaltimer
   ns at the queue head, waits met and signals released) runs ``seq_len`` decode steps; the
   stamps of the last step are the trace. The profiled kernel stores three more words per
-  task, so its step is slightly slower than the plain kernel's.
+  task, so its step is slightly slower than the plain kernel's. ``--tp R``: one process per
+  GPU over NVSHMEM (the ranks' stamps gathered), or with ``--colocate`` the R ranks on one GPU.
 """
 
 from __future__ import annotations
@@ -46,11 +47,18 @@ def prof_times(prog: ScheduleProgram, prof: Any, task_ids: list[str], task_ranks
     return times
 
 
-def gpu_trace(session: Any, kernel_cfg: Any, seq_len: int, meta: dict[str, Any] | None = None) -> dict[str, Any]:
+def gpu_trace(session: Any, kernel_cfg: Any, seq_len: int, meta: dict[str, Any] | None = None,
+              ctx: Any = None) -> dict[str, Any]:
     """The ``gpu`` trace of ``session``'s program (amk.pipeline.Session built for the triton
     backend, weights loaded on demand): run ``seq_len`` decode steps with the profiling kernel
     (``kernel_cfg``: its KernelConfig) and turn the last step's stamps into the trace. Needs a
-    CUDA GPU (AmkError otherwise); with R > 1 ranks the R ranks run co-located on this GPU."""
+    CUDA GPU (AmkError otherwise). Without ``ctx`` the program's R ranks run co-located on this
+    GPU; with ``ctx`` (a ``lowering.triton.dist.DistContext``: one process per GPU over
+    NVSHMEM) every rank runs its own kernel and the ranks' stamps are gathered (a collective:
+    every rank calls it and gets the whole trace). Each GPU stamps with its own %globaltimer;
+    the ranks are put on one axis at the earliest stamp of all, so cross-rank offsets are as
+    close as the GPUs' clocks agree."""
+    import numpy as np
     import torch
 
     if not torch.cuda.is_available():
@@ -60,19 +68,31 @@ def gpu_trace(session: Any, kernel_cfg: Any, seq_len: int, meta: dict[str, Any] 
     from lowering.triton import vm
     from lowering.triton.blocks import kernel_options
 
-    dec = session.decoder("triton", backend_options={**kernel_options(kernel_cfg), "profile": True})
+    opts = {**kernel_options(kernel_cfg), "profile": True, **({"dist": ctx} if ctx is not None else {})}
+    dec = session.decoder("triton", backend_options=opts)
     ex = dec.ex
     tok = 1
     for pos in range(seq_len):
         tok = dec.step(tok, pos)
-    torch.cuda.synchronize()
-    prof = ex._prof.view(-1, vm.PROF_W).cpu().numpy()
+    dev = ctx.device if ctx is not None else torch.device("cuda")
+    torch.cuda.synchronize(dev)
+    prof = ex._prof.view(-1, vm.PROF_W).cpu().numpy()[:, :3].astype(np.int64)
     tab = ex.table
-    ranks = list(tab.task_ranks) or [0] * tab.n_tasks
-    times = prof_times(session.program, prof, list(tab.task_ids), ranks)
-    props = torch.cuda.get_device_properties(torch.device("cuda"))
-    extra = {"device": props.name, "steps_run": seq_len, "traced_step": seq_len - 1,
-             "kernel": kernel_cfg.to_json(), **(meta or {})}
+    ids, ranks = list(tab.task_ids), list(tab.task_ranks) or [0] * tab.n_tasks
+    extra: dict[str, Any] = {}
+    props = torch.cuda.get_device_properties(dev)
+    if ctx is not None:
+        parts = ctx.all_gather_object({"ids": ids, "ranks": ranks, "prof": prof[:len(ids)].tolist(),
+                                       "device": props.name})
+        ids = [i for p in parts for i in p["ids"]]
+        ranks = [r for p in parts for r in p["ranks"]]
+        prof = np.asarray([row for p in parts for row in p["prof"]], dtype=np.int64).reshape(-1, 3)
+        extra["devices"] = [p["device"] for p in parts]
+        extra["clock_sync"] = ("one process per GPU: each rank's stamps come from its own GPU's "
+                               "%globaltimer; cross-rank offsets are as close as those clocks agree")
+    times = prof_times(session.program, prof, ids, ranks)
+    extra.update({"device": props.name, "steps_run": seq_len, "traced_step": seq_len - 1,
+                  "kernel": kernel_cfg.to_json(), **(meta or {})})
     return build_trace(session.program, times, clock="gpu", seq_len=seq_len, meta=extra)
 
 

@@ -269,9 +269,7 @@ def test_gpu_trace_glue_with_a_stand_in_kernel(monkeypatch):
     class Props:
         name = "Stand-in GPU"
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a: Props())
+    _stand_in_cuda(monkeypatch, Props)
     trace = gpu_trace(Session(), KernelConfig(), 4, meta={"model": "stand-in"})
     assert seen["backend"] == "triton" and seen["options"]["profile"] is True and seen["steps"] == [0, 1, 2, 3]
     assert check_trace(trace) == []
@@ -279,3 +277,84 @@ def test_gpu_trace_glue_with_a_stand_in_kernel(monkeypatch):
     assert o["clock"] == "gpu" and o["device"] == "Stand-in GPU" and o["traced_step"] == 3
     assert o["traced_tasks"] == len(prog.tasks) and o["step_us"] == pytest.approx(
         max(sum(1 for t in prog.tasks if t.worker == w) for w in range(prog.workers)) - 0.1)
+
+
+def _stand_in_cuda(monkeypatch, props) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a: props())
+
+
+def test_gpu_trace_gathers_the_ranks_of_a_multi_gpu_run(monkeypatch):
+    """One process per GPU: rank 0's kernel stamps only its own tasks; gpu_trace gathers every
+    rank's (ids, ranks, stamps) through the DistContext and builds one trace with a process
+    per rank and the all-reduce's flows across them."""
+    import torch
+
+    from amk.profile import gpu_trace
+    from ir.io import load_program
+    from lowering.config import KernelConfig
+    from lowering.trace import check_trace
+    from lowering.triton import vm
+
+    prog = load_program(str(ROOT / "examples" / "schedules" / "allreduce_r2.amk"))
+    assert prog.ranks == 2
+
+    def stamps(rank: int) -> tuple[list[str], list[list[int]]]:
+        ids, rows, nxt = [], [], {}
+        for t in prog.tasks:
+            if t.rank == rank:
+                s = nxt.get(t.worker, 2_000_000_000 + 137 * rank)
+                ids.append(t.id)
+                rows.append([s, s + 50, s + 700])
+                nxt[t.worker] = s + 1000
+        return ids, rows
+
+    ids0, rows0 = stamps(0)
+
+    class Ex:
+        class table:
+            task_ids = ids0
+            task_ranks = [0] * len(ids0)
+            n_tasks = len(ids0)
+        _prof = torch.zeros(len(ids0) * vm.PROF_W, dtype=torch.int64)
+
+    for i, row in enumerate(rows0):
+        Ex._prof[i * vm.PROF_W:i * vm.PROF_W + 3] = torch.tensor(row)
+
+    class Dec:
+        ex = Ex()
+
+        def step(self, tok, pos):
+            return tok
+
+    class Session:
+        program = prog
+
+        def decoder(self, backend, backend_options):
+            assert backend_options["dist"] is ctx and backend_options["profile"] is True
+            return Dec()
+
+    class Ctx:
+        rank, world, device = 0, 2, torch.device("cpu")
+
+        def all_gather_object(self, obj):
+            ids1, rows1 = stamps(1)
+            return [obj, {"ids": ids1, "ranks": [1] * len(ids1), "prof": rows1, "device": "GPU1"}]
+
+    class Props:
+        name = "GPU0"
+
+    ctx = Ctx()
+    _stand_in_cuda(monkeypatch, Props)
+    trace = gpu_trace(Session(), KernelConfig(), 2, ctx=ctx)
+    assert check_trace(trace) == []
+    o = trace["otherData"]
+    assert o["devices"] == ["GPU0", "GPU1"] and "globaltimer" in o["clock_sync"]
+    assert o["traced_tasks"] == len(prog.tasks)
+    ev = trace["traceEvents"]
+    assert {e["pid"] for e in ev if e["ph"] == "X"} == {0, 1}
+    s = {e["id"]: e["pid"] for e in ev if e["ph"] == "s"}
+    assert any(s[e["id"]] != e["pid"] for e in ev if e["ph"] == "f"), "no flow across ranks"

@@ -6,9 +6,10 @@ The trace (lowering/trace.py) has one process per rank, one track per worker, on
 task (op, layer, stage, bytes, achieved GB/s), the counter waits as their own slices, a flow
 arrow from each signal to the wait it released, and the step's roofline in ``otherData``.
 ``--backend sim`` (default): the cost model's timeline, ``otherData.clock`` = ``simulated``.
-``--backend triton``: the megakernel's in-kernel timers on this GPU (``clock`` = ``gpu``);
-MODEL only, its R ranks co-located on the one GPU. Open the file in ui.perfetto.dev or
-chrome://tracing. Exit codes: 0 written, 2 bad input (or no GPU for --backend triton).
+``--backend triton``: the megakernel's in-kernel timers (``clock`` = ``gpu``); MODEL only;
+``--tp R`` runs one process per GPU over NVSHMEM (``--colocate``: the R ranks on one GPU).
+Open the file in ui.perfetto.dev or chrome://tracing. Exit codes: 0 written, 1 the validator
+rejected the model's schedule, 2 bad input (or no GPU for --backend triton).
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--config", metavar="FILE", default=None,
                    help="config file: {\"lowering\": {...}, \"kernel\": {...}} (docs/lowering.md); the "
                         "knob flags below override it")
+    p.add_argument("--colocate", action="store_true",
+                   help="triton with --tp R > 1: run all R ranks' workers on one GPU in one process "
+                        "instead of one process per GPU over NVSHMEM")
     p.add_argument("--json", action="store_true",
                    help="print the trace's summary as one JSON object on stdout")
     from amk.bench import BENCH_DEFAULTS
@@ -86,7 +90,16 @@ def run(args: argparse.Namespace) -> int:
             raise AmkError(f"--tp {args.tp}: {args.target} is a schedule of {prog.ranks} rank(s)")
         trace = sim_trace(prog, args.seq_len, meta={"source": args.target})
     else:
-        trace = _model_trace(args, con)
+        ctx = None
+        if args.backend == "triton" and (args.tp or 1) > 1:
+            from amk import launch
+
+            code, ctx = launch.tp_entry(args.tp, "triton", colocate=args.colocate)
+            if code is not None:  # the launcher: the rank processes did the work
+                return code
+        trace = _model_trace(args, con, ctx)
+        if ctx is not None and ctx.rank != 0:
+            return 0  # rank 0 writes and speaks for every rank
     problems = check_trace(trace)
     if problems:  # a bug, not a user error: never write a file the viewers cannot open
         raise AmkError("the trace breaks the trace-event format: " + "; ".join(problems[:3]), exit_code=1)
@@ -105,9 +118,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _model_trace(args: argparse.Namespace, con) -> dict:
+def _model_trace(args: argparse.Namespace, con, ctx=None) -> dict:
     """The trace of MODEL: the config ``amk bench`` would run (tuned entry, heuristic or
-    --config with the flags), lowered, validated, then simulated or run with the timers."""
+    --config with the flags), lowered, validated, then simulated or run with the timers
+    (``ctx``: this rank's DistContext in a one-process-per-GPU run, else None)."""
     from amk import pipeline
     from amk.bench import cuda_target, run_config
     from amk.checks import check_counts, check_model_split
@@ -132,13 +146,15 @@ def _model_trace(args: argparse.Namespace, con) -> dict:
         if not torch.cuda.is_available():
             raise AmkError("amk profile --backend triton needs a CUDA GPU; none is visible here "
                            "(--backend sim gives the simulated trace)")
-        props = torch.cuda.get_device_properties(torch.device("cuda"))
+        dev = ctx.device if ctx is not None else torch.device("cuda")
+        props = torch.cuda.get_device_properties(dev)
         from models.sources import resolve_model
 
-        resolved = resolve_model(args.target, dtype="fp32" if cfg.dtype == "f32" else "bf16")
+        resolved = resolve_model(args.target, dtype="fp32" if cfg.dtype == "f32" else "bf16",
+                                 device=dev if ctx is not None else None)
         session = pipeline.Session.build(args.target, tp, cfg, cuda_target(props), resolved=resolved)
         _check_verdict(session)
-        return gpu_trace(session, full.kernel, args.seq_len, meta=meta)
+        return gpu_trace(session, full.kernel, args.seq_len, meta=meta, ctx=ctx)
     from ir.program import Target
 
     session = pipeline.Session.build(args.target, tp, cfg, Target(backend="sim"), weights=False)
