@@ -59,7 +59,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ir.ops import OPS
+from ir.ops import OPS, scale_index
 from ir.program import FLOAT_DTYPES, Buffer, Region, ScheduleProgram
 from lowering.executors import StepThroughput, TaskFailure, check_steps
 from lowering.reference import INT_POISON, ReferenceOpError, op_impl, torch_dtype
@@ -68,7 +68,7 @@ POLICIES = ("in_order", "random", "adversarial")
 
 InitFn = Callable[[Buffer, int], "torch.Tensor | None"]
 EpochHook = Callable[[int, int], None]
-DTYPE_SET = frozenset(("bf16", "f16", "f32", "i32"))
+DTYPE_SET = frozenset(("bf16", "f16", "f32", "i32", "i8", "f8e4m3"))
 
 
 class SimError(RuntimeError):
@@ -335,6 +335,9 @@ class SimExecutor:
             for i, reg in enumerate(t.ins):
                 if spec.dtypes_for_in(i) == ("f32",):
                     pinned.add(reg.buffer)
+            si = scale_index(spec, [self._bufs[r.buffer].dtype for r in t.ins]) if spec.scaled else None
+            if si is not None:  # a quantized weight's scales stay f32 whatever the override
+                pinned.add(t.ins[si].buffer)
             for i, reg in enumerate(t.outs):
                 written.add(reg.buffer)
                 if spec.dtypes_for_out(i) == ("f32",):
@@ -347,7 +350,8 @@ class SimExecutor:
             for r in ranks:
                 init = init_fn(b, r) if init_fn is not None else None
                 if init is None:
-                    fill = float("nan") if dt.is_floating_point else INT_POISON
+                    fill = (float("nan") if dt.is_floating_point else
+                            -128 if dt is torch.int8 else INT_POISON)
                     t = torch.full(b.shape, fill, dtype=dt)
                 else:
                     if not isinstance(init, torch.Tensor):

@@ -20,8 +20,11 @@ report.json: model, source, family, ranks, workers, config (the lowering knobs),
 kernel knobs, with --backend triton), counts
 (tasks, buffers, counters, tasks per rank), validation (ok, seconds, errors), correctness
 (per position: max abs error, relative error, argmax agreement; or ``skipped``: why), notes
-(ranks without query heads), cost (PREDICTED latency from the roofline cost model), timings
-per stage, and ok.
+(ranks without query heads), quantization (``--weights int8|fp8``: the GEMV weights' dtype
+and scales, whether the LM head is quantized (``--quantize-lm-head``), the embedding never;
+weight bytes; the correctness reference is then the HF model with the same weights
+dequantized), cost (PREDICTED latency from the roofline cost model), timings per stage, and
+ok.
 
 Exit codes: 0 success; 1 the schedule was rejected by the validator or failed the
 correctness check (the reason is printed and recorded in report.json); 2 bad input.
@@ -176,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
     from amk.output import emit_json, human_console
     from ground.files import finite
     from ir.jsonio import dumps
+    from lowering.quant import summary as quant_summary
     from ir.text import format_program
     from lowering.costmodel import estimate
 
@@ -240,6 +244,7 @@ def run(args: argparse.Namespace) -> int:
             "validation": {"ok": verdict.ok, "seconds": round(vs, 4),
                            "errors": [f.to_json() for f in verdict.errors[:20]],
                            "error_count": len(verdict.errors)},
+            "quantization": quant_summary(cfg.weights, cfg.quantize_lm_head, prog),
             "cost": {"seq_len_1": estimate(prog, 1).to_json(),
                      f"seq_len_{cfg.max_seq}": estimate(prog, cfg.max_seq).to_json()},
         })
@@ -288,6 +293,11 @@ def run(args: argparse.Namespace) -> int:
     t.add_row("schedule", f"{len(prog.tasks)} tasks, {len(prog.buffers)} buffers, "
               f"{len(prog.counters)} counters, {prog.ranks} ranks x {prog.workers} workers")
     t.add_row("validation", ("accepted" if verdict.ok else "[red]rejected[/]") + f" in {vs:.2f} s")
+    qs = report["quantization"]
+    if qs["weights"] != "none":
+        t.add_row("weights", f"{qs['weights']} ({qs['gemv_weights']}, {qs['scale']}); LM head "
+                  f"{qs['lm_head']}, embedding {qs['embedding']}; reference: the HF model with "
+                  "these weights dequantized")
     corr_j = report.get("correctness", {})
     if skipped:
         t.add_row("correctness", f"[yellow]skipped[/]: {escape(skipped)}")
