@@ -151,3 +151,57 @@ def summary(weights: str, quantize_lm_head: bool, program) -> dict:
             "embedding": "unquantized",
             "scale": "f32 per output row" if q else None,
             "weight_bytes": {"total": total, "quantized": qb, "scales": sb}}
+
+
+# -- distance of a quantized model to the unquantized one -----------------------------------
+
+#: the fixed text of the perplexity comparison (original prose, ~270 words)
+EVAL_TEXT = "examples/text/eval.txt"
+#: the prompt of the greedy-agreement comparison
+EVAL_PROMPT = "The harbour town woke slowly on the first cold morning of the autumn."
+
+
+def greedy_tokens(model, prompt: list[int], n: int) -> list[int]:
+    """``n`` greedy tokens of HF ``model`` after ``prompt`` (one full forward per token, no
+    KV cache and no EOS stop, so exactly ``n`` tokens), as token ids."""
+    ids = list(prompt)
+    dev = next(model.parameters()).device
+    with torch.no_grad():
+        for _ in range(n):
+            lg = model(input_ids=torch.tensor([ids], device=dev)).logits[0, -1]
+            ids.append(int(lg.argmax()))
+    return ids[len(prompt):]
+
+
+def forced_argmax(model, tokens: list[int]) -> list[int]:
+    """The argmax next token of ``model`` at every position of ``tokens`` (one forward)."""
+    dev = next(model.parameters()).device
+    with torch.no_grad():
+        lg = model(input_ids=torch.tensor([tokens], device=dev)).logits[0]
+    return [int(t) for t in lg.argmax(-1)]
+
+
+def perplexity(model, tokens: list[int]) -> float:
+    """``exp(mean negative log-likelihood)`` of ``tokens[1:]`` given their prefixes under HF
+    ``model`` (one forward, fp32 log-softmax)."""
+    dev = next(model.parameters()).device
+    with torch.no_grad():
+        lg = model(input_ids=torch.tensor([tokens], device=dev)).logits[0, :-1].float()
+    nll = torch.nn.functional.cross_entropy(lg, torch.tensor(tokens[1:], device=dev))
+    return float(torch.exp(nll))
+
+
+def distance(base, quant, prompt: list[int], text: list[int], n: int = 64) -> dict:
+    """How far the quantized HF model ``quant`` is from ``base``: ``greedy_match`` (the
+    fraction of the ``n`` greedy tokens of ``base`` after ``prompt`` that ``quant``, teacher-
+    forced on them, predicts too), ``greedy_prefix`` (tokens of ``quant``'s own greedy run
+    equal to ``base``'s before the first difference, of ``n``), ``ppl_base`` / ``ppl_quant``
+    (perplexity on the token ids ``text``) and ``ppl_ratio`` (quant / base)."""
+    ref = greedy_tokens(base, prompt, n)
+    pred = forced_argmax(quant, list(prompt) + ref)[len(prompt) - 1:-1]
+    match = sum(int(a == b) for a, b in zip(pred, ref)) / n
+    own = greedy_tokens(quant, prompt, n)
+    prefix = next((i for i, (a, b) in enumerate(zip(own, ref)) if a != b), n)
+    pb, pq = perplexity(base, text), perplexity(quant, text)
+    return {"tokens": n, "greedy_match": match, "greedy_prefix": prefix, "ppl_base": pb,
+            "ppl_quant": pq, "ppl_ratio": pq / pb, "reference_tokens": ref}

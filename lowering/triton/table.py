@@ -39,7 +39,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ground.errors import AmkError
-from ir.ops import OPS, squeeze
+from ir.ops import OPS, scale_index, squeeze
 from ir.program import DTYPE_BYTES, Buffer, Region, ScheduleProgram, Task
 from lowering.triton.layout import (
     F_APFN, F_APFO, F_FLAGS, F_NSIG, F_NWAIT, F_OP, F_OPND, F_P0, F_PFN, F_PFO, F_S0A, F_S0C, F_S0S, F_SIG0, F_W0B,
@@ -156,6 +156,11 @@ def _check_task(task: Task, program: ScheduleProgram, bufs: dict[str, Buffer], r
     if "triton" not in spec.backends:
         raise TableError(f"{where}: op {task.op} is not implemented by the triton backend")
     entry = lowering(task.op, where)
+    if spec.scaled and scale_index(spec, [bufs[r.buffer].dtype if r.buffer in bufs else "" for r in task.ins]) \
+            is not None:
+        raise TableError(f"{where}: quantized weight {task.ins[spec.w_index].buffer} "
+                         f"({bufs[task.ins[spec.w_index].buffer].dtype}): the triton backend does not "
+                         "run quantized GEMV weights; use the sim backend")
     if not spec.min_ins <= len(task.ins) <= spec.max_ins:
         raise TableError(f"{where}: {task.op} takes {spec.min_ins}..{spec.max_ins} inputs, "
                          f"got {len(task.ins)}")
