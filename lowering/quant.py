@@ -162,15 +162,15 @@ EVAL_PROMPT = "The harbour town woke slowly on the first cold morning of the aut
 
 
 def greedy_tokens(model, prompt: list[int], n: int) -> list[int]:
-    """``n`` greedy tokens of HF ``model`` after ``prompt`` (one full forward per token, no
-    KV cache and no EOS stop, so exactly ``n`` tokens), as token ids."""
-    ids = list(prompt)
+    """Exactly ``n`` greedy tokens of HF ``model`` after ``prompt`` (HF generate with its KV
+    cache; EOS may not end the run early: ``min_new_tokens = n``), as token ids."""
     dev = next(model.parameters()).device
+    ids = torch.tensor([list(prompt)], dtype=torch.long, device=dev)
     with torch.no_grad():
-        for _ in range(n):
-            lg = model(input_ids=torch.tensor([ids], device=dev)).logits[0, -1]
-            ids.append(int(lg.argmax()))
-    return ids[len(prompt):]
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
+                             min_new_tokens=n, do_sample=False, num_beams=1, temperature=None,
+                             top_p=None, top_k=None)
+    return [int(t) for t in out[0, ids.shape[1]:]]
 
 
 def forced_argmax(model, tokens: list[int]) -> list[int]:
