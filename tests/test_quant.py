@@ -263,6 +263,8 @@ def test_cli_compile_int8(tmp_path):
     qs = rep["quantization"]
     assert qs["weights"] == "int8" and qs["lm_head"] == "quantized" and qs["embedding"] == "unquantized"
     assert qs["weight_bytes"]["quantized"] > 0 and qs["weight_bytes"]["scales"] > 0
+    d = qs["distance"]
+    assert d["tokens"] == 64 and 0 <= d["greedy_match"] <= 1 and d["ppl_quant"] > 0 and d["text"]
     assert " i8 [" in (out / "schedule.amk").read_text()
     v = _amk("validate", str(out / "schedule.amk"))
     assert v.returncode == 0, v.stdout + v.stderr

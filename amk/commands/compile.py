@@ -150,6 +150,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def quant_distance(session: Any) -> dict[str, Any]:
+    """The quantized reference model's distance to the unquantized one (lowering.quant.distance):
+    greedy agreement over 64 tokens after a fixed prompt and perplexity on
+    examples/text/eval.txt, tokenized by the model's tokenizer; a model without one (the
+    ``config:`` shapes) uses seeded token ids instead (``text`` says which)."""
+    from amk import pipeline
+    from lowering import quant
+
+    vocab = session.graph.spec.vocab
+    try:
+        tok = session.resolved.tokenizer
+        prompt = tok(quant.EVAL_PROMPT)["input_ids"]
+        text = tok((Path(__file__).resolve().parents[2] / quant.EVAL_TEXT).read_text())["input_ids"]
+        what = quant.EVAL_TEXT
+    except (AmkError, OSError):
+        prompt, text = pipeline.check_tokens(vocab, 16, 1), pipeline.check_tokens(vocab, 256, 2)
+        what = "256 seeded token ids (the model has no tokenizer)"
+    d = quant.distance(session.resolved.model, session.reference_model(), prompt, text, 64)
+    d.pop("reference_tokens")
+    return {**d, "text": what, "base": "the checkpoint's weights, unquantized (fp32)"}
+
+
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "model"
 
@@ -282,6 +304,10 @@ def run(args: argparse.Namespace) -> int:
                 round(dec.steps / dec.seconds, 3) if dec.seconds else None
             if not corr.ok:
                 failure = "correctness check failed: " + "; ".join(corr.failures())
+            if cfg.weights not in ("none", "bf16"):
+                report["quantization"]["distance"] = stage(
+                    "distance to the unquantized model (64 greedy tokens, perplexity)",
+                    lambda: quant_distance(session))
     report["timings_s"] = {**{k: round(v, 3) for k, v in session.timings.items()}, **timings}
     report["ok"] = failure is None
     if failure:
@@ -298,6 +324,11 @@ def run(args: argparse.Namespace) -> int:
         t.add_row("weights", f"{qs['weights']} ({qs['gemv_weights']}, {qs['scale']}); LM head "
                   f"{qs['lm_head']}, embedding {qs['embedding']}; reference: the HF model with "
                   "these weights dequantized")
+        if "distance" in qs:
+            d = qs["distance"]
+            t.add_row("vs unquantized", f"greedy agreement {d['greedy_match']:.0%} of {d['tokens']} tokens "
+                      f"(identical prefix {d['greedy_prefix']}); perplexity {d['ppl_quant']:.3f} vs "
+                      f"{d['ppl_base']:.3f} ({(d['ppl_ratio'] - 1) * 100:+.2f}%)")
     corr_j = report.get("correctness", {})
     if skipped:
         t.add_row("correctness", f"[yellow]skipped[/]: {escape(skipped)}")
