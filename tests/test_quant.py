@@ -288,13 +288,3 @@ def test_cli_run_quantized_schedule(tmp_path, int8_prog):
     text = json.dumps(out)
     assert "logits.r0" in text and '"finite": true' in text.replace(": True", ": true"), text[:400]
 
-
-def test_triton_table_refuses_quantized_weights(int8_prog):
-    """The Triton task table refuses a quantized GEMV in one line instead of reading the
-    scale as a bias."""
-    pytest.importorskip("triton")
-    from lowering.triton.layout import TableError
-    from lowering.triton.table import build_table
-
-    with pytest.raises(TableError, match=r"quantized weight w\.l0\.q\.r0 \(i8\).*use the sim backend"):
-        build_table(int8_prog, 0, [q for (r, _w), q in sorted(int8_prog.queues().items()) if r == 0])
