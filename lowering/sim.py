@@ -285,6 +285,10 @@ class SimExecutor:
             if not spec.arity_ok(len(t.ins), len(t.outs)):
                 raise SimError(f"{where}: op {t.op} takes {spec.arity_text()}, "
                                f"got {len(t.ins)} and {len(t.outs)}")
+            if spec.scaled and len(t.ins) > spec.max_ins and scale_index(
+                    spec, [self._bufs[r.buffer].dtype if r.buffer in self._bufs else "" for r in t.ins]) is None:
+                raise SimError(f"{where}: op {t.op} takes at most {spec.max_ins} inputs with a float weight "
+                               f"(only a quantized weight takes a scale), got {len(t.ins)}")
             for role, regs in (("in", t.ins), ("out", t.outs)):
                 for reg in regs:
                     self._check_region(where, role, t.rank, reg)

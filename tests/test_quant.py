@@ -288,3 +288,18 @@ def test_cli_run_quantized_schedule(tmp_path, int8_prog):
     text = json.dumps(out)
     assert "logits.r0" in text and '"finite": true' in text.replace(": True", ": true"), text[:400]
 
+
+
+def test_sim_refuses_a_scale_on_a_float_weight(int8_prog):
+    """Without the validator (check=False) the sim still refuses an extra input on a float
+    weight instead of ignoring it."""
+    from lowering.sim import SimError, SimExecutor
+
+    p = int8_prog.copy()
+    for i, b in enumerate(p.buffers):
+        if b.name == "w.l0.q.r0":
+            p.buffers[i] = dataclasses.replace(b, dtype="f32")
+    t = p.tasks[_task_index(p, "l0.q.t0.r0")]
+    bad = _with_ins(p, t.id, list(t.ins) + [t.ins[-1]])
+    with pytest.raises(SimError, match="l0.q.t0.r0.*only a quantized weight takes a scale"):
+        SimExecutor(bad, None, check=False)

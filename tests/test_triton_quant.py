@@ -68,3 +68,22 @@ def test_device_triton_compiles_quantized_gemv(tmp_path, weights, blocks):
     assert rep["vector_loads"], (version, rep)
     if rep["regs"] is not None:
         assert rep["regs"] <= 255 and rep["local_bytes"] == 0, (version, rep)
+
+
+def test_table_refuses_a_scale_on_a_float_weight():
+    """A float-weight GEMV with a bias and one more input is refused, not read as scaled."""
+    import dataclasses
+
+    from lowering.triton.layout import TableError
+    from lowering.triton.table import build_table
+
+    prog, _, _ = lowered("tiny-llama", workers=1, weights="int8")
+    p = prog.copy()
+    i = next(k for k, t in enumerate(p.tasks) if t.id == "l0.q.t0.r0")
+    t = p.tasks[i]
+    for j, b in enumerate(p.buffers):
+        if b.name == t.ins[1].buffer:
+            p.buffers[j] = dataclasses.replace(b, dtype="f32")
+    p.tasks[i] = dataclasses.replace(t, ins=tuple(t.ins) + (t.ins[-1],))
+    with pytest.raises(TableError, match=r"l0\.q\.t0\.r0: gemv takes 2\.\.3 inputs, got 4"):
+        build_table(p, 0, [[q for q in p.tasks if q.rank == 0]])

@@ -165,8 +165,9 @@ def _check_task(task: Task, program: ScheduleProgram, bufs: dict[str, Buffer], r
     if "triton" not in spec.backends:
         raise TableError(f"{where}: op {task.op} is not implemented by the triton backend")
     entry = lowering(task.op, where)
-    if not spec.min_ins <= len(task.ins) <= spec.max_ins_all:
-        raise TableError(f"{where}: {task.op} takes {spec.min_ins}..{spec.max_ins_all} inputs, "
+    top = spec.max_ins_all if scaled_task(task, bufs) else spec.max_ins  # a quantized W's scale
+    if not spec.min_ins <= len(task.ins) <= top:
+        raise TableError(f"{where}: {task.op} takes {spec.min_ins}..{top} inputs, "
                          f"got {len(task.ins)}")
     if not spec.min_outs <= len(task.outs) <= spec.max_outs:
         raise TableError(f"{where}: {task.op} takes {spec.arity_text()}, got {len(task.outs)} outputs")
