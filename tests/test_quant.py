@@ -303,3 +303,10 @@ def test_sim_refuses_a_scale_on_a_float_weight(int8_prog):
     bad = _with_ins(p, t.id, list(t.ins) + [t.ins[-1]])
     with pytest.raises(SimError, match="l0.q.t0.r0.*only a quantized weight takes a scale"):
         SimExecutor(bad, None, check=False)
+
+
+def test_cli_search_refuses_quantized_weights(tmp_path):
+    r = _amk("search", "config:tiny-llama", "--backend", "sim", "--weights", "fp8", "--trials", "1",
+             "--out", str(tmp_path / "s"))
+    assert r.returncode == 2 and "--weights int8 / fp8" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "s").exists() or not any((tmp_path / "s").iterdir())
