@@ -29,7 +29,7 @@ import json
 import platform
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -73,24 +73,10 @@ def parse_formats(text: str) -> list[str]:
 
 
 def quant_decode_bytes(model, fmt: str | None, quantize_lm_head: bool = False) -> int:
-    """Weight bytes one batch-1 decode step reads (ground.timing.decode_weight_bytes) when the
-    decoder layers' linear weights (and with ``quantize_lm_head`` the LM head) are stored in
-    1 byte per element plus one f32 scale per row; ``fmt`` None: unquantized."""
-    import torch
+    """lowering.quant.decode_bytes: the quantized roofline's weight bytes."""
+    from lowering.quant import decode_bytes
 
-    from ground.timing import decode_weight_bytes
-
-    total = decode_weight_bytes(model)
-    if fmt is None:
-        return total
-    mods = [m for n, m in model.named_modules()
-            if isinstance(m, torch.nn.Linear) and ".layers." in f".{n}" and n.endswith("_proj")]
-    if quantize_lm_head:
-        mods.append(model.get_output_embeddings())
-    for m in mods:
-        w = m.weight
-        total -= w.numel() * (w.element_size() - 1) - w.shape[0] * 4
-    return total
+    return decode_bytes(model, fmt, quantize_lm_head)
 
 
 def row(method: str, fmt: str, runs: list[dict], roofline_ms: float, correct: bool | None, note: str,

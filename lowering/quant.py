@@ -108,6 +108,27 @@ def dequantized_state(state: Mapping[str, torch.Tensor], keys, qdtype: str) -> d
     return out
 
 
+def decode_bytes(model, fmt: str | None, quantize_lm_head: bool = False) -> int:
+    """Weight bytes one batch-1 decode step of HF ``model`` reads
+    (ground.timing.decode_weight_bytes) when the decoder layers' linear weights (and, with
+    ``quantize_lm_head``, the LM head) are stored at 1 byte per element plus one f32 scale
+    per row, as a schedule lowered with ``weights=fmt`` stores them; ``fmt`` None / ``none``
+    / ``bf16``: unquantized. The roofline of a quantized run."""
+    from ground.timing import decode_weight_bytes
+
+    total = decode_weight_bytes(model)
+    if not is_quantized(fmt):
+        return total
+    mods = [m for n, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear) and ".layers." in f".{n}" and n.endswith("_proj")]
+    if quantize_lm_head:
+        mods.append(model.get_output_embeddings())
+    for m in mods:
+        w = m.weight
+        total -= w.numel() * (w.element_size() - 1) - w.shape[0] * 4
+    return total
+
+
 def quantized_copy(model, fmt: str, quantize_lm_head: bool = False):
     """A copy of the HF causal LM ``model`` whose decoder-layer linear weights (and, with
     ``quantize_lm_head``, its LM head) hold ``dequantize(quantize_rows(w))`` in their own
