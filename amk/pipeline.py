@@ -666,5 +666,20 @@ class Session:
         if max(positions) >= self.config.max_seq:
             raise AmkError(f"correctness positions up to {max(positions)} need max_seq > "
                            f"{max(positions)}, the config has {self.config.max_seq}")
-        return check_correctness(self.resolved.model, decoder, self.graph.spec.vocab,
+        return check_correctness(self.reference_model(), decoder, self.graph.spec.vocab,
                                  self.config.dtype, positions, seed=seed, progress=progress)
+
+    def reference_model(self) -> Any:
+        """The HF model the schedule must match: the resolved model, or for a quantized
+        config (``weights`` int8 / fp8) a copy with the same quantized weights, dequantized
+        (lowering.quant.quantized_copy; built once)."""
+        from lowering.quant import is_quantized, quantized_copy
+
+        if not is_quantized(self.config.weights):
+            return self.resolved.model
+        self.load_weights()
+        key = (id(self.resolved.model), self.config.weights, self.config.quantize_lm_head)
+        if getattr(self, "_ref", (None, None))[0] != key:
+            self._ref = (key, quantized_copy(self.resolved.model, self.config.weights,
+                                             self.config.quantize_lm_head))
+        return self._ref[1]

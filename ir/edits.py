@@ -33,8 +33,8 @@ POLICIES = ("round_robin", "balanced", "stage")
 #: ops whose tiles ``split`` and ``merge`` handle: weight rows split, the output rows with them
 GEMV_FAMILY = ("gemv", "norm_gemv", "gemv_res", "swiglu_gemv", "reduce_norm_gemv")
 #: per op, the input roles cut along with the output rows (the rest is the whole input vector)
-ROW_INPUTS = {"gemv": ("w", "bias"), "norm_gemv": ("w", "bias"), "gemv_res": ("w", "r"),
-              "swiglu_gemv": ("w", "r"), "reduce_norm_gemv": ("w", "bias")}
+ROW_INPUTS = {"gemv": ("w", "bias", "scale"), "norm_gemv": ("w", "bias", "scale"), "gemv_res": ("w", "r", "scale"),
+              "swiglu_gemv": ("w", "r", "scale"), "reduce_norm_gemv": ("w", "bias", "scale")}
 
 
 class EditError(AmkError):
@@ -282,11 +282,18 @@ def _rows(t: Task) -> int:
     return y.ranges[-1].stop.const - y.ranges[-1].start.const
 
 
-def _roles(t: Task) -> list[str]:
-    from ir.ops import OPS
+def _roles(t: Task, p=None) -> list[str]:
+    """The role of each of ``t``'s inputs; with the program ``p``, a quantized weight's
+    trailing scale input (ir/ops.py) is ``scale``."""
+    from ir.ops import OPS, scale_index
 
     spec = OPS[t.op]
     roles = list(spec.ins) + list(spec.optional_ins)
+    if p is not None and spec.scaled:
+        bufs = p.buffer_map()
+        dts = [bufs[r.buffer].dtype if r.buffer in bufs else "" for r in t.ins]
+        if scale_index(spec, dts) is not None:
+            return roles[:len(t.ins) - 1] + ["scale"]
     return roles[:len(t.ins)]
 
 
@@ -319,7 +326,7 @@ def _split(ed: _Edit, e: Edit) -> None:
     cut = set(ROW_INPUTS[t.op])
 
     def half(a: int, b: int, nid: str) -> Task:
-        ins = tuple(_row_region(r, a, b, role == "w") if role in cut else r for r, role in zip(t.ins, _roles(t)))
+        ins = tuple(_row_region(r, a, b, role == "w") if role in cut else r for r, role in zip(t.ins, _roles(t, ed.p)))
         outs = tuple(_row_region(r, a, b) for r in t.outs)
         return dataclasses.replace(t, id=nid, ins=ins, outs=outs, params=dict(t.params))
 
@@ -356,13 +363,13 @@ def _merge(ed: _Edit, e: Edit) -> None:
         why = "the tiles differ in op, rank, params, group or operand count (not one stage)"
     else:
         cut = set(ROW_INPUTS[a.op])
-        for ra, rb, role in zip(a.ins, b.ins, _roles(a)):
+        for ra, rb, role in zip(a.ins, b.ins, _roles(a, ed.p)):
             if role not in cut and ra != rb:
                 why = f"their {role} inputs differ (not one stage)"
                 break
         if why is None:
             na = _rows(a)
-            pairs = [(ra, rb, role == "w") for ra, rb, role in zip(a.ins, b.ins, _roles(a)) if role in cut]
+            pairs = [(ra, rb, role == "w") for ra, rb, role in zip(a.ins, b.ins, _roles(a, ed.p)) if role in cut]
             pairs += [(ra, rb, False) for ra, rb in zip(a.outs, b.outs)]
             for ra, rb, wt in pairs:
                 if _row_region(ra, na, na + _rows(b), wt) != rb:
@@ -372,7 +379,7 @@ def _merge(ed: _Edit, e: Edit) -> None:
         raise EditError(f"{e.where()}: cannot merge {a.id!r} and {b.id!r}: {why}")
     cut = set(ROW_INPUTS[a.op])
     n = _rows(a) + _rows(b)
-    ins = tuple(_row_region(r, 0, n, role == "w") if role in cut else r for r, role in zip(a.ins, _roles(a)))
+    ins = tuple(_row_region(r, 0, n, role == "w") if role in cut else r for r, role in zip(a.ins, _roles(a, ed.p)))
     outs = tuple(_row_region(r, 0, n) for r in a.outs)
     waits: dict[tuple[str, int], int] = {}
     for w in a.waits + b.waits:

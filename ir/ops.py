@@ -57,6 +57,13 @@ region there): the peer stores of a one-shot all-reduce fused into the GEMV tile
 computes the partial (``LoweringConfig.allreduce = "fused"``). The validator treats a
 mirror like a put's destination: a remote write that its consumer may read only after a
 wait that includes the task's own signal to that rank (put-with-signal).
+
+**Quantized weights.** The weight ``W`` of a GEMV-family op may be ``i8`` or ``f8e4m3``
+(``QUANT_DTYPES``): the task then carries one more input after all the others, the weight's
+per-row scales ``scale[N]`` (f32), and computes ``y = scale * (W @ x)`` (W converted to fp32,
+the scale applied once per row after the dot product) and then the op's bias / residual. A
+weight of a float dtype takes no scale. ``OpSpec.scaled`` marks these ops; ``scale_index``
+says whether a task has the scale operand.
 """
 
 from __future__ import annotations
@@ -64,7 +71,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ir.program import FLOAT_DTYPES
+from ir.program import FLOAT_DTYPES, QUANT_DTYPES
 
 Shape = tuple[int, ...]
 
@@ -95,6 +102,9 @@ class OpSpec:
     ``kind``: ``compute``, ``comm`` (moves data between ranks) or ``sync`` (no data).
     ``backends``: backends that implement the op. ``mirrors``: how many mirror outputs
     (copies of the first output, see the module doc) a task may add after ``outs``.
+    ``scaled``: the op's ``w`` operand may be quantized (``QUANT_DTYPES``), with its per-row
+    scales as one more, last, input (module doc, "Quantized weights"); ``max_ins`` counts
+    the inputs without it, ``max_ins_all`` with it.
     """
 
     name: str
@@ -110,6 +120,7 @@ class OpSpec:
     check: CheckFn | None = None
     backends: frozenset[str] = frozenset({"sim", "triton"})
     mirrors: int = 0
+    scaled: bool = False
 
     @property
     def min_outs(self) -> int:
@@ -124,15 +135,16 @@ class OpSpec:
         return self.out_dtypes[i] if i < len(self.outs) else self.out_dtypes[0]
 
     def arity_ok(self, n_ins: int, n_outs: int) -> bool:
-        """Whether a task with ``n_ins`` inputs and ``n_outs`` outputs fits this op."""
-        return self.min_ins <= n_ins <= self.max_ins and self.min_outs <= n_outs <= self.max_outs
+        """Whether a task with ``n_ins`` inputs and ``n_outs`` outputs fits this op (a scaled
+        op's inputs may include the scale operand; its check says whether they must)."""
+        return self.min_ins <= n_ins <= self.max_ins_all and self.min_outs <= n_outs <= self.max_outs
 
     def arity_text(self) -> str:
         """'2-3 inputs and 1 output' / '... and 1-8 outputs' (for error messages)."""
         def count(lo: int, hi: int, noun: str) -> str:
             return f"{lo} {noun}{'' if lo == 1 else 's'}" if lo == hi else f"{lo}-{hi} {noun}s"
 
-        return (f"{count(self.min_ins, self.max_ins, 'input')} and "
+        return (f"{count(self.min_ins, self.max_ins_all, 'input')} and "
                 f"{count(self.min_outs, self.max_outs, 'output')}")
 
     @property
@@ -142,6 +154,16 @@ class OpSpec:
     @property
     def max_ins(self) -> int:
         return len(self.ins) + len(self.optional_ins)
+
+    @property
+    def max_ins_all(self) -> int:
+        """Most inputs a task may have: ``max_ins``, plus the scale of a quantized weight."""
+        return self.max_ins + (1 if self.scaled else 0)
+
+    @property
+    def w_index(self) -> int | None:
+        """Index of the ``w`` (weight) operand among the ins of a scaled op, else None."""
+        return self.ins.index("w") if self.scaled else None
 
     def operand_index(self, role: str, n_ins: int) -> int:
         """Index of the required role ``role`` in a task's operands (its ``n_ins`` ins, then
@@ -153,12 +175,29 @@ class OpSpec:
         raise ValueError(f"op {self.name} has no operand {role!r}")
 
     def dtypes_for_in(self, i: int) -> tuple[str, ...]:
+        """Allowed dtypes of input ``i`` (for a scaled op, index ``max_ins`` is the scale:
+        f32; at a lower index a scale sits in an optional operand's slot, whose dtypes
+        include f32, and the op's check tells it apart)."""
         if i < len(self.ins):
             return self.in_dtypes[i]
-        return self.optional_in_dtypes[i - len(self.ins)]
+        if i - len(self.ins) < len(self.optional_in_dtypes):
+            return self.optional_in_dtypes[i - len(self.ins)]
+        if self.scaled and i == self.max_ins:
+            return F32
+        raise IndexError(f"op {self.name} has no input {i}")
+
+
+def scale_index(spec: OpSpec, in_dtypes: "list[str] | tuple[str, ...]") -> int | None:
+    """Index of a task's scale operand (the last input) when ``spec`` is scaled and the task's
+    weight operand has a quantized dtype (``in_dtypes``: the dtypes of its ins), else None."""
+    wi = spec.w_index
+    if wi is None or wi >= len(in_dtypes) or in_dtypes[wi] not in QUANT_DTYPES:
+        return None
+    return len(in_dtypes) - 1
 
 
 F = FLOAT_DTYPES
+Q = QUANT_DTYPES
 I32 = ("i32",)
 F32 = ("f32",)
 ANY = ("bf16", "f16", "f32", "i32")
@@ -434,6 +473,41 @@ def _with_mirrors(check: CheckFn) -> CheckFn:
     return run
 
 
+def _scaled(name: str, check: CheckFn, w_index: int, max_ins: int) -> CheckFn:
+    """``check`` of a GEMV-family op with a possibly quantized weight (module doc,
+    "Quantized weights"): a quantized ``w`` needs its scales [N] f32 as the last input, which
+    is checked and stripped; a float ``w`` takes at most ``max_ins`` inputs (no scale)."""
+    def run(ins, ind, outs, outd, p):
+        if w_index >= len(ind) or ind[w_index] not in QUANT_DTYPES:
+            if len(ins) > max_ins:
+                return [f"{name}: {len(ins)} inputs, at most {max_ins} with a {ind[w_index]} weight "
+                        f"(only a quantized weight, {'/'.join(QUANT_DTYPES)}, takes a scale input)"]
+            return check(ins, ind, outs, outd, p)
+        if len(ins) <= w_index + 1:
+            return [f"{name}: the weight is {ind[w_index]} but the task has no scale input (a "
+                    "quantized weight's per-row f32 scales are the task's last input)"]
+        w, s = ins[w_index], ins[-1]
+        rows = 1 if len(w) <= 1 else w[0]
+        errs = []
+        if ind[-1] != "f32":
+            errs.append(f"{name}: the scale input is {ind[-1]}, expected f32")
+        if _n(s) != rows:
+            errs.append(f"{name}: the scale input has {_n(s)} elements, the weight has N={rows} rows")
+        return errs + check(ins[:-1], ind[:-1], outs, outd, p)
+
+    return run
+
+
+def _gemv_spec(name, ins, in_dtypes, check, **kw) -> OpSpec:
+    """A GEMV-family spec: its ``w`` may be quantized (Q dtypes added), with mirrors."""
+    wi = ins.index("w")
+    in_dtypes = tuple(d + Q if i == wi else d for i, d in enumerate(in_dtypes))
+    max_ins = len(ins) + len(kw.get("optional_ins", ()))
+    return OpSpec(name=name, kind="compute", ins=ins, outs=("y",), in_dtypes=in_dtypes,
+                  out_dtypes=(F,), check=_scaled(name, _with_mirrors(check), wi, max_ins),
+                  mirrors=MAX_MIRRORS, scaled=True, **kw)
+
+
 def _spec(name, kind, ins, outs, in_dtypes, out_dtypes, **kw) -> OpSpec:
     return OpSpec(name=name, kind=kind, ins=ins, outs=outs, in_dtypes=in_dtypes,
                   out_dtypes=out_dtypes, **kw)
@@ -460,9 +534,8 @@ OPS: dict[str, OpSpec] = {
         _spec("embed", "compute", ("table", "token"), ("y",), (F, I32), (F,), check=_check_embed),
         _spec("rmsnorm", "compute", ("x", "w"), ("y",), (F, F), (F,),
               params={"dim": int, "eps": float}, check=_check_rmsnorm),
-        _spec("gemv", "compute", ("x", "w"), ("y",), (F, F), (F,),
-              optional_ins=("bias",), optional_in_dtypes=(F,), check=_with_mirrors(_check_gemv),
-              mirrors=MAX_MIRRORS),
+        _gemv_spec("gemv", ("x", "w"), (F, F), _check_gemv,
+                   optional_ins=("bias",), optional_in_dtypes=(F,)),
         _spec("rope", "compute", ("x", "inv_freq", "pos"), ("y",), (F, F32, I32), (F,),
               params={"head_dim": int}, check=_check_rope),
         _spec("kv_append", "compute", ("k", "v", "pos"), ("kc", "vc"), (F, F, I32), (F, F),
@@ -478,17 +551,14 @@ OPS: dict[str, OpSpec] = {
               params={"offset": int}, check=_check_argmax),
         _spec("argmax_combine", "compute", ("pairs",), ("token",), (F32,), (I32,),
               check=_check_argmax_combine),
-        _spec("norm_gemv", "compute", ("x", "norm_w", "w"), ("y",), (F, F, F), (F,),
-              optional_ins=("bias",), optional_in_dtypes=(F,), params={"eps": float},
-              check=_with_mirrors(_check_norm_gemv), mirrors=MAX_MIRRORS),
-        _spec("reduce_norm_gemv", "compute", ("partials", "r", "norm_w", "w"), ("y",), (F, F, F, F), (F,),
-              optional_ins=("bias",), optional_in_dtypes=(F,), params={"eps": float},
-              check=_with_mirrors(_check_reduce_norm_gemv), mirrors=MAX_MIRRORS),
-        _spec("gemv_res", "compute", ("x", "w", "r"), ("y",), (F, F, F), (F,),
-              check=_with_mirrors(_check_gemv_res), mirrors=MAX_MIRRORS),
-        _spec("swiglu_gemv", "compute", ("g", "u", "w"), ("y",), (F, F, F), (F,),
-              optional_ins=("r",), optional_in_dtypes=(F,), check=_with_mirrors(_check_swiglu_gemv),
-              mirrors=MAX_MIRRORS),
+        _gemv_spec("norm_gemv", ("x", "norm_w", "w"), (F, F, F), _check_norm_gemv,
+                   optional_ins=("bias",), optional_in_dtypes=(F,), params={"eps": float}),
+        _gemv_spec("reduce_norm_gemv", ("partials", "r", "norm_w", "w"), (F, F, F, F),
+                   _check_reduce_norm_gemv, optional_ins=("bias",), optional_in_dtypes=(F,),
+                   params={"eps": float}),
+        _gemv_spec("gemv_res", ("x", "w", "r"), (F, F, F), _check_gemv_res),
+        _gemv_spec("swiglu_gemv", ("g", "u", "w"), (F, F, F), _check_swiglu_gemv,
+                   optional_ins=("r",), optional_in_dtypes=(F,)),
         _spec("rope_append", "compute", ("k", "v", "inv_freq", "pos"), ("kc", "vc"),
               (F, F, F32, I32), (F, F), params={"head_dim": int}, check=_check_rope_append),
         _spec("rope_attention", "compute", ("q", "kc", "vc", "pos", "inv_freq"), ("o",),

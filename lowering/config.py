@@ -38,6 +38,9 @@ from lowering.knobs import (check_fields, check_inert, equal, given, knob, knob_
 POLICIES = ("round_robin", "balanced", "stage")
 ALLREDUCE_ALGOS = ("oneshot", "fused", "twoshot")
 DTYPES = ("f32", "bf16")
+#: weight formats of the GEMV weights: none / bf16 = unquantized (the weights in ``dtype``),
+#: int8 / fp8 = quantized per output row (lowering/quant.py)
+WEIGHT_FORMATS = ("none", "bf16", "int8", "fp8")
 
 
 class _Knobs:
@@ -109,6 +112,13 @@ class LoweringConfig(_Knobs):
                           choices=ALLREDUCE_ALGOS, multi_rank=True)
     max_seq: int = knob(256, "KV-cache length in tokens (positions 0 .. max_seq - 1 can be decoded).", lo=1)
     dtype: str = knob("f32", "Dtype of weights, activations and KV cache.", choices=DTYPES)
+    weights: str = knob("none", "GEMV weights (q/k/v, o, gate/up, down): none or bf16 = in dtype (unquantized), "
+                        "int8 or fp8 (E4M3) = quantized at compile time, symmetric per output row with f32 "
+                        "scales (torchao's weight-only math); the embedding table is never quantized.",
+                        choices=WEIGHT_FORMATS)
+    quantize_lm_head: bool = knob(False, "Quantize the LM head's weight too (a tied head gets its own quantized "
+                                  "copy of the embedding table's rows).",
+                                  needs=(one_of("weights", ("int8", "fp8")),))
     fuse: bool = knob(False, "Emit the fused ops: RMSNorm into the following GEMVs (norm_gemv), RoPE into "
                       "the KV append and attention (rope_append, rope_attention), SiLU x up into the down "
                       "GEMV (swiglu_gemv) and, at one rank, the residual add into the o / down GEMVs "
@@ -403,5 +413,5 @@ def sets(args: argparse.Namespace, name: str) -> bool:
     return name in low or name in ker
 
 
-__all__ = ["ALLREDUCE_ALGOS", "AmkConfig", "DTYPES", "KernelConfig", "LoweringConfig", "POLICIES",
+__all__ = ["ALLREDUCE_ALGOS", "AmkConfig", "DTYPES", "WEIGHT_FORMATS", "KernelConfig", "LoweringConfig", "POLICIES",
            "config_from_args", "file_fields", "knobs_of", "sets", "split_parts"]

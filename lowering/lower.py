@@ -42,6 +42,7 @@ from ir.program import (
 from lowering.config import LoweringConfig
 from lowering.costmodel import task_bytes
 from lowering.partition import Partition, check_split, partition, split_aligned, tiles
+from lowering.quant import IR_DTYPE, is_quantized, scale_key
 from models.graph import GraphOp, ModelGraph
 
 SLOT = Range(Bound(0, 1), Bound(1, 1))  # s:s+1, the current receive slot
@@ -250,10 +251,16 @@ class _Lowerer:
         except ValueError as e:
             raise AmkError(f"cannot split {graph.name} over {ranks} ranks: {e}") from None
         config = dict(cfg.to_json())
+        if not is_quantized(cfg.weights):  # unquantized programs keep their config line
+            config.pop("weights"), config.pop("quantize_lm_head")
         config["model"] = graph.name
         name = f"{graph.name}-tp{ranks}-w{cfg.workers}"
         self.e = _Emitter(name, ranks, cfg, target, config)
         self.dt = cfg.dtype
+        #: the IR dtype of quantized GEMV weights (None: unquantized) and each quantized
+        #: weight buffer's scale buffer
+        self.qdt = IR_DTYPE.get(cfg.weights)
+        self.scales: dict[str, str] = {}
         self.D = sp.head_dim
         self.H = sp.hidden
         self.S = cfg.max_seq
@@ -265,6 +272,24 @@ class _Lowerer:
                ranges: tuple[tuple[int, int], ...] = (), dtype: str | None = None) -> str:
         src = WeightSource(key, tuple(ranges))
         return self.e.buffer(f"{name}.r{rank}", "weight", dtype or self.dt, shape, rank, src)
+
+    def gemv_weight(self, name: str, rank: int, key: str, shape: Sequence[int],
+                    ranges: tuple[tuple[int, int], ...] = ()) -> str:
+        """A GEMV weight [n, k]: in the lowering dtype, or quantized (``weights`` knob) with
+        its per-row scales ``s.<name>.r<rank>`` (f32 [n], the rows of ``ranges``)."""
+        if self.qdt is None:
+            return self.weight(name, rank, key, shape, ranges)
+        wb = self.weight(name, rank, key, shape, ranges, dtype=self.qdt)
+        rows = tuple(ranges[0]) if ranges else (0, int(shape[0]))
+        self.scales[wb] = self.e.buffer(f"s.{name}.r{rank}", "weight", "f32", (shape[0],), rank,
+                                        WeightSource(scale_key(self.qdt, key), (rows,)))
+        return wb
+
+    def scale_in(self, wbuf: str, r: int, a: int, b: int) -> list[Region]:
+        """The scale operand of a GEMV tile over rows [a, b) of ``wbuf`` (ir/ops.py: the
+        last input), or nothing for an unquantized weight."""
+        sb = self.scales.get(wbuf)
+        return [] if sb is None else [Region(sb, r, (_r(a, b),))]
 
     def act(self, name: str, rank: int, n: int) -> str:
         return self.e.buffer(f"{name}.r{rank}", "activation", self.dt, (n,), rank)
@@ -395,6 +420,7 @@ class _Lowerer:
                 ins.append(Region(bias, r, (_r(a, b),)))
             if resid is not None:
                 ins.append(resid.region(a, b))
+            ins += self.scale_in(wbuf, r, a, b)
             outs = [y(a, b)] + (mirrors(a, b) if mirrors else [])
             w = self.e.place(r, self.e.cost(op, ins, outs), ready)
             sig = [] if fuse else [counter, *peer_counters]
@@ -443,8 +469,8 @@ class _Lowerer:
             for role, (lo, hi) in (("q", (h0 * D, h1 * D)), ("k", (g0 * D, g1 * D)),
                                    ("v", (g0 * D, g1 * D))):
                 op = plan[role]
-                wb = self.weight(f"w.l{i}.{role}", r, op.weights["w"].key, (hi - lo, H),
-                                 ((lo, hi), (0, H)))
+                wb = self.gemv_weight(f"w.l{i}.{role}", r, op.weights["w"].key, (hi - lo, H),
+                                      ((lo, hi), (0, H)))
                 bb = None
                 if "bias" in op.weights:
                     bb = self.weight(f"b.l{i}.{role}", r, op.weights["bias"].key, (hi - lo,),
@@ -725,10 +751,10 @@ class _Lowerer:
             n = c1 - c0
             if n == 0:
                 continue
-            wg = self.weight(f"w.l{i}.gate", r, plan["gate"].weights["w"].key, (n, H),
-                             ((c0, c1), (0, H)))
-            wu = self.weight(f"w.l{i}.up", r, plan["up"].weights["w"].key, (n, H),
-                             ((c0, c1), (0, H)))
+            wg = self.gemv_weight(f"w.l{i}.gate", r, plan["gate"].weights["w"].key, (n, H),
+                                  ((c0, c1), (0, H)))
+            wu = self.gemv_weight(f"w.l{i}.up", r, plan["up"].weights["w"].key, (n, H),
+                                  ((c0, c1), (0, H)))
             gb, ub = self.act(f"g.l{i}", r, n), self.act(f"u.l{i}", r, n)
             mb = None if self.cfg.fuse else self.act(f"m.l{i}", r, n)
             cm = e.counter(f"c.l{i}.act.r{r}", r)
@@ -736,7 +762,7 @@ class _Lowerer:
             src = _prologue(hn[r])
 
             def step(tag: str, wb: str, yb: str, a: int, b: int, t: int) -> tuple:
-                return (src.op, list(src.ins) + [Region(wb, r, (_r(a, b), _r(0, H)))],
+                return (src.op, list(src.ins) + [Region(wb, r, (_r(a, b), _r(0, H)))] + self.scale_in(wb, r, a, b),
                         [Region(yb, r, (_r(a, b),))], dict(src.params), f"{tag}.t{t}")
 
             if mb is None and self.cfg.wave:  # gate and up tiles apart, one wave over 2n rows
@@ -769,8 +795,8 @@ class _Lowerer:
         wbuf = {}
         for r in contrib:
             c0, c1 = cols_of(r)
-            wbuf[r] = self.weight(f"w.{site}", r, op.weights["w"].key, (H, c1 - c0),
-                                  ((0, H), (c0, c1)))
+            wbuf[r] = self.gemv_weight(f"w.{site}", r, op.weights["w"].key, (H, c1 - c0),
+                                       ((0, H), (c0, c1)))
         if self.R == 1:
             return self._row_single(site, xin, resid, wbuf)
         if self.cfg.allreduce in ("oneshot", "fused"):
@@ -964,7 +990,9 @@ class _Lowerer:
             nv = v1 - v0
             logits = e.buffer(f"logits.r{r}", "io_output", self.dt, (nv,), r)
             done = e.counter(f"c.am.r{r}", r)
-            if tied:  # read the vocabulary rows straight from the full embedding table
+            if self.qdt is not None and self.cfg.quantize_lm_head:  # tied: a quantized copy
+                wb, base = self.gemv_weight("w.lm_head", r, key, (nv, H), ((v0, v1), (0, H))), 0
+            elif tied:  # read the vocabulary rows straight from the full embedding table
                 wb, base = self.table[r], v0
             else:
                 wb, base = self.weight("w.lm_head", r, key, (nv, H), ((v0, v1), (0, H))), 0

@@ -105,8 +105,25 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
     "f16": torch.float16,
     "f32": torch.float32,
     "i32": torch.int32,
+    "i8": torch.int8,
+    "f8e4m3": torch.float8_e4m3fn,
 }
 assert set(TORCH_DTYPES) == set(DTYPES)
+#: torch dtypes of the quantized weight dtypes (ir.program.QUANT_DTYPES).
+QUANT_TORCH = frozenset((torch.int8, torch.float8_e4m3fn))
+
+
+class QuantWeight:
+    """A quantized GEMV weight with its per-row scales: ``q`` int8 / float8_e4m3fn ``[N, K]``
+    (or flat), ``scale`` f32 ``[N]``. ``_gemv_f32`` computes ``scale * (float(q) @ x)``."""
+
+    __slots__ = ("q", "scale")
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor):
+        self.q, self.scale = q, scale
+
+    def numel(self) -> int:
+        return self.q.numel()
 
 #: Sentinel written for "no valid integer" (unwritten int memory in the sim, NaN index in
 #: argmax_combine). Chosen far outside any vocabulary or position range.
@@ -118,7 +135,8 @@ class ReferenceOpError(ValueError):
 
 
 def torch_dtype(dtype: str) -> torch.dtype:
-    """The torch dtype for an IR dtype name (``bf16``, ``f16``, ``f32``, ``i32``)."""
+    """The torch dtype for an IR dtype name (``bf16``, ``f16``, ``f32``, ``i32``, ``i8``,
+    ``f8e4m3``)."""
     try:
         return TORCH_DTYPES[dtype]
     except KeyError:
@@ -176,15 +194,24 @@ def _round_to(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t if dtype is torch.float32 else t.to(dtype).to(torch.float32)
 
 
-def _gemv_f32(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, op: str) -> torch.Tensor:
-    """fp32 ``W @ x (+ bias)`` with W viewed as [N, numel(x)]; returns [N]."""
+def _gemv_f32(x: torch.Tensor, w: "torch.Tensor | QuantWeight", bias: torch.Tensor | None,
+              op: str) -> torch.Tensor:
+    """fp32 ``W @ x (+ bias)`` with W viewed as [N, numel(x)]; returns [N]. A QuantWeight:
+    ``scale * (float(q) @ x) (+ bias)``, the scale applied once per row after the dot."""
     k = x.numel()
     if k == 0 or w.numel() % k:
         raise ReferenceOpError(f"{op}: weight has {w.numel()} elements, not a multiple of K={k}")
+    scale = None
+    if isinstance(w, QuantWeight):
+        w, scale = w.q, w.scale
     w2 = w if w.dim() == 2 and w.shape[1] == k else w.reshape(-1, k)
     if w2.dtype is not torch.float32:
         w2 = w2.to(torch.float32)
     y = torch.mv(w2, _f32(x))
+    if scale is not None:
+        if scale.numel() != y.numel():
+            raise ReferenceOpError(f"{op}: scale has {scale.numel()} elements, weight {y.numel()} rows")
+        y *= _f32(scale)
     if bias is not None:
         if bias.numel() != y.numel():
             raise ReferenceOpError(f"{op}: bias/residual has {bias.numel()} elements, output {y.numel()}")
@@ -453,8 +480,15 @@ def op_impl(op: str) -> OpFn:
     n_own = len(OPS[op].outs)
     if not OPS[op].mirrors:
         return fn
+    wi = OPS[op].w_index
 
     def run(params: dict, ins: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> None:
+        if wi is not None and wi < len(ins) and ins[wi].dtype in QUANT_TORCH:
+            # a quantized weight: its per-row scales are the last input (ir/ops.py)
+            if len(ins) <= wi + 1:
+                raise ReferenceOpError(f"{op}: a quantized weight needs its scale input")
+            ins = list(ins)
+            ins[wi] = QuantWeight(ins[wi], ins.pop())
         fn(params, ins, outs[:n_own])
         for m in outs[n_own:]:
             if m.numel() != outs[0].numel():

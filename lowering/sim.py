@@ -59,7 +59,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ir.ops import OPS
+from ir.ops import OPS, scale_index
 from ir.program import FLOAT_DTYPES, Buffer, Region, ScheduleProgram
 from lowering.executors import StepThroughput, TaskFailure, check_steps
 from lowering.reference import INT_POISON, ReferenceOpError, op_impl, torch_dtype
@@ -68,7 +68,7 @@ POLICIES = ("in_order", "random", "adversarial")
 
 InitFn = Callable[[Buffer, int], "torch.Tensor | None"]
 EpochHook = Callable[[int, int], None]
-DTYPE_SET = frozenset(("bf16", "f16", "f32", "i32"))
+DTYPE_SET = frozenset(("bf16", "f16", "f32", "i32", "i8", "f8e4m3"))
 
 
 class SimError(RuntimeError):
@@ -285,6 +285,10 @@ class SimExecutor:
             if not spec.arity_ok(len(t.ins), len(t.outs)):
                 raise SimError(f"{where}: op {t.op} takes {spec.arity_text()}, "
                                f"got {len(t.ins)} and {len(t.outs)}")
+            if spec.scaled and len(t.ins) > spec.max_ins and scale_index(
+                    spec, [self._bufs[r.buffer].dtype if r.buffer in self._bufs else "" for r in t.ins]) is None:
+                raise SimError(f"{where}: op {t.op} takes at most {spec.max_ins} inputs with a float weight "
+                               f"(only a quantized weight takes a scale), got {len(t.ins)}")
             for role, regs in (("in", t.ins), ("out", t.outs)):
                 for reg in regs:
                     self._check_region(where, role, t.rank, reg)
@@ -335,6 +339,9 @@ class SimExecutor:
             for i, reg in enumerate(t.ins):
                 if spec.dtypes_for_in(i) == ("f32",):
                     pinned.add(reg.buffer)
+            si = scale_index(spec, [self._bufs[r.buffer].dtype for r in t.ins]) if spec.scaled else None
+            if si is not None:  # a quantized weight's scales stay f32 whatever the override
+                pinned.add(t.ins[si].buffer)
             for i, reg in enumerate(t.outs):
                 written.add(reg.buffer)
                 if spec.dtypes_for_out(i) == ("f32",):
@@ -347,7 +354,8 @@ class SimExecutor:
             for r in ranks:
                 init = init_fn(b, r) if init_fn is not None else None
                 if init is None:
-                    fill = float("nan") if dt.is_floating_point else INT_POISON
+                    fill = (float("nan") if dt.is_floating_point else
+                            -128 if dt is torch.int8 else INT_POISON)
                     t = torch.full(b.shape, fill, dtype=dt)
                 else:
                     if not isinstance(init, torch.Tensor):

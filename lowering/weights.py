@@ -13,10 +13,11 @@ import torch
 from ground.errors import AmkError
 from ir.program import Buffer, ScheduleProgram
 from models.graph import ROPE_INV_FREQ_KEY, ModelSpec
+from lowering.quant import TORCH_QDTYPE, parse_scale_key, quantize_rows
 from models.rope import inv_freq
 
 TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16,
-                "i32": torch.int32}
+                "i32": torch.int32, "i8": torch.int8, "f8e4m3": torch.float8_e4m3fn}
 
 
 def derived_tensor(key: str, spec: ModelSpec) -> torch.Tensor:
@@ -41,8 +42,19 @@ class WeightStore:
         self.state = state
         self.spec = spec
         self._derived: dict[str, torch.Tensor] = {}
+        self._quant: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def quantized(self, key: str, qdtype: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(q, scale)`` of the whole weight ``key`` quantized per row to ``qdtype``
+        (lowering/quant.py), computed once."""
+        if (key, qdtype) not in self._quant:
+            self._quant[(key, qdtype)] = quantize_rows(self.source_tensor(key), qdtype)
+        return self._quant[(key, qdtype)]
 
     def source_tensor(self, key: str) -> torch.Tensor:
+        sk = parse_scale_key(key)
+        if sk is not None:
+            return self.quantized(sk[1], sk[0])[1]
         if key.startswith("amk."):
             if key not in self._derived:
                 self._derived[key] = derived_tensor(key, self.spec)
@@ -58,7 +70,9 @@ class WeightStore:
 
         weight: ``source.key`` sliced by ``source.ranges`` (one (start, stop) per axis;
         empty = whole tensor), cast to the buffer dtype; its shape must equal the buffer's
-        (AmkError otherwise). kv_cache: zeros.
+        (AmkError otherwise). A quantized weight (dtype ``i8`` / ``f8e4m3``): the whole tensor
+        quantized per row, then sliced; its scales are the source ``amk.scale.<dtype>:<key>``.
+        kv_cache: zeros.
         """
         dtype = TORCH_DTYPES[buf.dtype]
         if buf.kind == "kv_cache":
@@ -67,7 +81,10 @@ class WeightStore:
             return None
         if buf.source is None:
             raise AmkError(f"weight buffer {buf.name} has no source")
-        t = self.source_tensor(buf.source.key)
+        if buf.dtype in TORCH_QDTYPE:
+            t = self.quantized(buf.source.key, buf.dtype)[0]
+        else:
+            t = self.source_tensor(buf.source.key)
         if buf.source.ranges:
             if len(buf.source.ranges) != t.dim():
                 raise AmkError(f"weight buffer {buf.name}: source {buf.source.key} has {t.dim()} "

@@ -279,8 +279,9 @@ def space_from_knob_specs(specs: Sequence[Any], fixed: dict[str, Any]) -> Search
 SEARCHABLE = ("tile", "workers", "policy", "allreduce", "fuse", "wave", "attn_split", "tile_qkv",
               "tile_gate_up", "tile_lm_head", "tile_reduce", "late_append", "fuse_reduce")
 # Fixed for a whole search: they change what is computed or how much can be decoded, not
-# how the step is scheduled (the user picks them with --dtype / --max-seq or --config).
-FIXED = ("max_seq", "dtype")
+# how the step is scheduled (the user picks them with --dtype / --max-seq / --weights /
+# --quantize-lm-head or --config).
+FIXED = ("max_seq", "dtype", "weights", "quantize_lm_head")
 
 TILE_CHOICES = (16, 32, 64, 128, 256, 512)
 # q/k/v is a narrow stage: the tiles that fit it in one or two rounds of workers are small,
@@ -390,7 +391,9 @@ def space_for(spec: Any, ranks: int, max_workers: int, fixed: dict[str, Any] | N
                 knobs.append(Knob(name, tuple(lc.ALLREDUCE_ALGOS), d, False, knob_named(cls, name).help))
         else:  # a searchable field with no rule here
             raise SpaceError(f"search/space.py has no value rule for knob {name!r}")
-    fx = {n: getattr(default, n) for n in names if n in FIXED}
+    # the quantization knobs at their defaults are left out: a search's configs (and their
+    # canonical JSON) stay those of an unquantized lowering (amk search refuses the others)
+    fx = {n: getattr(default, n) for n in names if n in FIXED and n not in ("weights", "quantize_lm_head")}
     fx.update(fixed or {})
     # A knob left out (allreduce at R=1) keeps its default as a fixed value.
     for k in SEARCHABLE:

@@ -98,7 +98,8 @@ def _fingerprint(prog):
                                         ("allreduce", "twoshot"), ("allreduce", "fused"), ("max_seq", 16),
                                         ("dtype", "bf16"), ("fuse", True), ("attn_split", 2),
                                         ("tile_qkv", 32), ("tile_gate_up", 32), ("tile_lm_head", 32),
-                                        ("late_append", True), ("tile_reduce", 16), ("fuse_reduce", True)])
+                                        ("late_append", True), ("tile_reduce", 16), ("fuse_reduce", True),
+                                        ("weights", "int8"), ("weights", "fp8")])
 def test_every_knob_changes_the_program(knob, value):
     g = graph_of("tiny-qwen2", layers=1)
     base = LoweringConfig(tile=64, workers=2, max_seq=32, fuse=knob in ("late_append", "fuse_reduce"))

@@ -50,7 +50,7 @@ OP_PUT, OP_QUIET, OP_FENCE = OP_ID["put"], OP_ID["quiet"], OP_ID["fence"]
 # int64-safe clamp of wait thresholds (validator/structure.py's module doc)
 THR_CLAMP_LOW, THR_CLAMP_HIGH = 1 << 61, 1 << 62
 DT_ID = {d: i for i, d in enumerate(DTYPES)}
-MAX_IN = max(s.max_ins for s in OPS.values())
+MAX_IN = max(s.max_ins_all for s in OPS.values())  # a quantized weight's scale included
 MAX_OUT = max(s.max_outs for s in OPS.values())  # mirror outputs included
 N_OPER = MAX_IN + MAX_OUT
 # bounds and dims up to this size are checked in int64 (no product can wrap); larger ones
@@ -58,7 +58,7 @@ N_OPER = MAX_IN + MAX_OUT
 _SMALL = 1 << 31
 
 _MIN_IN = np.array([OPS[n].min_ins for n in OP_NAMES])
-_MAX_IN = np.array([OPS[n].max_ins for n in OP_NAMES])
+_MAX_IN = np.array([OPS[n].max_ins_all for n in OP_NAMES])
 _MIN_OUT = np.array([OPS[n].min_outs for n in OP_NAMES])
 _MAX_OUT = np.array([OPS[n].max_outs for n in OP_NAMES])
 
@@ -68,7 +68,7 @@ def _dtype_table() -> np.ndarray:
     ok = np.zeros((len(OP_NAMES), N_OPER, len(DTYPES)), dtype=bool)
     for o, name in enumerate(OP_NAMES):
         spec = OPS[name]
-        for i in range(spec.max_ins):
+        for i in range(spec.max_ins_all):
             for d in spec.dtypes_for_in(i):
                 ok[o, i, DT_ID[d]] = True
         for i in range(spec.max_outs):

@@ -4,7 +4,10 @@ roofline and against baselines measured in the same run on the same device.
 Every latency is printed with its correctness verdict: greedy tokens against HF
 ``generate`` (a divergence is accepted only at a bf16 near-tie, see
 amk.baselines.judge_tokens) and, for the megakernel, logits against HF eager at several
-positions.
+positions. With ``--weights int8|fp8`` the megakernel is judged against the HF model with
+the same quantized weights dequantized (lowering.quant.quantized_copy), its roofline counts
+the quantized bytes (lowering.quant.decode_bytes), and the HF baselines stay bf16 (the
+torchao baselines are bench/quant.py's).
 
 Output: the table goes to stdout (to stderr with ``--json``, which prints the result object
 to stdout as one JSON line); ``--out FILE`` writes the same object to FILE (indented),
@@ -109,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
     from amk.output import check_writable_dir
     from amk.baselines import (BaselineResult, compile_modes, compiled_graph_name, fresh_compile, hf_compiled_graph,
                                hf_eager, judge, make_reference, run_name, speedup_summary)
-    from ground.timing import decode_weight_bytes, measure_hbm_bandwidth, roofline_ms
+    from ground.timing import measure_hbm_bandwidth, roofline_ms
+    from lowering.quant import decode_bytes, is_quantized, quantized_copy
     from lowering.triton.blocks import kernel_options
     con = Console(stderr=True)
     con.print(config_source, markup=False, highlight=False, soft_wrap=True)
@@ -139,12 +143,16 @@ def run(args: argparse.Namespace) -> int:
     prompt = torch.randint(0, model.config.vocab_size, (1, args.prompt_len), generator=g)
     with con.status("HF greedy reference"):
         model = model.to(dev)
-        ref = make_reference(model, prompt.to(dev), args.tokens)
+        ref = ours_ref = make_reference(model, prompt.to(dev), args.tokens)
+        if is_quantized(cfg.weights):  # amk's tokens against the model it computes: the same
+            qref = quantized_copy(model, cfg.weights, cfg.quantize_lm_head)  # quantized weights
+            ours_ref = make_reference(qref, prompt.to(dev), args.tokens)
+            del qref
     with con.status("megakernel: lower, validate, build, check logits, decode in a CUDA graph"):
-        ours, session, ex = measure_megakernel(args.model, resolved, cfg, target, prompt, ref,
+        ours, session, ex = measure_megakernel(args.model, resolved, cfg, target, prompt, ours_ref,
                                                args.tokens, kernel_options(full.kernel))
     timing = ours.timing
-    nbytes = decode_weight_bytes(model)
+    nbytes = decode_bytes(model, cfg.weights, cfg.quantize_lm_head)  # quantized: 1 byte + scales
     floor = roofline_ms(nbytes, bw)
 
     baselines: list[BaselineResult] = []
@@ -185,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
         "latency_ms_median": timing.median_ms, "timing": timing.to_json(),
         "roofline_pct": 100 * floor / timing.median_ms, "tokens_per_s": 1e3 / timing.median_ms,
         "correct": ours.correct, "verdict": ours.note, "logit_check": ours.extra["logit_check"],
-        "first_divergence": ours.extra["first_divergence"], "reference": ref.to_json(),
+        "first_divergence": ours.extra["first_divergence"], "reference": ours_ref.to_json(),
         "tokens": ours.tokens,
         "baselines": [row(b) for b in baselines],
         "baseline_runs": 0 if args.no_baselines else args.baseline_runs,

@@ -20,8 +20,11 @@ report.json: model, source, family, ranks, workers, config (the lowering knobs),
 kernel knobs, with --backend triton), counts
 (tasks, buffers, counters, tasks per rank), validation (ok, seconds, errors), correctness
 (per position: max abs error, relative error, argmax agreement; or ``skipped``: why), notes
-(ranks without query heads), cost (PREDICTED latency from the roofline cost model), timings
-per stage, and ok.
+(ranks without query heads), quantization (``--weights int8|fp8``: the GEMV weights' dtype
+and scales, whether the LM head is quantized (``--quantize-lm-head``), the embedding never;
+weight bytes; the correctness reference is then the HF model with the same weights
+dequantized), cost (PREDICTED latency from the roofline cost model), timings per stage, and
+ok.
 
 Exit codes: 0 success; 1 the schedule was rejected by the validator or failed the
 correctness check (the reason is printed and recorded in report.json); 2 bad input.
@@ -147,6 +150,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def quant_distance(session: Any) -> dict[str, Any]:
+    """The quantized reference model's distance to the unquantized one (lowering.quant.distance):
+    greedy agreement over 64 tokens after a fixed prompt and perplexity on
+    examples/text/eval.txt, tokenized by the model's tokenizer; a model without one (the
+    ``config:`` shapes) uses seeded token ids instead (``text`` says which)."""
+    from amk import pipeline
+    from lowering import quant
+
+    vocab = session.graph.spec.vocab
+    try:
+        tok = session.resolved.tokenizer
+        prompt = tok(quant.EVAL_PROMPT)["input_ids"]
+        text = tok((Path(__file__).resolve().parents[2] / quant.EVAL_TEXT).read_text())["input_ids"]
+        what = quant.EVAL_TEXT
+    except (AmkError, OSError):
+        prompt, text = pipeline.check_tokens(vocab, 16, 1), pipeline.check_tokens(vocab, 256, 2)
+        what = "256 seeded token ids (the model has no tokenizer)"
+    d = quant.distance(session.resolved.model, session.reference_model(), prompt, text, 64)
+    d.pop("reference_tokens")
+    return {**d, "text": what, "base": "the checkpoint's weights, unquantized (fp32)"}
+
+
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "model"
 
@@ -176,6 +201,7 @@ def run(args: argparse.Namespace) -> int:
     from amk.output import emit_json, human_console
     from ground.files import finite
     from ir.jsonio import dumps
+    from lowering.quant import summary as quant_summary
     from ir.text import format_program
     from lowering.costmodel import estimate
 
@@ -240,6 +266,7 @@ def run(args: argparse.Namespace) -> int:
             "validation": {"ok": verdict.ok, "seconds": round(vs, 4),
                            "errors": [f.to_json() for f in verdict.errors[:20]],
                            "error_count": len(verdict.errors)},
+            "quantization": quant_summary(cfg.weights, cfg.quantize_lm_head, prog),
             "cost": {"seq_len_1": estimate(prog, 1).to_json(),
                      f"seq_len_{cfg.max_seq}": estimate(prog, cfg.max_seq).to_json()},
         })
@@ -277,6 +304,10 @@ def run(args: argparse.Namespace) -> int:
                 round(dec.steps / dec.seconds, 3) if dec.seconds else None
             if not corr.ok:
                 failure = "correctness check failed: " + "; ".join(corr.failures())
+            if cfg.weights not in ("none", "bf16"):
+                report["quantization"]["distance"] = stage(
+                    "distance to the unquantized model (64 greedy tokens, perplexity)",
+                    lambda: quant_distance(session))
     report["timings_s"] = {**{k: round(v, 3) for k, v in session.timings.items()}, **timings}
     report["ok"] = failure is None
     if failure:
@@ -288,6 +319,16 @@ def run(args: argparse.Namespace) -> int:
     t.add_row("schedule", f"{len(prog.tasks)} tasks, {len(prog.buffers)} buffers, "
               f"{len(prog.counters)} counters, {prog.ranks} ranks x {prog.workers} workers")
     t.add_row("validation", ("accepted" if verdict.ok else "[red]rejected[/]") + f" in {vs:.2f} s")
+    qs = report["quantization"]
+    if qs["weights"] != "none":
+        t.add_row("weights", f"{qs['weights']} ({qs['gemv_weights']}, {qs['scale']}); LM head "
+                  f"{qs['lm_head']}, embedding {qs['embedding']}; reference: the HF model with "
+                  "these weights dequantized")
+        if "distance" in qs:
+            d = qs["distance"]
+            t.add_row("vs unquantized", f"greedy agreement {d['greedy_match']:.0%} of {d['tokens']} tokens "
+                      f"(identical prefix {d['greedy_prefix']}); perplexity {d['ppl_quant']:.3f} vs "
+                      f"{d['ppl_base']:.3f} ({(d['ppl_ratio'] - 1) * 100:+.2f}%)")
     corr_j = report.get("correctness", {})
     if skipped:
         t.add_row("correctness", f"[yellow]skipped[/]: {escape(skipped)}")

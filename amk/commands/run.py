@@ -163,7 +163,8 @@ class InputPlan:
 
     def value(self, b: Any, epoch: int):
         """The contents of buffer ``b`` for step ``epoch`` (a torch tensor of ``b.numel``
-        elements, float32 or int32; the executors cast to the buffer's dtype)."""
+        elements, float32 or int32, int8 / float8_e4m3fn for quantized weights; the executors
+        cast to the buffer's dtype)."""
         import torch
 
         if b.dtype == "i32":
@@ -182,7 +183,13 @@ class InputPlan:
             w = self._weights.get(b.name)
             if w is None:
                 g = torch.Generator().manual_seed(_seed_of(self.seed, b.name))
-                w = self._weights[b.name] = torch.randn(b.numel, generator=g) * INPUT_STD
+                if b.dtype == "i8":  # quantized weights: the whole int8 range, not zeros
+                    w = torch.randint(-127, 128, (b.numel,), generator=g, dtype=torch.int8)
+                elif b.dtype == "f8e4m3":
+                    w = torch.randn(b.numel, generator=g).to(torch.float8_e4m3fn)
+                else:
+                    w = torch.randn(b.numel, generator=g) * INPUT_STD
+                self._weights[b.name] = w
             return w
         step = epoch if b.kind == "io_input" else "init"
         g = torch.Generator().manual_seed(_seed_of(self.seed, b.name, step))

@@ -179,12 +179,14 @@ def _config_settings(args: argparse.Namespace, s: Any) -> None:
     from lowering.knobs import given
 
     flags_low, flags_ker = given(args, LoweringConfig), given(args, KernelConfig)
+    _refuse_quantized(flags_low)
     if s.backend == "triton" and not (args.config or args.no_tuned):
         _tuned_settings(args, s, flags_low, flags_ker)
         return
     if not (args.config or flags_low or flags_ker):
         return
     cfg = config_from_args(args, "amk search", ranks=s.tp)
+    _refuse_quantized(cfg.lowering.to_json())
     low, ker = file_fields(args)
     if (ker or flags_ker) and s.backend != "triton":
         flag = "--" + next(iter(flags_ker or ker)).replace("_", "-")
@@ -197,6 +199,14 @@ def _config_settings(args: argparse.Namespace, s: Any) -> None:
         s.max_seq = cfg.lowering.max_seq
     s.start = {k: getattr(cfg.lowering, k) for k in sorted(explicit - {"dtype", "max_seq"})} or None
     s.kernel = cfg.kernel.to_json() if (ker or flags_ker) else {}
+
+
+def _refuse_quantized(low: dict) -> None:
+    """The search lowers unquantized weights only: --weights int8 / fp8 and
+    --quantize-lm-head are refused in one line (AmkError, exit 2)."""
+    if low.get("weights") in ("int8", "fp8") or low.get("quantize_lm_head"):
+        raise AmkError("amk search: --weights int8 / fp8 and --quantize-lm-head are not searched; "
+                       "search with unquantized weights, then compile with --weights")
 
 
 def _tuned_settings(args: argparse.Namespace, s: Any, flags_low: dict, flags_ker: dict) -> None:

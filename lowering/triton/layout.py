@@ -287,7 +287,8 @@ class Variant:
 
 
 #: IR dtype names -> the Triton dtypes the generated dispatch passes to the row decoders.
-TL_DTYPE = {"bf16": "tl.bfloat16", "f16": "tl.float16", "f32": "tl.float32", "i32": "tl.int32"}
+TL_DTYPE = {"bf16": "tl.bfloat16", "f16": "tl.float16", "f32": "tl.float32", "i32": "tl.int32",
+            "i8": "tl.int8", "f8e4m3": "tl.float8e4nv"}
 
 #: The arguments every row decoder takes first (locals of the generated kernel): the arena's
 #: four typed views, the task's row, the epoch's slot and the worker's error record.

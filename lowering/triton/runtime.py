@@ -55,7 +55,8 @@ from lowering.triton.ops import REGISTRY, scratch_elems
 
 InitFn = Callable[[Buffer, int], "torch.Tensor | None"]
 
-TORCH_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32, "i32": torch.int32}
+TORCH_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32, "i32": torch.int32,
+                "i8": torch.int8, "f8e4m3": torch.float8_e4m3fn}
 #: Unwritten int32 memory (lowering/reference.py's INT_POISON); unwritten floats are NaN.
 INT_POISON = -(2**31)
 
@@ -319,7 +320,8 @@ class TritonExecutor:
                 self._views[(r, b.name)] = v
                 init = init_fn(b, r) if init_fn is not None else None
                 if init is None:
-                    v.fill_(float("nan") if b.dtype in FLOAT_DTYPES else INT_POISON)
+                    v.fill_(float("nan") if b.dtype in FLOAT_DTYPES or b.dtype == "f8e4m3" else
+                            -128 if b.dtype == "i8" else INT_POISON)
                 else:
                     if not isinstance(init, torch.Tensor):
                         raise TritonError(f"init_fn returned {type(init).__name__} for buffer {b.name}; "

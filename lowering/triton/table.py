@@ -39,7 +39,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ground.errors import AmkError
-from ir.ops import OPS, squeeze
+from ir.ops import OPS, scale_index, squeeze
 from ir.program import DTYPE_BYTES, Buffer, Region, ScheduleProgram, Task
 from lowering.triton.layout import (
     F_APFN, F_APFO, F_FLAGS, F_NSIG, F_NWAIT, F_OP, F_OPND, F_P0, F_PFN, F_PFO, F_S0A, F_S0C, F_S0S, F_SIG0, F_W0B,
@@ -136,15 +136,24 @@ def _gemv(op: str) -> GemvRoles | None:
     return entry.gemv if entry is not None else None
 
 
-def _views_for(task: Task) -> tuple[str, ...]:
-    """Operand views for a task, accounting for optional ins (gemv bias, reduce residual)
-    and mirror outputs (viewed as the first output): the registry's ``views`` list every
-    role, optional ins included."""
+def scaled_task(task: Task, bufs: Mapping[str, Buffer]) -> bool:
+    """Whether ``task`` is a GEMV over a quantized weight, whose last input is then the
+    weight's per-row scales (ir/ops.py)."""
+    spec = OPS.get(task.op)
+    return bool(spec is not None and spec.scaled and scale_index(
+        spec, [bufs[r.buffer].dtype if r.buffer in bufs else "" for r in task.ins]) is not None)
+
+
+def _views_for(task: Task, scaled: bool = False) -> tuple[str, ...]:
+    """Operand views for a task, accounting for optional ins (gemv bias, reduce residual),
+    a quantized weight's trailing scale input (``scaled``: flat) and mirror outputs (viewed
+    as the first output): the registry's ``views`` list every role, optional ins included."""
     v = REGISTRY[task.op].views
     spec = OPS[task.op]
     assert len(v) == spec.max_ins + len(spec.outs), task.op
     outs = v[spec.max_ins:]
-    return v[:len(task.ins)] + outs + outs[:1] * (len(task.outs) - len(outs))
+    n = len(task.ins) - scaled
+    return v[:n] + ("flat",) * scaled + outs + outs[:1] * (len(task.outs) - len(outs))
 
 
 def _check_task(task: Task, program: ScheduleProgram, bufs: dict[str, Buffer], rank: int,
@@ -156,8 +165,9 @@ def _check_task(task: Task, program: ScheduleProgram, bufs: dict[str, Buffer], r
     if "triton" not in spec.backends:
         raise TableError(f"{where}: op {task.op} is not implemented by the triton backend")
     entry = lowering(task.op, where)
-    if not spec.min_ins <= len(task.ins) <= spec.max_ins:
-        raise TableError(f"{where}: {task.op} takes {spec.min_ins}..{spec.max_ins} inputs, "
+    top = spec.max_ins_all if scaled_task(task, bufs) else spec.max_ins  # a quantized W's scale
+    if not spec.min_ins <= len(task.ins) <= top:
+        raise TableError(f"{where}: {task.op} takes {spec.min_ins}..{top} inputs, "
                          f"got {len(task.ins)}")
     if not spec.min_outs <= len(task.outs) <= spec.max_outs:
         raise TableError(f"{where}: {task.op} takes {spec.arity_text()}, got {len(task.outs)} outputs")
@@ -492,7 +502,7 @@ class _TableBuilder:
         offsets from the arena base (a remote operand's through the peer delta); returns
         the descriptors (offsets from the buffer start)."""
         descs: list[Desc] = []
-        for k, (reg, view) in enumerate(zip((*t.ins, *t.outs), _views_for(t))):
+        for k, (reg, view) in enumerate(zip((*t.ins, *t.outs), _views_for(t, scaled_task(t, self.bufs)))):
             b = self.bufs[reg.buffer]
             d = describe_region(reg, b, view, self.slots, f"task {t.id} operand {k}")
             descs.append(d)

@@ -245,13 +245,18 @@ def signal_counter(ctr, amount, scope, LEAN: tl.constexpr = False):
 # ---------------------------------------------------------------- row decoding (the op families' decoders, ops/)
 @device
 def arena_ptr(A_BF16, A_F16, A_F32, A_I32, DT: tl.constexpr):
-    """The arena viewed as DT."""
+    """The arena viewed as DT (int8 / float8e4nv, the quantized weights: the i32 view's base
+    reinterpreted, so offsets count bytes)."""
     if DT == tl.bfloat16:
         p = A_BF16
     elif DT == tl.float16:
         p = A_F16
     elif DT == tl.float32:
         p = A_F32
+    elif DT == tl.int8:
+        p = A_I32.to(tl.pointer_type(tl.int8), bitcast=True)
+    elif DT == tl.float8e4nv:
+        p = A_I32.to(tl.pointer_type(tl.float8e4nv), bitcast=True)
     else:
         p = A_I32
     return p

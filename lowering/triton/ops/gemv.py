@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import triton.language as tl
 
-from ir.program import DTYPE_BYTES
+from ir.program import DTYPE_BYTES, QUANT_DTYPES
 from lowering.triton import layout as L
 from lowering.triton import ring as RG
 from lowering.triton.lang import aligned, device, flat_off, global_timer, l2_prefetch_bytes
@@ -160,14 +160,28 @@ def gemv_stage(xs, x, a, eps, K, PRO: tl.constexpr, X_CONTIG: tl.constexpr, X_AL
 
 # ---------------------------------------------------------------- streaming core
 @device
+def _wload(p, mask):
+    """W's elements at ``p`` in W's dtype, zeros where not ``mask``. A float8e4nv W is read
+    as int8 bytes (a zero of that width) and reinterpreted (the masked load's ``other``
+    cannot be an fp8 constant under the interpreter)."""
+    if p.dtype.element_ty == tl.float8e4nv:
+        v = tl.load(p.to(tl.pointer_type(tl.int8), bitcast=True), mask=mask, other=0)
+        v = v.to(tl.float8e4nv, bitcast=True)
+    else:
+        v = tl.load(p, mask=mask, other=0)
+    return v
+
+
+@device
 def _gemv_wload(w, rows, rm, cols, cm, W_CONTIG: tl.constexpr):
-    """The fp32 weight block W[rows, cols] (zeros outside the masks)."""
+    """The fp32 weight block W[rows, cols] (zeros outside the masks; an int8 / float8e4nv W
+    converted as it loads)."""
     wp, w_rs, w_cs = w
     if W_CONTIG:
         p = wp + rows[:, None] * w_rs + cols[None, :]
     else:
         p = wp + rows[:, None] * w_rs + cols[None, :] * w_cs
-    return tl.load(p, mask=rm[:, None] & cm[None, :], other=0).to(tl.float32)
+    return _wload(p, rm[:, None] & cm[None, :]).to(tl.float32)
 
 
 @device
@@ -188,7 +202,7 @@ def gemv_wpre(w, N, K, ok, W_CONTIG: tl.constexpr, W_ALIGN: tl.constexpr, BLOCK_
     else:
         p = wp + rows[:, None] * w_rs + cols[None, :] * w_cs
     n = tl.where(ok != 0, N, 0)  # ok == 0: every row masked off
-    return tl.load(p, mask=(rows < n)[:, None] & (cols < K)[None, :], other=0)
+    return _wload(p, (rows < n)[:, None] & (cols < K)[None, :])
 
 
 @device
@@ -290,7 +304,7 @@ def gemv_epilogue(out, rows, rm, b, y, m1, m2, m3, HAS_BIAS: tl.constexpr, MIRRO
 def gemv_stream(x, a, rstd, w, b, y, N, K, PRO: tl.constexpr, HAS_BIAS: tl.constexpr, X_CONTIG: tl.constexpr,
                 W_CONTIG: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
                 X_ALIGN: tl.constexpr, UNROLL: tl.constexpr, wpre, W_PRE: tl.constexpr, ROLL: tl.constexpr, roll_ok,
-                m1, m2, m3, MIRRORS: tl.constexpr, W_TMA: tl.constexpr):
+                m1, m2, m3, MIRRORS: tl.constexpr, W_TMA: tl.constexpr, sc=None, HAS_SCALE: tl.constexpr = False):
     """The streaming core: y[rows] = W[rows, :] @ f(x) (+ b) for every BLOCK_N rows, f the
     prologue ``PRO`` with the RMSNorm factor ``rstd`` already known; the K loop of each row
     block is one of the ``_kblocks_*`` forms (gemv_ex's STAGES / UNROLL), then
@@ -299,7 +313,9 @@ def gemv_stream(x, a, rstd, w, b, y, N, K, PRO: tl.constexpr, HAS_BIAS: tl.const
     ``roll_ok``: at each row block, start an L2 prefetch of the row block ``ROLL`` blocks
     later. ``W_TMA`` (STAGES >= 2; W contiguous with
     a 16-byte aligned start and row stride: the caller checked): W's blocks come through a
-    tensor descriptor (TMA copies into shared memory; gemv_ex)."""
+    tensor descriptor (TMA copies into shared memory; gemv_ex). ``HAS_SCALE``: W is
+    quantized (int8 / float8e4nv, converted to fp32 as it loads) and each row's dot product
+    is multiplied once by its scale ``sc[rows]`` (a flat f32 operand) before the epilogue."""
     wp, w_rs, w_cs = w
     wd = None
     if W_TMA:
@@ -339,6 +355,9 @@ def gemv_stream(x, a, rstd, w, b, y, N, K, PRO: tl.constexpr, HAS_BIAS: tl.const
         if W_PRE > 0:
             if n0 == 0:
                 out += pre
+        if HAS_SCALE:  # a quantized W: its per-row scale, once per row after the dot product
+            scp, sc_n1, sc_n2, sc_s0, sc_s1, sc_s2 = sc
+            out *= tl.load(scp + flat_off(rows, sc_n1, sc_n2, sc_s0, sc_s1, sc_s2), mask=rm, other=0)
         gemv_epilogue(out, rows, rm, b, y, m1, m2, m3, HAS_BIAS, MIRRORS)
 
 
@@ -348,7 +367,8 @@ def gemv_ex(x, a, eps, w, b, y, N, K, PRO: tl.constexpr, HAS_BIAS: tl.constexpr,
             STAGES: tl.constexpr = 1, PROF=None, PROFILE: tl.constexpr = False, X_ALIGN: tl.constexpr = 0,
             UNROLL: tl.constexpr = 1, XS=None, X_STAGE: tl.constexpr = False, x_ready=0, X_CHUNK: tl.constexpr = 0,
             wpre=0, W_PRE: tl.constexpr = 0, ROLL: tl.constexpr = 0,
-            m1=0, m2=0, m3=0, MIRRORS: tl.constexpr = 0, r=None, KP=1, p_rs=0, W_TMA: tl.constexpr = False):
+            m1=0, m2=0, m3=0, MIRRORS: tl.constexpr = 0, r=None, KP=1, p_rs=0, W_TMA: tl.constexpr = False,
+            sc=None, HAS_SCALE: tl.constexpr = False):
     """y[N] = W[N, K] @ f(x)[K] (+ b), fp32 accumulation, f the prologue ``PRO`` (module
     doc): the prologue (gemv_rstd or gemv_stage), then the streaming core (gemv_stream) and
     its epilogue. ``x``, ``a`` (the prologue's second vector; x itself for PRO_PLAIN), ``b``
@@ -360,7 +380,9 @@ def gemv_ex(x, a, eps, w, b, y, N, K, PRO: tl.constexpr, HAS_BIAS: tl.constexpr,
     ``X_ALIGN`` (0 or a power of two): x (and a) also have unit stride and start on a
     multiple of X_ALIGN elements (wide loads, no stride arithmetic). ``PROFILE``: store
     %globaltimer at ``PROF + 4`` (prologue done) and ``PROF + 5`` (all row blocks stored),
-    the megakernel's profiling stamps (vm.PROF_W). ``MIRRORS`` (0..3) with element deltas
+    the megakernel's profiling stamps (vm.PROF_W). ``HAS_SCALE``: W is int8 / float8e4nv
+    with per-row fp32 scales ``sc`` (a flat operand): ``y = sc * (float(W) @ f(x)) (+ b)``
+    (gemv_stream; not with ``W_TMA``). ``MIRRORS`` (0..3) with element deltas
     ``m1`` .. ``m3``: y is also stored at ``y + m*`` (gemv_epilogue).
 
     ``X_STAGE`` (PRO_NORM / PRO_SWIGLU; ignored for PRO_PLAIN; PRO_RNORM always stages):
@@ -449,12 +471,12 @@ def gemv_ex(x, a, eps, w, b, y, N, K, PRO: tl.constexpr, HAS_BIAS: tl.constexpr,
             tl.store(PROF + 4, global_timer())
         f = (xs, 1, K, 0, 0, 1)
         gemv_stream(f, f, rstd, w, b, y, N, K, PRO_PLAIN, HAS_BIAS, True, W_CONTIG, BLOCK_N, BLOCK_K, STAGES, XA,
-                    UNROLL, wpre, W_PRE, ROLL, roll_ok, m1, m2, m3, MIRRORS, W_TMA)
+                    UNROLL, wpre, W_PRE, ROLL, roll_ok, m1, m2, m3, MIRRORS, W_TMA, sc, HAS_SCALE)
     else:
         if PROFILE:
             tl.store(PROF + 4, global_timer())
         gemv_stream(x, a, rstd, w, b, y, N, K, PRO, HAS_BIAS, X_CONTIG, W_CONTIG, BLOCK_N, BLOCK_K, STAGES,
-                    X_ALIGN, UNROLL, wpre, W_PRE, ROLL, roll_ok, m1, m2, m3, MIRRORS, W_TMA)
+                    X_ALIGN, UNROLL, wpre, W_PRE, ROLL, roll_ok, m1, m2, m3, MIRRORS, W_TMA, sc, HAS_SCALE)
     if PROFILE:
         tl.store(PROF + 5, global_timer())
 
@@ -477,7 +499,7 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
            nw=0, w0=0, wc=0, wn=0, wb=0, WAITS=None, i=0, epoch=0, abort_ptr=None, timeout=0, SYS: tl.constexpr = False,
            MIRRORS: tl.constexpr = 0, W_TMA: tl.constexpr = False,
            RING: tl.constexpr = False, STREAMS=None, se=0, rbase=0, rst=None, RING_S: tl.constexpr = 1,
-           RING_PR: tl.constexpr = 4, RING_PC: tl.constexpr = 2048):
+           RING_PR: tl.constexpr = 4, RING_PC: tl.constexpr = 2048, HAS_SCALE: tl.constexpr = False):
     """The row decoder of the five GEMV ops (gemv_ex; ``PRO`` the prologue, ``STAGES`` its
     weight-streaming pipeline depth, ``X_STAGE`` its f(x) staged once in the worker's
     scratch ``XS``, skipped when the row's ``FLAG_X_READY`` says an earlier task of this
@@ -500,7 +522,10 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
     ``se``, ``rbase`` and ``rst`` (the ring's state, ring.ring_state) as ring.ring_issue's,
     ``RING_S`` / ``RING_PR`` / ``RING_PC`` its pages and page shape. Returns (1 if the waits
     held else 0, op status, the ring state, unchanged without ``RING``); a page that never
-    arrived is reported as a timeout of wait -1 (vm.fail_page)."""
+    arrived is reported as a timeout of wait -1 (vm.fail_page). ``HAS_SCALE``: W is quantized
+    (int8 / float8e4nv) and the operand after [b] holds its per-row fp32 scales (ir/ops.py;
+    gemv_ex); never on the ring."""
+    tl.static_assert(not (RING and HAS_SCALE), "the weight ring streams bf16 weights only")
     xo, xn0, xn1, xn2, xs0, xs1, xs2 = operand(row, 0, slot)
     ro = xo * 0
     if PRO == PRO_PLAIN:
@@ -524,15 +549,21 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
     wo, wn0, wn1, wn2, ws0, ws1, ws2 = operand(row, WI, slot)
     if W_ALIGN > 1:
         wo = aligned(wo, W_ALIGN)
+    SI: tl.constexpr = WI + 2 if HAS_BIAS else WI + 1  # the scale (HAS_SCALE), else y
+    YI: tl.constexpr = SI + 1 if HAS_SCALE else SI
     if HAS_BIAS:
         bo, bn0, bn1, bn2, bs0, bs1, bs2 = operand(row, WI + 1, slot)
-        yo, yn0, yn1, yn2, ys0, ys1, ys2 = operand(row, WI + 2, slot)
+        yo, yn0, yn1, yn2, ys0, ys1, ys2 = operand(row, YI, slot)
         bp = arena_ptr(A_BF16, A_F16, A_F32, A_I32, DB) + bo
     else:
-        yo, yn0, yn1, yn2, ys0, ys1, ys2 = operand(row, WI + 1, slot)
+        yo, yn0, yn1, yn2, ys0, ys1, ys2 = operand(row, YI, slot)
         bp = arena_ptr(A_BF16, A_F16, A_F32, A_I32, DY) + yo
         bn1, bn2, bs0, bs1, bs2 = yn1, yn2, ys0, ys1, ys2
-    YI: tl.constexpr = WI + 2 if HAS_BIAS else WI + 1
+    if HAS_SCALE:
+        so, sn0, sn1, sn2, ss0, ss1, ss2 = operand(row, SI, slot)
+        sc = (A_F32 + so, sn1, sn2, ss0, ss1, ss2)
+    else:
+        sc = None
     m1 = yo * 0
     m2 = m1
     m3 = m1
@@ -591,7 +622,7 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
         gemv_ex(x, a, eps, w, (bp, bn1, bn2, bs0, bs1, bs2), (yp, yn1, yn2, ys0, ys1, ys2), wn1, wn2,
                 PRO, HAS_BIAS, X_CONTIG, W_CONTIG, W_ALIGN, BLOCK_N, BLOCK_K, STAGES, PROF, PROFILE, X_ALIGN,
                 UNROLL, XS, X_STAGE, x_ready, X_CHUNK, wpre, W_PRE, ROLL, m1, m2, m3, MIRRORS,
-                rp, xn1, xs1, W_TMA)
+                rp, xn1, xs1, W_TMA, sc, HAS_SCALE)
     return ok, status_ok(), rst
 
 
@@ -613,7 +644,7 @@ _PRO = {"gemv": "PRO_PLAIN", "norm_gemv": "PRO_NORM", "gemv_res": "PRO_PLAIN", "
 def gemv_mirrors(v: Variant) -> int:
     """Mirror outputs (ir/ops.py) of a GEMV variant: its operands after x, [a], W, [bias /
     residual] and y."""
-    return len(v.dtypes) - (ROLES[v.op].w + 2 + v.flag("bias"))
+    return len(v.dtypes) - (ROLES[v.op].w + 2 + v.flag("bias") + v.flag("scale"))
 
 
 def _call(v: Variant) -> str:
@@ -624,11 +655,14 @@ def _call(v: Variant) -> str:
     db = d[g.w + 1] if bias else d[-1]
     align = 16 // DTYPE_BYTES[v.dtypes[g.w]] if v.flag("aligned") else 0
     xalign = 16 // DTYPE_BYTES[v.dtypes[g.x]] if v.flag("xaligned") else 0
-    tma = v.flag("aligned")  # contiguous W with a 16-byte aligned start and row stride
+    scale = v.flag("scale")
+    # contiguous W with a 16-byte aligned start and row stride (a quantized W: register loads)
+    tma = v.flag("aligned") and not scale
     return (f"t_gemv({DECODER_ARGS}, {d[g.x]}, {da}, {d[g.w]}, {db}, {d[-1]}, {_PRO[v.op]}, {bias}, "
             f"{v.flag('xcontig')}, {v.flag('contig')}, {align}, GEMV_N, GEMV_K, GEMV_STAGES, "
             f"PROF + i.to(tl.int64) * PROF_W, PROFILE, {xalign}, GEMV_UNROLL, XSW, X_STAGE, X_CHUNK, "
-            f"MIRRORS={gemv_mirrors(v)}, W_TMA={'GEMV_TMA' if tma else 'False'}, RING={v.flag('ring')})")
+            f"MIRRORS={gemv_mirrors(v)}, W_TMA={'GEMV_TMA' if tma else 'False'}, RING={v.flag('ring')}"
+            + (", HAS_SCALE=True)" if scale else ")"))
 
 
 def _flags(task, dtypes, descs, slots) -> dict[str, bool]:
@@ -638,13 +672,17 @@ def _flags(task, dtypes, descs, slots) -> dict[str, bool]:
     ``aligned`` (every weight row starts on a 16-byte boundary for every slot and K is a
     multiple of 16 bytes, so the kernel may promise it to the compiler for wide loads),
     ``xaligned`` (also x, and a, have unit stride and a 16-byte-aligned start for every
-    slot: x is read with wide loads and no stride arithmetic). The table adds ``ring`` (W
-    streams through the worker's weight ring: table.ring_eligible)."""
+    slot: x is read with wide loads and no stride arithmetic), ``scale`` (only for an int8 /
+    fp8 W: its per-row scales are the last input). The table adds ``ring`` (W streams
+    through the worker's weight ring: table.ring_eligible)."""
     g = ROLES[task.op]
     w = descs[g.w]
     esize = DTYPE_BYTES[dtypes[g.w]]
     flags = {}
-    flags["bias"] = len(task.ins) > g.w + 1  # bias / residual added in the epilogue
+    scaled = dtypes[g.w] in QUANT_DTYPES  # the last input: W's per-row scales
+    flags["bias"] = len(task.ins) - scaled > g.w + 1  # bias / residual added in the epilogue
+    if scaled:  # only then: an unquantized variant keeps its flags (and its generated code)
+        flags["scale"] = True
     flags["mirror"] = len(task.outs) > 1  # y also stored to peers (gemv_mirrors)
     flags["contig"] = w.s[2] == 1 or w.n[2] == 1
     flags["xcontig"] = all(descs[j].n[0] == 1 and descs[j].n[1] == 1 for j in (g.x, g.a) if j is not None)

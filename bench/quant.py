@@ -1,0 +1,271 @@
+"""Quantized weights on one GPU: amk's megakernel with bf16, int8 and fp8 GEMV weights
+against torchao's weight-only int8 / float8 HF models (torch.compile + CUDA graph), each with
+its correctness verdict and its share of the quantized roofline.
+
+Usage (on a GPU machine, repo root on PYTHONPATH; torchao installed for the torchao rows):
+    python bench/quant.py config:llama-3.2-1b --weights int8,fp8 --out out/quant.json
+
+Rows: ``amk bf16`` (the unquantized megakernel), ``amk int8`` / ``amk fp8`` (``--weights``),
+``hf bf16`` and ``torchao int8`` / ``torchao fp8`` (``quantize_`` with Int8WeightOnlyConfig /
+Float8WeightOnlyConfig on a copy of the bf16 model, then amk.baselines.hf_compiled_graph:
+a StaticCache decode step, torch.compile'd, replayed in a CUDA graph), each baseline
+measured ``--repeats`` times (default 2; the table shows every run's median). Verdicts:
+greedy tokens against HF generate of the model the row computes, by the near-tie rule
+(amk.baselines.judge_tokens): the bf16 model for the bf16 rows, for a quantized row the
+bf16 model with the same quantized weights dequantized (lowering.quant.quantized_copy,
+torchao's math); amk's rows also check logits at several positions (Session.check). The
+roofline of a row is its weight bytes (quantized weights at 1 byte plus their f32 scales)
+over the HBM bandwidth measured in the same run (ground/timing.py). Also reported per format:
+the quantized model's distance to the bf16 one (greedy agreement over 64 tokens,
+perplexity: lowering.quant.distance, on seeded token ids).
+
+Without a CUDA GPU it exits 2 with one line. ``--out FILE`` is written atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from pathlib import Path
+from typing import Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ground.errors import AmkError, run_main  # noqa: E402
+
+FORMATS = ("int8", "fp8")
+NAME = "bench/quant.py"
+
+
+def parser() -> argparse.ArgumentParser:
+    from amk.bench import BENCH_DEFAULTS
+    from lowering.config import KernelConfig, LoweringConfig
+    from lowering.knobs import add_flags
+    from search.defaults import add_args
+
+    ap = argparse.ArgumentParser(prog=NAME, description=__doc__.splitlines()[0])
+    ap.add_argument("model", metavar="MODEL", help="config:NAME, an alias or a checkpoint (as amk bench)")
+    ap.add_argument("--weights", dest="formats", default="int8,fp8", metavar="int8,fp8",
+                    help="comma list of the quantized formats to measure (default int8,fp8)")
+    ap.add_argument("--tokens", type=int, default=64, help="greedy tokens per decode run (default 64)")
+    ap.add_argument("--prompt-len", type=int, default=8, help="seeded prompt tokens (default 8)")
+    ap.add_argument("--repeats", type=int, default=2, help="runs of each baseline (default 2)")
+    ap.add_argument("--no-baselines", action="store_true", help="amk rows only")
+    ap.add_argument("--json", action="store_true", help="print the result as one JSON line on stdout")
+    ap.add_argument("--out", metavar="FILE", default=None, help="write the result (JSON) to FILE, atomically")
+    # --weights is this script's list; --quantize-lm-head applies to each quantized row
+    add_flags(ap.add_argument_group("lowering knobs (docs/lowering.md)"), LoweringConfig,
+              skip=("weights",), defaults=BENCH_DEFAULTS)
+    add_flags(ap.add_argument_group("kernel knobs (docs/triton.md)"), KernelConfig)
+    add_args(ap.add_argument_group("default config (docs/tuning.md)"))
+    return ap
+
+
+def parse_formats(text: str) -> list[str]:
+    """The ``--weights`` list: int8 and/or fp8, in order, no repeats. AmkError otherwise."""
+    out = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [t for t in out if t not in FORMATS]
+    if bad or not out or len(set(out)) != len(out):
+        raise AmkError(f"--weights: expected a comma list of {', '.join(FORMATS)}, got {text!r}")
+    return out
+
+
+def quant_decode_bytes(model, fmt: str | None, quantize_lm_head: bool = False) -> int:
+    """lowering.quant.decode_bytes: the quantized roofline's weight bytes."""
+    from lowering.quant import decode_bytes
+
+    return decode_bytes(model, fmt, quantize_lm_head)
+
+
+def row(method: str, fmt: str, runs: list[dict], roofline_ms: float, correct: bool | None, note: str,
+        extra: dict | None = None) -> dict:
+    """One result row: ``runs`` are per-run ``{"latency_ms_median": ms, "timing": {...}}``
+    (a failed run: ms None); the row's ms/token is the best run's median, its % of the
+    roofline ``100 * roofline_ms / ms``."""
+    meds = [r.get("latency_ms_median") for r in runs]
+    good = [m for m in meds if m]
+    best = min(good) if good else None
+    return {"method": method, "weights": fmt, "runs_ms": meds, "latency_ms_median": best,
+            "roofline_ms": roofline_ms, "roofline_pct": 100 * roofline_ms / best if best else None,
+            "tokens_per_s": 1e3 / best if best else None, "correct": correct, "note": note,
+            "runs": runs, **(extra or {})}
+
+
+def result_table(result: dict):
+    """The printed table of a result (rich)."""
+    from rich.table import Table
+
+    t = Table(title=f"{result['model']} on {result['device']}: HBM {result['hbm_bytes_per_s'] / 1e12:.2f} TB/s "
+                    f"(measured in this run)")
+    for c in ("method", "weight bytes", "ms/token", "runs (ms)", "% quantized roofline", "tokens/s",
+              "correct", "note"):
+        t.add_column(c)
+    for r in result["rows"]:
+        ms = r["latency_ms_median"]
+        t.add_row(r["method"], f"{r['weight_bytes'] / 1e6:.1f} MB", f"{ms:.3f}" if ms else "-",
+                  ", ".join(f"{m:.3f}" if m else "failed" for m in r["runs_ms"]),
+                  f"{r['roofline_pct']:.1f}" if r["roofline_pct"] else "-",
+                  f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] else "-",
+                  {True: "yes", False: "NO", None: "-"}[r["correct"]], r["note"])
+    return t
+
+
+def build_result(meta: dict, bandwidth: float, rows: list[dict], distance: dict) -> dict:
+    """The JSON object of a run: ``meta`` (device, model, versions, command, config), the
+    measured bandwidth, the rows (``row``) and the per-format distance to the bf16 model."""
+    return {**meta, "hbm_bytes_per_s": bandwidth, "rows": rows, "distance": distance,
+            "ok": all(r["correct"] is not False for r in rows)}
+
+
+def measure(args: argparse.Namespace, formats: list[str], progress: Callable[[str], None]) -> dict:
+    """Run every measurement on the GPU and return ``build_result``'s object."""
+    import torch
+
+    from amk.baselines import BaselineResult, hf_compiled_graph, judge, make_reference
+    from amk.bench import cuda_target, measure_megakernel, run_config
+    from amk.pipeline import check_tokens
+    from ground.timing import measure_hbm_bandwidth, roofline_ms
+    from lowering import quant
+    from lowering.triton.blocks import kernel_options
+    from models.sources import resolve_model
+    from search.tunedb import GpuKey
+
+    qlm = bool(getattr(args, "quantize_lm_head", False))
+    base_args = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "quantize_lm_head"})
+    full, source = run_config(base_args, GpuKey.local())  # the bf16 config; formats set per row
+    progress(source)
+    dev = torch.device("cuda")
+    props = torch.cuda.get_device_properties(dev)
+    progress("measuring HBM bandwidth")
+    bw = measure_hbm_bandwidth(dev)
+    progress(f"resolving {args.model} (bf16)")
+    resolved = resolve_model(args.model, dtype="bf16")
+    model = resolved.model.to(dev).eval()
+    g = torch.Generator().manual_seed(1234)
+    prompt = torch.randint(0, model.config.vocab_size, (1, args.prompt_len), generator=g)
+    rows, distance = [], {}
+    for fmt in [None, *formats]:
+        label = fmt or "bf16"
+        ref_model = model if fmt is None else quant.quantized_copy(model, fmt, qlm)
+        progress(f"HF greedy reference ({label})")
+        ref = make_reference(ref_model, prompt.to(dev), args.tokens)
+        if fmt is not None:
+            vocab = model.config.vocab_size
+            distance[label] = quant.distance(model, ref_model, check_tokens(vocab, 16, 1),
+                                             check_tokens(vocab, 256, 2), 64)
+        del ref_model  # the session builds its own copy for the logit check: one at a time
+        _free()
+        nbytes = quant_decode_bytes(model, fmt, qlm)
+        floor = roofline_ms(nbytes, bw)
+        cfg = full.lowering.replace(weights=fmt or "none", quantize_lm_head=qlm if fmt else False)
+        base = None
+        progress(f"amk {label}: lower, validate, build, check logits, decode in a CUDA graph")
+        try:
+            ours, session, ex = measure_megakernel(args.model, resolved, cfg, cuda_target(props), prompt, ref,
+                                                   args.tokens, kernel_options(full.kernel))
+            del session, ex
+            _free()
+            rows.append(row(f"amk {label}", label, [ours.to_json()], floor, ours.correct, ours.note,
+                            {"weight_bytes": nbytes, "logit_check": ours.extra.get("logit_check")}))
+        except AmkError as err:
+            rows.append(row(f"amk {label}", label, [{"latency_ms_median": None}], floor, False,
+                            f"failed: {err}", {"weight_bytes": nbytes}))
+        if args.no_baselines:
+            continue
+        name = "hf bf16" if fmt is None else f"torchao {label}"
+        runs, correct, note = [], True, ""
+        try:
+            base = model if fmt is None else torchao_model(model, fmt)
+            for k in range(args.repeats):
+                progress(f"{name} + torch.compile + CUDA graph, run {k + 1} of {args.repeats}")
+                r = judge(hf_compiled_graph(base, prompt.to(dev), args.tokens), ref)
+                runs.append(r.to_json())
+                correct, note = correct and bool(r.correct), r.note
+        except Exception as err:  # keep the row, with the reason, rather than lose the run
+            r = BaselineResult(name, [], None, False, f"failed: {type(err).__name__}: {err}")
+            runs.append(r.to_json())
+            correct, note = False, r.note
+        rows.append(row(name, label, runs, floor, correct, note, {"weight_bytes": nbytes}))
+        del base
+        _free()
+    meta = {"device": props.name, "model": args.model, "command": " ".join(sys.argv),
+            "python": platform.python_version(), "torch": torch.__version__,
+            "torchao": _torchao_version(), "config": full.lowering.to_json(), "kernel": full.kernel.to_json(),
+            "config_source": source, "tokens": args.tokens, "repeats": args.repeats}
+    return build_result(meta, bw, rows, distance)
+
+
+def _free() -> None:
+    """Return the memory of dropped models and executors to the device before the next."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def torchao_model(model, fmt: str):
+    """A copy of the bf16 HF ``model`` with torchao's weight-only quantization of every
+    linear layer but the LM head (int8: Int8WeightOnlyConfig, fp8: Float8WeightOnlyConfig),
+    the layers amk quantizes. Raises AmkError when torchao is not installed."""
+    import copy
+
+    import torch
+
+    try:
+        from torchao.quantization import Float8WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
+    except ImportError as err:
+        raise AmkError(f"torchao is not installed ({err}); pip install 'amk[quant]'") from None
+    m = copy.deepcopy(model)
+    cfg = Int8WeightOnlyConfig() if fmt == "int8" else Float8WeightOnlyConfig()
+    head = m.get_output_embeddings()
+    quantize_(m, cfg, filter_fn=lambda mod, fqn: isinstance(mod, torch.nn.Linear) and mod is not head
+              and fqn.endswith("_proj"))
+    return m
+
+
+def _torchao_version() -> str | None:
+    try:
+        import torchao
+    except ImportError:
+        return None
+    return torchao.__version__
+
+
+def main(argv: list[str] | None = None, measure_fn: Callable | None = None) -> int:
+    """The script: parse, check the arguments and the GPU, measure (``measure_fn(args,
+    formats, progress)``, default ``measure``: the GPU run; another function skips the GPU
+    check), print the table, write ``--out`` atomically, ``--json`` to stdout. Returns 0
+    when every row is correct, 1 otherwise; AmkError (exit 2) for bad input or no GPU."""
+    args = parser().parse_args(argv)
+    formats = parse_formats(args.formats)
+    if args.tokens < 4 or args.repeats < 1 or args.prompt_len < 1:
+        raise AmkError("--tokens must be >= 4, --repeats and --prompt-len >= 1")
+    if measure_fn is None:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise AmkError("needs a CUDA GPU; none is visible here (see `amk doctor`)")
+        measure_fn = measure
+    from rich.console import Console
+
+    from amk.output import check_writable_dir, emit_json
+    from ground.files import atomic_write_text, finite
+
+    if args.out:
+        check_writable_dir(Path(args.out).parent, "--out")
+    con = Console(stderr=True)
+    result = measure_fn(args, formats, lambda s: con.print(s, markup=False, highlight=False))
+    Console(width=200, stderr=bool(args.json)).print(result_table(result))
+    if args.out:
+        atomic_write_text(args.out, json.dumps(finite(result), indent=1, default=str) + "\n")
+    if args.json:
+        emit_json(result)
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    run_main(main, NAME)

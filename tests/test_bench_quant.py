@@ -1,0 +1,100 @@
+"""bench/quant.py on the CPU: its one-line refusals, the quantized roofline bytes, and the
+table / JSON it builds from a measurement (a fake measurement function: the GPU run is the
+one part it replaces)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+import quant as bq  # noqa: E402
+
+
+def _script(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
+    return subprocess.run([sys.executable, str(ROOT / "bench" / "quant.py"), *args], capture_output=True,
+                          text=True, cwd=ROOT, env=env, timeout=300)
+
+
+@pytest.mark.parametrize("args,needle", [(["config:tiny-llama"], "needs a CUDA GPU"),
+                                         (["config:tiny-llama", "--weights", "int4"], "--weights"),
+                                         (["config:tiny-llama", "--tokens", "2"], "--tokens")])
+def test_refuses_in_one_line(args, needle):
+    r = _script(*args)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and lines[0].startswith("bench/quant.py: error:"), r.stderr
+
+
+def test_quantized_decode_bytes():
+    from ground.timing import decode_weight_bytes
+    from models.recipes import build_model
+
+    m = build_model("tiny-llama").to(torch.bfloat16)
+    lin = [mod for n, mod in m.named_modules() if isinstance(mod, torch.nn.Linear) and n.endswith("_proj")]
+    full = decode_weight_bytes(m)
+    n = sum(x.weight.numel() for x in lin)
+    rows = sum(x.weight.shape[0] for x in lin)
+    assert bq.quant_decode_bytes(m, None) == full
+    assert bq.quant_decode_bytes(m, "int8") == full - n + 4 * rows
+    head = m.get_output_embeddings().weight
+    assert bq.quant_decode_bytes(m, "fp8", True) == full - n + 4 * rows - head.numel() + 4 * head.shape[0]
+
+
+def _fake_measure(args, formats, progress):
+    """What ``bench.quant.measure`` returns, from fixed numbers: one amk and one baseline row
+    per format (the baseline measured ``--repeats`` times)."""
+    progress("fake measurement")
+    bw = 2.0e12
+    rows = []
+    for k, fmt in enumerate(["bf16", *formats]):
+        nbytes = 2_000_000_000 // (2 if fmt != "bf16" else 1)
+        floor = nbytes / bw * 1e3
+        rows.append(bq.row(f"amk {fmt}", fmt, [{"latency_ms_median": 1.2 - 0.1 * k}], floor, True, "identical",
+                           {"weight_bytes": nbytes}))
+        runs = [{"latency_ms_median": 1.5 - 0.1 * k + 0.01 * j} for j in range(args.repeats)]
+        rows.append(bq.row(("hf " if fmt == "bf16" else "torchao ") + fmt, fmt, runs, floor, fmt != "fp8",
+                           "diverges at token 3" if fmt == "fp8" else "identical", {"weight_bytes": nbytes}))
+    meta = {"device": "fake", "model": args.model, "command": "test"}
+    return bq.build_result(meta, bw, rows, {f: {"greedy_match": 1.0} for f in formats})
+
+
+def test_table_and_json_from_a_measurement(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    code = bq.main(["config:tiny-llama", "--weights", "int8,fp8", "--out", str(out), "--json"],
+                   measure_fn=_fake_measure)
+    assert code == 1  # the torchao fp8 row is wrong
+    res = json.loads(out.read_text())
+    assert json.loads(capsys.readouterr().out) == res
+    methods = [r["method"] for r in res["rows"]]
+    assert methods == ["amk bf16", "hf bf16", "amk int8", "torchao int8", "amk fp8", "torchao fp8"]
+    hf = res["rows"][1]
+    assert hf["runs_ms"] == [1.5, 1.51] and hf["latency_ms_median"] == 1.5
+    amk8 = res["rows"][2]
+    assert amk8["roofline_ms"] == pytest.approx(0.5) and amk8["roofline_pct"] == pytest.approx(100 * 0.5 / 1.1)
+    assert res["ok"] is False and res["distance"]["int8"]["greedy_match"] == 1.0
+    table = bq.result_table(res)
+    assert table.row_count == 6 and "% quantized roofline" in [c.header for c in table.columns]
+
+
+def test_unwritable_out_is_refused_before_measuring(tmp_path):
+    called = []
+
+    def measure(args, formats, progress):
+        called.append(1)
+        return _fake_measure(args, formats, progress)
+
+    from ground.errors import AmkError
+
+    (tmp_path / "file").write_text("")
+    with pytest.raises(AmkError, match="--out"):
+        bq.main(["config:tiny-llama", "--out", str(tmp_path / "file" / "r.json")], measure_fn=measure)
+    assert not called
