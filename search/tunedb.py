@@ -175,26 +175,37 @@ def _vm_version() -> int:
 _FINGERPRINT: str | None = None
 
 
-def kernel_fingerprint() -> str:
-    """12 hex digits naming the meaning of a config: sha256 over every knob's declaration
+def kernel_fingerprint(config: dict[str, Any] | None = None) -> str:
+    """12 hex digits naming the meaning of a config: sha256 over the declarations of its knobs
     (LoweringConfig and KernelConfig: name, default, kind, allowed values, what it needs) and
-    the kernel's ``VM_VERSION``. A tuned entry with another fingerprint was measured on a
-    kernel whose configs mean something else (or run at another speed) and is not used by
-    ``lookup``. Cheap: no Triton import."""
+    the kernel's ``VM_VERSION``. Without ``config``: every declared knob (what a new entry
+    records). With ``config`` (``{"lowering": {...}, "kernel": {...}}``): the knobs it names,
+    a name no longer declared counted as gone; so a knob added later (at a default that keeps
+    the old behaviour) leaves an older entry current, while a changed declaration, a removed
+    knob or another VM_VERSION makes it stale. A stale entry was measured on a kernel whose
+    configs mean something else (or run at another speed) and is not used by ``lookup``.
+    Cheap: no Triton import."""
     global _FINGERPRINT
-    if _FINGERPRINT is None:
-        from lowering.config import KernelConfig, LoweringConfig
-        from lowering.knobs import knobs_of
+    if config is None and _FINGERPRINT is not None:
+        return _FINGERPRINT
+    from lowering.config import KernelConfig, LoweringConfig
+    from lowering.knobs import knobs_of
 
-        decl = []
-        for cls in (LoweringConfig, KernelConfig):
-            for k in knobs_of(cls):
+    decl = []
+    for part, cls in (("lowering", LoweringConfig), ("kernel", KernelConfig)):
+        named = None if config is None else set((config.get(part) or {}))
+        for k in knobs_of(cls):
+            if named is None or k.name in named:
                 decl.append([cls.__name__, k.name, repr(k.default), k.kind.__name__, [repr(c) for c in k.choices],
                              k.lo, k.hi, k.pow2, k.multiple, k.zero, k.values, k.multi_rank,
                              [n.text for n in k.needs]])
-        text = json.dumps({"knobs": decl, "vm_version": _vm_version()}, sort_keys=True)
-        _FINGERPRINT = hashlib.sha256(text.encode()).hexdigest()[:12]
-    return _FINGERPRINT
+        if named is not None:
+            decl += [[cls.__name__, n, "gone"] for n in sorted(named - {k.name for k in knobs_of(cls)})]
+    text = json.dumps({"knobs": decl, "vm_version": _vm_version()}, sort_keys=True)
+    fp = hashlib.sha256(text.encode()).hexdigest()[:12]
+    if config is None:
+        _FINGERPRINT = fp
+    return fp
 
 
 def _opt_num(obj: dict, name: str, where: str) -> float | None:
@@ -241,6 +252,12 @@ class Entry:
     source: str = "user"
     path: str | None = None
 
+    def current(self) -> bool:
+        """True when the entry was measured on the kernel this tree builds for its config: its
+        fingerprint is ``kernel_fingerprint()`` (recorded by this tree) or that of the knobs
+        its config names (recorded before knobs it does not name were added)."""
+        return self.fingerprint in (kernel_fingerprint(), kernel_fingerprint(self.config))
+
     def key(self) -> tuple:
         """(shape, gpu, tp): one file, one entry per key and directory."""
         return (self.shape, self.gpu, self.tp)
@@ -276,7 +293,7 @@ class Entry:
         if not isinstance(config, dict):
             raise AmkError(f"{where}: field 'config': expected an object {{\"lowering\": ..., \"kernel\": ...}}, "
                            f"got {type(config).__name__}")
-        if fp == kernel_fingerprint():
+        if fp in (kernel_fingerprint(), kernel_fingerprint(config)):
             from lowering.config import AmkConfig
 
             AmkConfig.from_json(config, f"{where}: field 'config'", ranks=tp)
@@ -336,7 +353,7 @@ def distance(entry: Entry, shape: ShapeKey, gpu: GpuKey | None, tp: int) -> floa
         if gpu is not None:
             d += abs(math.log(entry.gpu.sms / gpu.sms))
     d += abs(math.log2(entry.tp / tp))
-    d += STALE * (entry.fingerprint != kernel_fingerprint())
+    d += STALE * (not entry.current())
     return d
 
 
@@ -379,8 +396,7 @@ class TuneDB:
         None without a GPU or without such an entry."""
         if gpu is None:
             return None
-        fp = kernel_fingerprint()
-        ok = [e for e in self._of_key(shape, gpu, tp) if e.fingerprint == fp and e.correct]
+        ok = [e for e in self._of_key(shape, gpu, tp) if e.current() and e.correct]
         return min(ok, key=lambda e: e.ms) if ok else None
 
     def nearest(self, shape: ShapeKey, gpu: GpuKey | None, tp: int, k: int = 3) -> list[tuple[float, Entry]]:
@@ -410,7 +426,7 @@ class TuneDB:
                            f"{old.gpu.describe()} tp {old.tp})")
         if old is None:
             msg = f"wrote {path}: {entry.ms:.4g} ms/token"
-        elif old.fingerprint != entry.fingerprint:
+        elif not old.current():
             msg = (f"replaced {path}: its entry ({old.ms:.4g} ms) was measured on another kernel "
                    f"(fingerprint {old.fingerprint}, now {entry.fingerprint})")
         elif old.ms <= entry.ms and not replace:
@@ -422,7 +438,7 @@ class TuneDB:
             msg = f"replaced the slower entry in {path}: {old.ms:.4g} ms -> {entry.ms:.4g} ms"
         atomic_write_json(path, entry.to_json())
         shipped = [e for e in self._of_key(entry.shape, entry.gpu, entry.tp)
-                   if e.source == "shipped" and e.fingerprint == entry.fingerprint and e.correct]
+                   if e.source == "shipped" and e.current() and e.correct]
         if shipped and shipped[0].ms < entry.ms:
             msg += (f"; the shipped entry ({shipped[0].ms:.4g} ms, {shipped[0].path}) is faster and stays "
                     "the one used")

@@ -370,3 +370,21 @@ def test_shipped_entries_can_be_left_out_or_moved(monkeypatch, tmp_path):
     assert db.shipped_dir is None and db.entries() == []
     monkeypatch.setenv("AMK_TUNE_SHIPPED", str(tmp_path / "s"))
     assert open_db(str(tmp_path / "u")).shipped_dir == tmp_path / "s"
+
+
+def test_an_entry_stays_current_when_knobs_are_added_and_goes_stale_when_its_own_change(db, shape, monkeypatch):
+    """The fingerprint of an entry covers the knobs its config names: a knob declared after the
+    entry was measured (at a default that keeps the old behaviour) leaves it in use; a change
+    to the declaration of a knob it names, a knob it names being removed, or another
+    VM_VERSION make it stale."""
+    cfg = {"lowering": {"tile": 16, "fuse": True}, "kernel": {"prefetch": 1}}
+    old = entry(shape, ms=1.3, fp=kernel_fingerprint(cfg), config=cfg)
+    assert old.fingerprint != kernel_fingerprint() and old.current()
+    db.put(old)
+    assert db.lookup(shape, H100, 1).ms == 1.3
+    gone = {"lowering": {"tile": 16, "no_such_knob": 1}, "kernel": {}}
+    assert not entry(shape, fp=kernel_fingerprint({"lowering": {"tile": 16}, "kernel": {}}), config=gone).current()
+    monkeypatch.setattr(tunedb, "_FINGERPRINT", None)
+    monkeypatch.setattr(tunedb, "_vm_version", lambda: 999)
+    assert not old.current()  # its knobs' declarations hash with the kernel's version
+    assert db.lookup(shape, H100, 1) is None
