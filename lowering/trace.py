@@ -298,13 +298,20 @@ def check_trace(obj: Any, amk: bool = True) -> list[str]:
 
 
 def read_trace(path: str) -> dict[str, Any]:
-    """The trace object of a JSON file; AmkError (exit 2) naming the file (and line:column)
-    when it cannot be read or is not JSON."""
+    """The trace object of a JSON file, gzip-compressed when its name ends in ``.gz`` (as
+    Perfetto and chrome://tracing also open it); AmkError (exit 2) naming the file (and
+    line:column) when it cannot be read or is not JSON."""
+    import gzip
+
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError as e:
-        raise AmkError(f"{path}: cannot read the trace: {e.strerror or e}") from None
+        if str(path).endswith(".gz"):
+            with gzip.open(path, "rt", encoding="utf-8") as fh:
+                text = fh.read()
+        else:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+    except (OSError, EOFError) as e:
+        raise AmkError(f"{path}: cannot read the trace: {getattr(e, 'strerror', None) or e}") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:

@@ -1,7 +1,7 @@
 """``amk profile``: the per-task trace of one decode step (lowering/trace.py, amk/profile.py).
 
 The trace-event checker runs over fresh simulated traces and over every committed
-``bench/results/**/trace*.json`` (the GPU traces ``amk profile --backend triton`` writes)."""
+``bench/results/**/trace*.json[.gz]`` (the GPU traces ``amk profile --backend triton`` writes)."""
 
 from __future__ import annotations
 
@@ -187,7 +187,8 @@ def test_the_checker_rejects_broken_traces(traces):
     assert any("overlaps" in p for p in _bad(trace, overlap))
 
 
-COMMITTED = sorted((ROOT / "bench" / "results").glob("**/trace*.json"))
+COMMITTED = sorted([*(ROOT / "bench" / "results").glob("**/trace*.json"),
+                    *(ROOT / "bench" / "results").glob("**/trace*.json.gz")])
 
 
 @pytest.mark.parametrize("path", COMMITTED, ids=[str(p.relative_to(ROOT)) for p in COMMITTED])
@@ -358,3 +359,17 @@ def test_gpu_trace_gathers_the_ranks_of_a_multi_gpu_run(monkeypatch):
     assert {e["pid"] for e in ev if e["ph"] == "X"} == {0, 1}
     s = {e["id"]: e["pid"] for e in ev if e["ph"] == "s"}
     assert any(s[e["id"]] != e["pid"] for e in ev if e["ph"] == "f"), "no flow across ranks"
+
+
+def test_a_gz_trace_name_is_written_gzip_and_reads_back(tmp_path):
+    """`--trace X.json.gz` writes the trace gzip-compressed (the viewers open it as it is);
+    read_trace reads it back, and the format check passes."""
+    import gzip
+
+    from lowering.trace import check_trace, read_trace
+
+    out = tmp_path / "t.json.gz"
+    r = amk("profile", ROOT / "examples" / "schedules" / "norm_gemv_w2.amk", "--seq-len", 1, "--trace", out)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert gzip.decompress(out.read_bytes()).startswith(b'{"traceEvents"')
+    assert check_trace(read_trace(str(out))) == []

@@ -67,7 +67,7 @@ def _is_schedule(target: str) -> bool:
 def run(args: argparse.Namespace) -> int:
     from amk import output
     from amk.profile import sim_trace, trace_summary
-    from ground.files import atomic_write_text
+    from ground.files import atomic_write_bytes, atomic_write_text
     from lowering.trace import check_trace
 
     if args.seq_len < 1:
@@ -104,7 +104,13 @@ def run(args: argparse.Namespace) -> int:
     if problems:  # a bug, not a user error: never write a file the viewers cannot open
         raise AmkError("the trace breaks the trace-event format: " + "; ".join(problems[:3]), exit_code=1)
     if args.trace:
-        atomic_write_text(args.trace, json.dumps(trace, separators=(",", ":")) + "\n")
+        text = json.dumps(trace, separators=(",", ":")) + "\n"
+        if str(args.trace).endswith(".gz"):  # Perfetto and chrome://tracing open gzip traces
+            import gzip
+
+            atomic_write_bytes(args.trace, gzip.compress(text.encode(), mtime=0))
+        else:
+            atomic_write_text(args.trace, text)
     s = {"ok": True, "target": args.target, "backend": args.backend, "trace": args.trace,
          **trace_summary(trace)}
     if output.json_mode(args):
