@@ -515,22 +515,8 @@ class _Lowerer:
             a = self.act(f"a.l{i}", r, nq)
             ca = e.counter(f"c.l{i}.attn.r{r}", r)
             rdy = [self.ready(cqr, 1), self.ready(ckc, 1)]
-            n_att = 0
-            for j, g in enumerate(range(g0, g1)):
-                groups = self.attn_head_groups(r, g)
-                for s, (lo, hi) in enumerate(groups):
-                    qa, qb = (lo - h0) * D, (hi - h0) * D
-                    ins = [Region(qr, r, (_r(qa, qb),)),
-                           Region(kc, r, (_r(j, j + 1), _r(0, S), _r(0, D))),
-                           Region(vc, r, (_r(j, j + 1), _r(0, S), _r(0, D))),
-                           Region(self.pos[r], r, (_r(0, 1),))]
-                    outs = [Region(a, r, (_r(qa, qb),))]
-                    w = e.place(r, e.cost("attention", ins, outs), rdy)
-                    tag = f".s{s}" if len(groups) > 1 else ""
-                    e.task(f"l{i}.attn.kv{g}{tag}.r{r}", r, w, "attention", ins, outs,
-                           {"head_dim": D, "scale": float(self.spec.attn_scale)}, ready=rdy,
-                           signals=[ca])
-                    n_att += 1
+            n_att = sum(self._attention_tasks(i, r, j, g, qr, kc, vc, a, ca, rdy)
+                        for j, g in enumerate(range(g0, g1)))
             out[r] = Loc(a, r, 0, nq, (self.ready(ca, n_att),))
         return out
 
@@ -563,6 +549,26 @@ class _Lowerer:
         nb = self.act(f"{role}n.l{i}", r, n)
         wn = self.weight(f"w.l{i}.{role}_norm", r, plan[f"{role}_norm"].weights["w"].key, (self.D,))
         return nb, wn
+
+    def _attention_tasks(self, i: int, r: int, j: int, g: int, qr: str, kc: str, vc: str, a: str,
+                         ca: str, rdy: list[Ready]) -> int:
+        """Rank r's ``attn_split`` attention tasks of KV head g (local index j): each reads its
+        query heads' rows of ``qr``, cache head j of ``kc``/``vc`` and the position, writes the
+        same rows of ``a``, waits on ``rdy`` and signals ``ca``. Returns how many it emitted."""
+        e, D, S = self.e, self.D, self.S
+        h0 = self.part.shards[r].q_heads[0]
+        groups = self.attn_head_groups(r, g)
+        head = (_r(j, j + 1), _r(0, S), _r(0, D))
+        for s, (lo, hi) in enumerate(groups):
+            qa, qb = (lo - h0) * D, (hi - h0) * D
+            ins = [Region(qr, r, (_r(qa, qb),)), Region(kc, r, head), Region(vc, r, head),
+                   Region(self.pos[r], r, (_r(0, 1),))]
+            outs = [Region(a, r, (_r(qa, qb),))]
+            w = e.place(r, e.cost("attention", ins, outs), rdy)
+            tag = f".s{s}" if len(groups) > 1 else ""
+            e.task(f"l{i}.attn.kv{g}{tag}.r{r}", r, w, "attention", ins, outs,
+                   {"head_dim": D, "scale": float(self.spec.attn_scale)}, ready=rdy, signals=[ca])
+        return len(groups)
 
     def _qk_norm_attention(self, i: int, r: int, plan: dict[str, GraphOp], bufs: dict,
                            q_ready: list[Ready], kv_ready: list[Ready]) -> Loc:
@@ -611,21 +617,9 @@ class _Lowerer:
             self.chain(i, r, steps, kv_ready, kv_done[g])
         a_b = self.act(f"a.l{i}", r, nq)
         ca = e.counter(f"c.l{i}.attn.r{r}", r)
-        n_att = 0
-        for j, g in enumerate(range(g0, g1)):
-            rdy = [self.ready(q_done[g], 1), self.ready(kv_done[g], 1)]
-            groups = self.attn_head_groups(r, g)
-            for s, (lo, hi) in enumerate(groups):
-                qa, qb = (lo - h0) * D, (hi - h0) * D
-                head = (_r(j, j + 1), _r(0, S), _r(0, D))
-                ins = [Region(qr, r, (_r(qa, qb),)), Region(kc, r, head), Region(vc, r, head), pos]
-                outs = [Region(a_b, r, (_r(qa, qb),))]
-                w = e.place(r, e.cost("attention", ins, outs), rdy)
-                tag = f".s{s}" if len(groups) > 1 else ""
-                e.task(f"l{i}.attn.kv{g}{tag}.r{r}", r, w, "attention", ins, outs,
-                       {"head_dim": D, "scale": float(self.spec.attn_scale)}, ready=rdy,
-                       signals=[ca])
-                n_att += 1
+        n_att = sum(self._attention_tasks(i, r, j, g, qr, kc, vc, a_b, ca,
+                                          [self.ready(q_done[g], 1), self.ready(kv_done[g], 1)])
+                    for j, g in enumerate(range(g0, g1)))
         return Loc(a_b, r, 0, nq, (self.ready(ca, n_att),))
 
     def attn_head_groups(self, r: int, g: int) -> list[tuple[int, int]]:

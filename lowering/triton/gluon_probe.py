@@ -608,10 +608,6 @@ def compile_offline(v: Variant, arch: int = 90, asm: bool = False) -> dict:
     ``asm``: also return the PTX and TTGIR texts (keys ``ptx``, ``ttgir``).
     Needs ``TRITON_INTERPRET=0`` and a Triton with Gluon's 3.6 API (the GPU machines')."""
     import re
-    import shutil
-    import subprocess
-    import tempfile
-    from pathlib import Path
 
     import triton
     from triton.backends.compiler import GPUTarget
@@ -642,16 +638,9 @@ def compile_offline(v: Variant, arch: int = 90, asm: bool = False) -> dict:
                mbarrier_waits=ptx.count("mbarrier.try_wait"), page_loads=ptx.count("ld.shared.v4"),
                global_vector_loads=len(re.findall(r"ld\.global(\.\w+)*\.v4", ptx)),
                acquire="acquire" in ptx, regs=None, local_bytes=None)
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    tool = str(tool) if tool.exists() else shutil.which("cuobjdump")
-    if tool and "cubin" in k.asm:
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(k.asm["cubin"])
-            f.flush()
-            res = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True)
-        m = re.search(r"REG:(\d+).*?LOCAL:(\d+)", res.stdout)
-        if m:
-            out["regs"], out["local_bytes"] = int(m.group(1)), int(m.group(2))
+    from lowering.triton.offline import resource_usage
+
+    out.update(resource_usage(k))
     if asm:
         out.update(ptx=ptx, ttgir=ttgir)
     return out

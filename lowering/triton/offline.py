@@ -13,6 +13,9 @@ source, a bad ``--constexprs`` or the interpreter left on: one line on stderr, e
 
 from __future__ import annotations
 
+import re
+import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -30,6 +33,22 @@ _ARG_TYPES = {"A_BF16": "*bf16", "A_F16": "*fp16", "A_F32": "*fp32", "A_I32": "*
               "STREAMS": "*i64", "SSTART": "*i32", "rbase": "i32"}
 
 
+def resource_usage(k) -> dict:
+    """``{"regs", "local_bytes"}`` per thread of a compiled kernel ``k`` (``triton.compile``'s
+    result) from cuobjdump's resource report (Triton's bundled one, else the PATH's); empty
+    when neither is present or the kernel has no cubin. Local bytes above 0 are spills."""
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    tool = str(tool) if tool.exists() else shutil.which("cuobjdump")
+    if not tool or "cubin" not in k.asm:
+        return {}
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        res = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True)
+    m = re.search(r"REG:(\d+).*?LOCAL:(\d+)", res.stdout)
+    return {"regs": int(m.group(1)), "local_bytes": int(m.group(2))} if m else {}
+
+
 def compile_offline(source: str, constexprs: dict[str, int], arch: int = 90, num_warps: int = 4,
                     maxnreg: int | None = None) -> dict:
     """Compile a generated megakernel for ``sm_<arch>`` without a GPU (Triton's own LLVM and
@@ -43,10 +62,6 @@ def compile_offline(source: str, constexprs: dict[str, int], arch: int = 90, num
     """
     if INTERPRET:
         raise RuntimeError("compile_offline needs TRITON_INTERPRET=0 in this process")
-    import re
-    import shutil
-    import subprocess
-
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -73,16 +88,7 @@ def compile_offline(source: str, constexprs: dict[str, int], arch: int = 90, num
                barrier="bar.sync" in ptx, vector_loads=bool(re.search(r"ld\.global(\.\w+)*\.v4", ptx)),
                vector_stores=bool(re.search(r"st\.global(\.\w+)*\.v4", ptx)),
                regs=None, local_bytes=None)
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    tool = str(tool) if tool.exists() else shutil.which("cuobjdump")
-    if tool and "cubin" in k.asm:
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(k.asm["cubin"])
-            f.flush()
-            res = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True)
-        m = re.search(r"REG:(\d+).*?LOCAL:(\d+)", res.stdout)
-        if m:
-            out["regs"], out["local_bytes"] = int(m.group(1)), int(m.group(2))
+    out.update(resource_usage(k))
     return out
 
 
