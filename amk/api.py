@@ -390,10 +390,9 @@ def _read_manifest(d: Path) -> dict[str, Any]:
         raise AmkError(f"{d}: not a saved amk model ({MANIFEST} is missing)") from None
     except OSError as e:
         raise AmkError(f"{path}: cannot read: {e.strerror or e}") from None
-    try:
-        man = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise AmkError(f"{path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
+    from ground.files import parse_json
+
+    man = parse_json(text, path)
     if not isinstance(man, dict) or man.get("format") != FORMAT:
         got = man.get("format") if isinstance(man, dict) else type(man).__name__
         raise AmkError(f"{path}: format is {got!r}, expected {FORMAT!r}")

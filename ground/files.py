@@ -72,6 +72,27 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, *, durable: bool = True
                              durable=durable)
 
 
+def parse_json(text: str, path: str | os.PathLike, what: str = "") -> Any:
+    """``json.loads(text)`` of the file ``path``; AmkError ``PATH:LINE:COL: invalid JSON[ in
+    WHAT]: MSG`` (exit 2) when it is not JSON."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise AmkError(f"{path}:{e.lineno}:{e.colno}: invalid JSON{' in ' + what if what else ''}: "
+                       f"{e.msg}") from None
+
+
+def read_json(path: str | os.PathLike, what: str = "") -> Any:
+    """The JSON value of the file ``path`` (UTF-8); AmkError (exit 2) ``PATH: cannot read[
+    WHAT]: REASON`` when it cannot be read, or ``parse_json``'s line:column message."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise AmkError(f"{path}: cannot read{' ' + what if what else ''}: "
+                       f"{getattr(e, 'strerror', None) or e}") from None
+    return parse_json(text, path, what)
+
+
 def finite(obj: Any) -> Any:
     """A copy of a JSON-able value with NaN and infinities replaced by ``None``."""
     if isinstance(obj, float) and not math.isfinite(obj):

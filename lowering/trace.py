@@ -303,16 +303,13 @@ def read_trace(path: str) -> dict[str, Any]:
     line:column) when it cannot be read or is not JSON."""
     import gzip
 
+    from ground.files import parse_json, read_json
+
+    if not str(path).endswith(".gz"):
+        return read_json(path, "the trace")
     try:
-        if str(path).endswith(".gz"):
-            with gzip.open(path, "rt", encoding="utf-8") as fh:
-                text = fh.read()
-        else:
-            with open(path, encoding="utf-8") as fh:
-                text = fh.read()
-    except (OSError, EOFError) as e:
+        with gzip.open(path, "rt", encoding="utf-8") as fh:
+            text = fh.read()
+    except (OSError, EOFError, UnicodeDecodeError) as e:
         raise AmkError(f"{path}: cannot read the trace: {getattr(e, 'strerror', None) or e}") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise AmkError(f"{path}:{e.lineno}:{e.colno}: invalid JSON in the trace: {e.msg}") from None
+    return parse_json(text, path, "the trace")

@@ -328,15 +328,9 @@ def file_name(shape: ShapeKey, gpu: GpuKey, tp: int) -> str:
 def read_entry(path: Path, source: str) -> Entry:
     """The entry in file ``path``; AmkError naming the file (and the field) when it cannot be
     read, is not JSON (line:column) or does not hold an entry."""
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise AmkError(f"{path}: cannot read tuned entry: {e.strerror or e}") from None
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise AmkError(f"{path}:{e.lineno}:{e.colno}: invalid JSON in tuned entry: {e.msg}") from None
-    entry = Entry.from_json(obj, str(path))
+    from ground.files import read_json
+
+    entry = Entry.from_json(read_json(path, "tuned entry"), str(path))
     entry.source, entry.path = source, str(path)
     return entry
 
