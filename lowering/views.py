@@ -7,7 +7,10 @@
   bandwidth evenly; the per-head ops' dependent passes are latency bound); a wait met by a
   signal from another rank adds ``cross_rank_latency``. From it: each task's start and end,
   the critical path (the chain of tasks, through queue order and the signals that released
-  each wait, that ends at the last task) and each worker's idle time.
+  each wait, that ends at the last task) and each worker's idle time. ``durations`` (task id
+  -> seconds, e.g. ``lowering.trace.task_durations`` of a measured trace) replaces the cost
+  model's duration of the tasks it names; the waits, queues and signals are simulated as
+  before, so the timeline then shows where the MEASURED step binds.
 * ``summary(prog)``: per stage (``ir.edits.stage_of``) and rank the task count per worker
   and predicted time, the cost model's latency, the critical path and the idle time per
   worker, as a dict of plain data.
@@ -48,16 +51,31 @@ class Timeline:
     stuck: list[int]
 
 
+def model_durations(prog: ScheduleProgram, seq_len: int = 1, hbm_bw: float = DEFAULT_HBM_BW,
+                    task_overhead_s: float = DEFAULT_TASK_OVERHEAD_S,
+                    head_latency_s: float = DEFAULT_HEAD_LATENCY_S) -> dict[str, float]:
+    """Task id -> the cost model's duration of the task in seconds, as ``timeline`` takes it:
+    ``task_bytes / (hbm_bw / workers) + task_overhead + serial_passes x head_latency``."""
+    buffers = prog.buffer_map()
+    share = hbm_bw / max(1, prog.workers)
+    return {t.id: task_bytes(t, buffers, seq_len) / share + task_overhead_s
+            + serial_passes(t) * head_latency_s for t in prog.tasks}
+
+
 def timeline(prog: ScheduleProgram, seq_len: int = 1, hbm_bw: float = DEFAULT_HBM_BW,
              task_overhead_s: float = DEFAULT_TASK_OVERHEAD_S,
              cross_rank_latency_s: float = DEFAULT_CROSS_RANK_LATENCY_S,
-             head_latency_s: float = DEFAULT_HEAD_LATENCY_S) -> Timeline:
+             head_latency_s: float = DEFAULT_HEAD_LATENCY_S,
+             durations: dict[str, float] | None = None) -> Timeline:
     """Run step 0 of ``prog`` on the cost model (module docstring). ``seq_len``: tokens in
-    the KV cache. Waits on the previous step (``@prev``) and thresholds at or below zero are
-    met at time 0. Never raises on a deadlocked schedule: tasks that cannot start are listed
-    in ``stuck``."""
-    buffers = prog.buffer_map()
-    share = hbm_bw / max(1, prog.workers)
+    the KV cache. ``durations``: task id -> seconds; a task named there takes that time (a
+    measured duration) instead of the cost model's (``model_durations``), the others keep the
+    model's; ids of no task are ignored. Waits on the previous step (``@prev``) and
+    thresholds at or below zero are met at time 0. Never raises on a deadlocked schedule:
+    tasks that cannot start are listed in ``stuck``."""
+    model = model_durations(prog, seq_len, hbm_bw, task_overhead_s, head_latency_s)
+    if durations:
+        model.update((k, float(v)) for k, v in durations.items() if k in model)
     queues: dict[tuple[int, int], list[int]] = {}
     for k, t in enumerate(prog.tasks):
         queues.setdefault((t.rank, t.worker), []).append(k)
@@ -95,8 +113,7 @@ def timeline(prog: ScheduleProgram, seq_len: int = 1, hbm_bw: float = DEFAULT_HB
                         break
                 if not ok:
                     break
-                dur = (task_bytes(t, buffers, seq_len) / share + task_overhead_s
-                       + serial_passes(t) * head_latency_s)
+                dur = model[t.id]
                 start[k], end[k], why[k] = ready, ready + dur, cause
                 busy[q] += dur
                 free[q], last[q] = ready + dur, k
