@@ -313,3 +313,29 @@ def read_trace(path: str) -> dict[str, Any]:
     except (OSError, EOFError, UnicodeDecodeError) as e:
         raise AmkError(f"{path}: cannot read the trace: {getattr(e, 'strerror', None) or e}") from None
     return parse_json(text, path, "the trace")
+
+
+def task_durations(trace: Any, source: str = "the trace") -> dict[str, float]:
+    """Task id -> duration in seconds of every task slice of ``trace`` (an object as
+    ``build_trace`` writes it, e.g. from ``read_trace`` of an ``amk profile --trace`` file):
+    an "X" event whose ``args`` carry the task's ``op`` (the wait slices, ``cat`` ``wait``,
+    are not tasks); its ``name`` is the task id as the program spells it (tasks of every rank,
+    ``pid`` = rank, keep their ids) and its ``dur`` (microseconds) the time from its waits
+    being met to its end. A task traced twice keeps its longest slice. Raises AmkError (one
+    line, naming ``source``) for an object that is not a trace or holds no task slice."""
+    evs = trace.get("traceEvents") if isinstance(trace, dict) else None
+    if not isinstance(evs, list):
+        raise AmkError(f"{source}: not a trace (a JSON object with a 'traceEvents' list)")
+    out: dict[str, float] = {}
+    for e in evs:
+        if not isinstance(e, dict) or e.get("ph") != "X" or e.get("cat") == "wait":
+            continue
+        args = e.get("args")
+        if not isinstance(args, dict) or "op" not in args or not isinstance(e.get("name"), str) \
+                or not _num(e.get("dur")) or e["dur"] < 0:
+            continue
+        out[e["name"]] = max(out.get(e["name"], 0.0), float(e["dur"]) * 1e-6)
+    if not out:
+        raise AmkError(f"{source}: the trace holds no task slices (\"X\" events named by a task id "
+                       "with args.op, as `amk profile --trace` writes)")
+    return out

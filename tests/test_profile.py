@@ -373,3 +373,26 @@ def test_a_gz_trace_name_is_written_gzip_and_reads_back(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert gzip.decompress(out.read_bytes()).startswith(b'{"traceEvents"')
     assert check_trace(read_trace(str(out))) == []
+
+
+def test_task_durations_round_trip_every_task_id(traces):
+    """``task_durations`` of a trace of `amk profile --trace`: one entry per task slice, of
+    every rank, keyed by the program's task id, its ``dur`` in seconds; a trace without task
+    slices or an object that is no trace is one AmkError line."""
+    from ground.errors import AmkError
+    from lowering.trace import task_durations
+
+    for tp in (1, 2):
+        summary, trace = traces[tp]
+        slices = {e["name"]: e["dur"] for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] != "wait"}
+        d = task_durations(trace)
+        assert set(d) == set(slices) and len(d) == summary["tasks"]
+        assert all(abs(d[k] - slices[k] * 1e-6) < 1e-15 for k in d)
+        ranks = {e["pid"] for e in trace["traceEvents"] if e["ph"] == "X" and e["name"] in d}
+        assert ranks == set(range(tp))
+    meta = [e for e in traces[1][1]["traceEvents"] if e["ph"] == "M"]
+    for bad, msg in (({"traceEvents": meta}, "the trace holds no task slices"),
+                     ([], "not a trace")):
+        with pytest.raises(AmkError) as err:
+            task_durations(bad, "t.json")
+        assert str(err.value).startswith(f"t.json: {msg}") and "\n" not in str(err.value)
