@@ -16,7 +16,20 @@ cost model) and builds a pool of one-edit extensions:
 
 Each candidate is applied and scored by the cost model (``lowering.costmodel.estimate``, the
 sim backend's timing) and the timeline's makespan; only those that lower one of the two are
-kept, ranked by (estimate, makespan). Candidates are NOT validated here: the worker validates
+kept, ranked by (estimate, makespan).
+
+With a MEASURED per-task profile (``durations``: task id -> seconds, from the trace of
+``amk profile --trace``, ``lowering.trace.task_durations``; ``amk search --edits --profile
+TRACE``) the timeline runs on the measured durations (``lowering.views.timeline(...,
+durations=)``): the critical path, the loaded workers (most busy time on the measured
+timeline, the idlest by least busy time) and the longest tiles come from it, and candidates
+are ranked by the measured timeline's makespan first, the cost model's estimate as the
+tie-break (a candidate must lower the makespan, or keep it and lower the estimate). A task
+of an edited schedule keeps its measured duration while its op and operand regions are those
+of the measured task of that id (a move keeps them); a task an edit created or reshaped
+(split halves, a merged tile) takes the cost model's duration scaled by the measured /
+predicted ratio of its stage (summed over the stage's measured tasks: the tiles it came
+from are of that stage). Candidates are NOT validated here: the worker validates
 every edited schedule before anything runs, so an unsafe move shows up as a REJECTED trial
 with the validator's error classes and witnesses. The proposer never proposes again an edit
 the validator rejected (whatever list it came in) nor an edit list already evaluated; both
@@ -87,6 +100,28 @@ def interleave_kinds(edits: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def profile_durations(path: str, prog: Any) -> dict[str, float]:
+    """The measured task durations (task id -> seconds) of the trace file ``path`` (``amk
+    profile --trace``, .json or .json.gz) for the base schedule ``prog``. AmkError (one line,
+    exit 2) for an unreadable file, an invalid trace, one without task slices, or one that
+    holds fewer than half of ``prog``'s task ids (another config or model was profiled)."""
+    from lowering.trace import check_trace, read_trace, task_durations
+
+    obj = read_trace(path)
+    problems = check_trace(obj, amk=False)
+    if problems:
+        raise AmkError(f"--profile {path}: not a valid trace: {problems[0]}"
+                       + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+    d = task_durations(obj, f"--profile {path}")
+    ids = {t.id for t in prog.tasks}
+    hit = len(ids & set(d))
+    if 2 * hit < len(ids):
+        raise AmkError(f"--profile {path}: only {hit} of the base schedule's {len(ids)} task ids are "
+                       f"in the trace ({len(d)} task slices); profile the search's start config "
+                       f"(the same model, --tp and --config)")
+    return d
+
+
 def rejected_edits(records: list[Record]) -> dict[str, dict[str, Any]]:
     """Edits the validator (or the edit language) rejected: the last edit of each REJECTED
     trial's list, keyed by ``edit_key``, with the verdict's classes and witnesses."""
@@ -101,18 +136,86 @@ def rejected_edits(records: list[Record]) -> dict[str, dict[str, Any]]:
 
 
 class EditProposer:
-    """Local search over schedule edits ranked by the cost model (module docstring).
+    """Local search over schedule edits ranked by the cost model, or by a measured profile
+    (module docstring).
 
     ``base``: a callable returning the base ScheduleProgram (the lowered start config; the
-    loop lowers it once); ``seq_len``: the context length of the cost model's prediction.
+    loop lowers it once); ``seq_len``: the context length of the cost model's prediction;
+    ``budget_s``: seconds one proposal may spend scoring; ``durations``: measured task
+    durations of the base schedule (task id -> seconds; ``profile_durations``), None to rank
+    by the cost model alone.
     """
 
     name = "edits"
 
-    def __init__(self, base: Callable[[], Any], seq_len: int = 128, budget_s: float = SCORE_BUDGET_S):
+    def __init__(self, base: Callable[[], Any], seq_len: int = 128, budget_s: float = SCORE_BUDGET_S,
+                 durations: dict[str, float] | None = None):
         self.base = base
         self.seq_len = seq_len
         self.budget_s = budget_s
+        self.durations = dict(durations) if durations else None
+        self._measured: dict[str, tuple[Any, float]] | None = None  # id -> (work, seconds)
+        self._ratio: dict[str, float] = {}
+
+    # -- the measured profile -------------------------------------------------------------
+    def _calibrate(self) -> None:
+        """From the base schedule: each measured task's work (op and regions) and the
+        measured / predicted ratio per stage."""
+        from lowering.views import model_durations
+
+        prog = self.base()
+        model = model_durations(prog, self.seq_len)
+        self._measured, num, den = {}, {}, {}
+        for t in prog.tasks:
+            if t.id in self.durations:
+                sec = self.durations[t.id]
+                self._measured[t.id] = ((t.op, t.ins, t.outs), sec)
+                st = stage_of(t.id)
+                num[st] = num.get(st, 0.0) + sec
+                den[st] = den.get(st, 0.0) + model[t.id]
+        self._ratio = {st: num[st] / den[st] for st in num if den[st] > 0}
+
+    def durations_for(self, prog: Any) -> dict[str, float] | None:
+        """Task id -> seconds for every task of ``prog`` (an edited base schedule): measured
+        where the task's work is the measured task's, else the cost model's scaled by its
+        stage's measured / predicted ratio (class docstring); None without a profile."""
+        if not self.durations:
+            return None
+        from lowering.views import model_durations
+
+        if self._measured is None:
+            self._calibrate()
+        out = {}
+        for t in prog.tasks:
+            m = self._measured.get(t.id)
+            out[t.id] = m[1] if m and m[0] == (t.op, t.ins, t.outs) else None
+        model = model_durations(prog, self.seq_len) if None in out.values() else {}
+        for t in prog.tasks:
+            if out[t.id] is None:
+                out[t.id] = model[t.id] * self._ratio.get(stage_of(t.id), 1.0)
+        return out
+
+    def timeline(self, prog: Any) -> Any:
+        """``lowering.views.timeline`` of ``prog``, on the measured durations when given."""
+        from lowering.views import timeline
+
+        return timeline(prog, self.seq_len, durations=self.durations_for(prog))
+
+    def ranking(self) -> str:
+        """How candidates are ranked, for the proposal's note."""
+        if self.durations:
+            return f"ranked by the measured profile ({len(self._measured or {})} tasks)"
+        return "ranked by the cost model"
+
+    def _key(self, s: tuple[float, float]) -> tuple[float, float]:
+        """The sort key of a score: (makespan, estimate) on a measured profile, else as is."""
+        return (s[1], s[0]) if self.durations else s
+
+    def better(self, s: tuple[float, float], ref: tuple[float, float]) -> bool:
+        """Whether score ``s`` beats the incumbent's ``ref`` (module docstring)."""
+        if self.durations:
+            return s[1] < ref[1] * (1 - EPS) or (s[1] <= ref[1] * (1 + EPS) and s[0] < ref[0] * (1 - EPS))
+        return s[0] < ref[0] * (1 - EPS) or s[1] < ref[1] * (1 - EPS)
 
     # -- scoring ------------------------------------------------------------------------
     def _apply(self, prog: Any, edits: list[dict[str, Any]]) -> Any:
@@ -121,23 +224,23 @@ class EditProposer:
         return apply_edits(prog, parse_edits(edits, "proposed edits"))
 
     def score(self, prog: Any) -> tuple[float, float]:
-        """(cost-model step latency in ms, timeline makespan in ms) of ``prog``; a schedule
-        whose timeline gets stuck (a deadlock) scores infinite makespan."""
+        """(cost-model step latency in ms, timeline makespan in ms) of ``prog``, the timeline
+        on the measured durations when given; a schedule whose timeline gets stuck (a
+        deadlock) scores infinite makespan."""
         from lowering.costmodel import estimate
-        from lowering.views import timeline
 
-        tl = timeline(prog, self.seq_len)
+        tl = self.timeline(prog)
         span = float("inf") if tl.stuck else tl.makespan * 1e3
         return estimate(prog, seq_len=self.seq_len).predicted_latency_s * 1e3, span
 
     # -- the pool -----------------------------------------------------------------------
     def candidates(self, prog: Any) -> list[dict[str, Any]]:
         """One-edit candidates for ``prog`` (module docstring), most promising kinds first,
-        without duplicates."""
-        from lowering.views import timeline
-
-        tl = timeline(prog, self.seq_len)
+        without duplicates. On a measured profile the loaded and idlest workers are those of
+        the most and least busy time, else of the most and fewest tasks."""
+        tl = self.timeline(prog)
         tasks = prog.tasks
+        measured = bool(self.durations)
         count: dict[tuple[int, int], int] = {}
         for t in tasks:
             count[(t.rank, t.worker)] = count.get((t.rank, t.worker), 0) + 1
@@ -145,6 +248,9 @@ class EditProposer:
 
         def idlest(rank: int, n: int = 2) -> list[int]:
             ws = range(prog.workers)
+            if measured:
+                return sorted(ws, key=lambda w: (tl.busy.get((rank, w), 0.0),
+                                                 count.get((rank, w), 0), w))[:n]
             return sorted(ws, key=lambda w: (count.get((rank, w), 0),
                                              tl.busy.get((rank, w), 0.0) - span, w))[:n]
 
@@ -155,9 +261,11 @@ class EditProposer:
 
         crit = [tasks[k] for k in reversed(tl.critical)]  # latest first
         loaded = []
+        load = (lambda r, w: tl.busy.get((r, w), 0.0)) if measured else \
+            (lambda r, w: count.get((r, w), 0))
         for r in range(prog.ranks):
-            top = max((count.get((r, w), 0) for w in range(prog.workers)), default=0)
-            loaded += [t for t in tasks if t.rank == r and count.get((r, t.worker), 0) == top]
+            top = max((load(r, w) for w in range(prog.workers)), default=0)
+            loaded += [t for t in tasks if t.rank == r and load(r, t.worker) == top]
         moves = 0
         for t in crit[:8] + loaded[::-1][:8]:
             for w in idlest(t.rank):
@@ -215,7 +323,7 @@ class EditProposer:
     # -- the proposer interface -----------------------------------------------------------
     def propose(self, ctx: ProposalContext) -> Proposal | None:
         """The best-scoring unseen one-edit extension of the incumbent's edit list, or None
-        when no candidate lowers the cost model's prediction or the makespan."""
+        when no candidate beats the incumbent (``better``)."""
         inc = ctx.incumbent
         if inc is None:
             return None
@@ -241,15 +349,16 @@ class EditProposer:
                 s = self.score(self._apply(prog, [e]))
             except AmkError:  # the edit does not apply here (e.g. tiles that cannot merge)
                 continue
-            if s[0] < ref[0] * (1 - EPS) or s[1] < ref[1] * (1 - EPS):
+            if self.better(s, ref):
                 scored.append((s, i, e))
         if not scored:
             return None
-        scored.sort(key=lambda x: (x[0], x[1]))
+        scored.sort(key=lambda x: (self._key(x[0]), x[1]))
         (pred, span), _, e = scored[0]
+        what = "measured timeline" if self.durations else "timeline"
         note = (f"{describe_edit(e)}: predicted {pred:.4g} ms (incumbent {ref[0]:.4g}), "
-                f"timeline {span:.4g} ms ({len(scored)} of {looked} scored candidates lower the "
-                f"prediction; pool {len(pool)})")
+                f"{what} {span:.4g} ms (incumbent {ref[1]:.4g}); {self.ranking()}: "
+                f"{len(scored)} of {looked} scored candidates beat the incumbent; pool {len(pool)}")
         return Proposal(dict(inc.config), "edits", inc.trial, note, predicted_ms=pred,
                         meta={"edits": inc_edits + [e]})
 

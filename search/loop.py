@@ -87,6 +87,9 @@ class SearchSettings:
     edits: an edit search (``--edits``; with proposer ``llm`` the LLM proposes the edits,
     with proposer ``edits`` the offline edit proposer does). approve: ``--approve``, every
     proposal after trial 0 waits for a reviewer's decision (search/review.py, ``amk ui``).
+    profile: ``--profile TRACE``, a trace of the base schedule written by ``amk profile
+    --trace`` whose measured task durations rank the offline edit proposer's candidates
+    (search/edit_proposer.py); an edit search only, kept by a resume.
     """
 
     model: str
@@ -120,6 +123,7 @@ class SearchSettings:
     config_source: str | None = None  # where start and kernel came from (search/defaults.py)
     edits: bool = False  # with proposer llm: the LLM proposes edit lists (an edit search)
     approve: bool = False  # hold each proposal after trial 0 for review (search/review.py)
+    profile: str | None = None  # a trace of the base schedule: measured task durations
 
     def check(self) -> None:
         """Raise AmkError naming the bad setting."""
@@ -155,6 +159,9 @@ class SearchSettings:
             raise AmkError(f"--target-pct must be in (0, 100], got {self.target_pct}")
         if self.timeout_s <= 0:
             raise AmkError(f"--timeout must be > 0, got {self.timeout_s}")
+        if self.profile and not self.edit_mode:
+            raise AmkError("--profile TRACE ranks the offline edit proposer's candidates by measured "
+                           "task durations: it needs --edits")
         if self.llm_max_failures < 1:
             raise AmkError(f"--llm-max-failures must be >= 1, got {self.llm_max_failures}")
 
@@ -165,7 +172,9 @@ class SearchSettings:
         return replace(self, out=str(Path(os.path.expanduser(self.out)).resolve()),
                        model=absolute_model_arg(self.model),
                        replay=str(Path(os.path.expanduser(self.replay)).resolve())
-                       if self.replay else None)
+                       if self.replay else None,
+                       profile=str(Path(os.path.expanduser(self.profile)).resolve())
+                       if self.profile else None)
 
     @property
     def edit_mode(self) -> bool:
@@ -467,12 +476,25 @@ class Search:
             from search.edit_proposer import EditProposer, LLMEditProposer
 
             if self.s.proposer == "llm":
+                self.profile_durations()  # a bad trace is refused before any trial
                 return LLMEditProposer(self.space, llm_client, base=self.base_program,
                                        seq_len=self.s.seq_len, model=self.s.llm_model)
-            return EditProposer(self.base_program, self.s.seq_len)
+            return EditProposer(self.base_program, self.s.seq_len,
+                                durations=self.profile_durations())
         if self.s.proposer == "llm":
             return LLMProposer(self.space, llm_client, model=self.s.llm_model)
         return ReplayProposer(self.s.replay)
+
+    def profile_durations(self) -> dict[str, float] | None:
+        """The measured task durations of ``--profile TRACE`` (read and matched against the
+        base schedule once; search.edit_proposer.profile_durations), None without one."""
+        if not self.s.profile:
+            return None
+        if getattr(self, "_durations", None) is None:
+            from search.edit_proposer import profile_durations
+
+            self._durations = profile_durations(self.s.profile, self.base_program())
+        return self._durations
 
     def base_config(self) -> dict[str, Any]:
         """The candidate config of trial 0: the start config, else the lowering's default.
@@ -672,7 +694,8 @@ class Search:
                 self._log_proposer({"trial": trial, "event": "no-proposal",
                                     "proposer": self.s.proposer, "reason": why})
                 return None
-            p = EditProposer(self.base_program, self.s.seq_len).propose(ctx)
+            p = EditProposer(self.base_program, self.s.seq_len,
+                             durations=self.profile_durations()).propose(ctx)
         else:
             muts = mutations(ctx, 1)
             p = muts[0] if muts else RandomProposer().propose(ctx)

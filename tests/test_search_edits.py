@@ -258,3 +258,139 @@ def test_pool_is_interleaved_by_kind_and_the_scoring_budget_is_honoured():
     hurried = Counting(lambda: prog, 128, budget_s=0.0)
     p = hurried.propose(ctx)
     assert p is not None and Counting.scored < full and "scored candidates" in p.note
+
+
+# -- a measured profile ranks the offline edit proposer (--profile TRACE) -----------------------
+def _tiny_base():
+    from ir.program import Target
+    from lowering.lower import lower
+    from models.graph import build_graph, spec_from_config
+    from models.recipes import build_config
+
+    spec = spec_from_config(build_config("tiny-llama"))
+    return lower(build_graph(spec), ranks=1, target=Target(name="t", sms=8, max_workers=8, backend="sim"))
+
+
+def test_a_slow_worker_in_the_measured_profile_reranks_the_edits():
+    """Durations that make one worker's tasks 10x slower than the cost model says change the
+    pool and the chosen edit, which then touches a task of that worker; without durations
+    the proposer ranks by the cost model as before."""
+    from ir.edits import stage_of
+    from lowering.views import model_durations, timeline
+    from search.proposers import ProposalContext
+
+    prog = _tiny_base()
+    rec = Record(trial=0, parent=None, proposer="baseline", candidate_id="k", config={}, status="KEEP",
+                 extra={"edits": []})
+    ctx = ProposalContext(trial=1, incumbent=rec, records=[rec], space=None, seen=set(), predict=None)
+    by_model = EditProposer(lambda: prog, 128)
+    p0 = by_model.propose(ctx)
+    assert p0 is not None and "ranked by the cost model" in p0.note
+    e0 = p0.meta["edits"][-1]
+    worker = {t.id: t.worker for t in prog.tasks}
+    model = model_durations(prog, 128)
+    assert timeline(prog, 128, durations=model).end == timeline(prog, 128).end
+
+    def touches(e, w):
+        if e["op"] in ("move", "split", "refine_wait"):
+            return worker[e["task"]] == w
+        if e["op"] == "merge":
+            return w in (worker[e["a"]], worker[e["b"]])
+        return any(t.worker == w for t in prog.tasks if stage_of(t.id) == e["stage"])
+
+    tried = 0
+    for w in range(prog.workers):
+        if touches(e0, w):
+            continue
+        tried += 1
+        slow = {t.id: model[t.id] * (10 if t.worker == w else 1) for t in prog.tasks}
+        ep = EditProposer(lambda: prog, 128, durations=slow)
+        assert ep.timeline(prog).makespan > 2 * timeline(prog, 128).makespan
+        assert ep.candidates(prog) != by_model.candidates(prog)
+        p = ep.propose(ctx)
+        assert p is not None and f"ranked by the measured profile ({len(prog.tasks)} tasks)" in p.note
+        e = p.meta["edits"][-1]
+        assert edit_key(e) != edit_key(e0) and touches(e, w), (w, e)
+    assert tried >= 2
+
+
+def test_new_tasks_of_an_edit_take_the_model_scaled_by_their_stage():
+    """A split tile has no measured duration: its halves take the cost model's time scaled
+    by the measured / predicted ratio of its stage; untouched tasks keep theirs."""
+    from ir.edits import GEMV_FAMILY, stage_of
+    from lowering.views import model_durations
+
+    prog = _tiny_base()
+    model = model_durations(prog, 128)
+    tile = next(t for t in prog.tasks if t.op in GEMV_FAMILY)
+    measured = {t.id: model[t.id] * (3 if stage_of(t.id) == stage_of(tile.id) else 1) for t in prog.tasks}
+    ep = EditProposer(lambda: prog, 128, durations=measured)
+    split = ep._apply(prog, [{"op": "split", "task": tile.id}])
+    d = ep.durations_for(split)
+    new_model = model_durations(split, 128)
+    halves = [t.id for t in split.tasks if t.id not in measured]
+    assert len(halves) == 2
+    for h in halves:
+        assert abs(d[h] - 3 * new_model[h]) < 1e-15
+    other = next(t.id for t in prog.tasks if stage_of(t.id) != stage_of(tile.id))
+    assert d[other] == measured[other]
+
+
+def test_profile_flag_refusals(tmp_path):
+    """--profile without --edits, an unreadable trace, one without task slices and one whose
+    task ids are not the base schedule's: one line each, exit 2, no search directory."""
+    r = _amk("search", MODEL, "--backend", "sim", "--profile", str(tmp_path / "t.json"),
+             "--out", str(tmp_path / "a"))
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        "error: --profile TRACE ranks the offline edit proposer's candidates by measured task "
+        "durations: it needs --edits"]
+    r = _amk("search", MODEL, "--backend", "sim", "--edits", "--profile", str(tmp_path / "none.json.gz"),
+             "--out", str(tmp_path / "b"))
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "none.json.gz" in lines[0], r.stderr
+    meta = [{"name": "process_name", "ph": "M", "pid": 0, "tid": 0, "args": {"name": "rank 0"}}]
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"traceEvents": meta}))
+    r = _amk("search", MODEL, "--backend", "sim", "--edits", "--profile", str(empty),
+             "--out", str(tmp_path / "c"))
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "holds no task slices" in lines[0], r.stderr
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"traceEvents": meta + [
+        {"name": "l0.q.t0.r0", "cat": "gemv", "ph": "X", "pid": 0, "tid": 0, "ts": 0, "dur": 2.0,
+         "args": {"op": "gemv"}}]}))
+    r = _amk("search", MODEL, "--backend", "sim", "--edits", "--profile", str(other),
+             "--out", str(tmp_path / "d"))
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert "only 1 of the base schedule's 72 task ids are in the trace (1 task slices)" in lines[0]
+    assert not any((tmp_path / x).exists() for x in "abcd")
+
+
+def test_edit_search_ranked_by_a_profile_of_amk_profile(tmp_path):
+    """`amk profile --trace X.json.gz` of the start config, then `amk search --edits --profile
+    X.json.gz`: every task id of the base schedule is in the trace, the proposals say they
+    were ranked by the measured profile, and a resume keeps the profile."""
+    from ir.io import load_program
+    from lowering.trace import read_trace, task_durations
+
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps({"lowering": {"workers": 4, "dtype": "f32"}}))
+    trace = tmp_path / "t.json.gz"
+    r = _amk("profile", MODEL, "--config", str(cfg), "--trace", str(trace))
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = tmp_path / "s"
+    r = _amk("search", MODEL, "--backend", "sim", "--edits", "--config", str(cfg), "--profile", str(trace),
+             "--trials", "3", "--out", str(out), "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    base = load_program(out / "base" / "schedule.json")
+    d = task_durations(read_trace(str(trace)))
+    assert set(d) == {t.id for t in base.tasks} and all(v > 0 for v in d.values())
+    recs = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    assert len(recs) == 3 and all(x["proposer"] == "edits" for x in recs[1:])
+    assert all(f"ranked by the measured profile ({len(base.tasks)} tasks)" in x["description"]
+               for x in recs[1:])
+    assert read_json(out / "state.json")["settings"]["profile"] == str(trace.resolve())
+    r = _amk("search", "--resume", str(out), "--profile", str(tmp_path / "x.json"))
+    assert r.returncode == 2 and "profile" in r.stderr.strip().splitlines()[-1], r.stderr

@@ -9,7 +9,8 @@ MEASURED) -> KEEP / REVERT / REJECTED / FAIL / TIMEOUT -> one row in DIR/results
 DIR/results.jsonl -> checkpoint. A killed search continues with ``--resume DIR``.
 ``--edits`` (``--proposer edits``): every candidate is a schedule edit list against the lowered
 start config (search/edit_proposer.py); DIR/best/edits.json replays through ``amk edit
-DIR/base/schedule.json DIR/best/edits.json``. See docs/search.md.
+DIR/base/schedule.json DIR/best/edits.json``; ``--profile TRACE`` ranks its candidates by the
+measured task durations of an ``amk profile --trace`` file. See docs/search.md.
 
 ``--config FILE`` (and the knob flags) sets trial 0's lowering knobs, the dtype and max_seq of
 the whole search and the kernel knobs every triton candidate runs with. The best candidate is
@@ -30,6 +31,7 @@ import argparse
 import json
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 from amk.commands import add_llm_args, add_run_args
@@ -71,8 +73,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--edits", action="store_true", default=None,
                    help="search schedule edits (move, split, merge, refine_wait, ...; docs/ir.md) "
                         "against the lowered start config instead of knob values: the offline edit "
-                        "proposer ranked by the cost model (= --proposer edits), or with "
+                        "proposer ranked by the cost model or a measured --profile (= --proposer "
+                        "edits), or with "
                         "--proposer llm the LLM proposes the edits")
+    p.add_argument("--profile", default=None, metavar="TRACE",
+                   help="with --edits: rank the offline edit proposer's candidates by the measured task "
+                        "durations of TRACE (a .json or .json.gz written by `amk profile MODEL "
+                        "--backend triton --trace TRACE` for the same start config) instead of the "
+                        "cost model alone")
     p.add_argument("--approve", action="store_true", default=None,
                    help="hold every proposal after trial 0 (knobs or edits) until it is approved or "
                         "rejected in `amk ui DIR` (files DIR/review/pending, approved, rejected; "
@@ -138,7 +146,7 @@ def _settings_from_args(args: argparse.Namespace) -> Any:
               "target_pct": "target_pct", "replay": "replay", "llm_model": "llm_model",
               "isolation": "isolation", "max_workers": "max_workers",
               "llm_fallback": "llm_fallback", "llm_max_failures": "llm_max_failures",
-              "approve": "approve"}
+              "approve": "approve", "profile": "profile"}
     for a, f in simple.items():
         v = getattr(args, a)
         if v is not None:
@@ -355,7 +363,9 @@ def run(args: argparse.Namespace) -> int:
                           "proposer": args.proposer or ("edits" if args.edits else None),
                           "edits": args.edits,
                           "llm_fallback": args.llm_fallback,
-                          "llm_max_failures": args.llm_max_failures, "approve": args.approve})
+                          "llm_max_failures": args.llm_max_failures, "approve": args.approve,
+                          "profile": str(Path(args.profile).expanduser().resolve())
+                          if args.profile else None})
         search = open_search(resume=args.resume, overrides=overrides)
     else:
         search = open_search(_settings_from_args(args))
