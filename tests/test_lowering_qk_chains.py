@@ -126,19 +126,6 @@ def test_validator_reports_a_planted_overlap_between_kv_head_chains():
     assert not v.ok and races & v.classes, [(f.cls, f.message) for f in v.errors]
 
 
-def _init(model, graph):
-    from lowering.weights import make_init_fn, state_dict_of
-
-    weights = make_init_fn(state_dict_of(model), graph.spec)
-
-    def init(buf, rank):
-        t = weights(buf, rank)
-        if t is None and buf.kind == "kv_cache":
-            return torch.zeros(buf.shape)
-        return t
-    return init
-
-
 @pytest.mark.parametrize("R,dtype,fuse", [(1, "f32", False), (2, "bf16", True), (3, "f32", True)])
 def test_split_chains_give_the_one_chain_results_bit_for_bit(monkeypatch, R, dtype, fuse):
     """The reference executor (lowering/sim.py) on sub-range rmsnorm / rope / kv_append:
@@ -153,7 +140,9 @@ def test_split_chains_give_the_one_chain_results_bit_for_bit(monkeypatch, R, dty
     monkeypatch.setattr(_Lowerer, "split_qk_chains", False)
     whole = lower(graph, R, config=cfg)
     assert {t.id for t in split.tasks} != {t.id for t in whole.tasks}
-    init = _init(model, graph)
+    from lowering.weights import make_init_fn, state_dict_of
+
+    init = make_init_fn(state_dict_of(model), graph.spec)  # KV caches start at zeros
     outs = []
     for prog in (split, whole):
         ex = SimExecutor(prog, init, check=False, seed=3, policy="random")

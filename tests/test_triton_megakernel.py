@@ -364,15 +364,7 @@ def lowered(name: str, workers: int, dtype: str = "f32", max_seq: int = 16, tile
                attn_split=attn_split, late_append=late_append, **knobs)
     prog = lower(graph, ranks, config=LoweringConfig(**cfg),
                  target=target or Target(name="test", sms=132, max_workers=132, backend="triton"))
-    weights = make_init_fn(state_dict_of(model), graph.spec)
-
-    def init(buf, rank):
-        t = weights(buf, rank)
-        if t is None and buf.kind == "kv_cache":
-            return torch.zeros(buf.shape)
-        return t
-
-    return prog, init, model
+    return prog, make_init_fn(state_dict_of(model), graph.spec), model  # KV caches start at zeros
 
 
 def hf_logits(model, tokens):
