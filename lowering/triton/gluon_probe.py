@@ -337,6 +337,12 @@ def _build_kernels() -> dict:
         return gl.multiple_of((v // A) * A, A)
 
     @gluon.jit
+    def _task_dims(T, t, R: gl.constexpr, BK: gl.constexpr):
+        # task t's rows, K (whole pages of BK columns) and its x / y offsets (TASK_FIELDS)
+        return (gl.load(T + t * 8 + 2), _al(gl.load(T + t * 8 + 3), BK),
+                _al(gl.load(T + t * 8 + 4), 8), _al(gl.load(T + t * 8 + 5), R))
+
+    @gluon.jit
     def _wait_dep(T, t, TILES, CTR, epoch, DEP: gl.constexpr):
         # v2: the task's activation vector is ready once every tile of the matrix it waits for
         # has been stored (monotone counters: epoch * tiles after this launch's stores)
@@ -372,10 +378,7 @@ def _build_kernels() -> dict:
         # as soon as it sits in registers (without COMPUTE: release it unread, the stream alone)
         i = 0
         for t in range(lo, hi):
-            rows = gl.load(T + t * 8 + 2)
-            K = _al(gl.load(T + t * 8 + 3), BK)
-            xoff = _al(gl.load(T + t * 8 + 4), 8)
-            yoff = _al(gl.load(T + t * 8 + 5), R)
+            rows, K, xoff, yoff = _task_dims(T, t, R, BK)
             _wait_dep(T, t, TILES, CTR, epoch, DEP)
             for rb in range(0, rows, R):
                 acc = gl.zeros([R, BK], gl.float32, BL)
@@ -525,10 +528,7 @@ def _build_kernels() -> dict:
             it, ip = _issue(T, it, ip, hi, d0, d1, pages, ready, R, BK, S, j)
         i = 0
         for t in range(lo, hi):
-            rows = gl.load(T + t * 8 + 2)
-            K = _al(gl.load(T + t * 8 + 3), BK)
-            xoff = _al(gl.load(T + t * 8 + 4), 8)
-            yoff = _al(gl.load(T + t * 8 + 5), R)
+            rows, K, xoff, yoff = _task_dims(T, t, R, BK)
             _wait_dep(T, t, TILES, CTR, epoch, DEP)
             for rb in range(0, rows, R):
                 acc = gl.zeros([R, BK], gl.float32, BL)
@@ -556,10 +556,7 @@ def _build_kernels() -> dict:
         for t in range(lo, hi):
             arena = gl.load(T + t * 8 + 0)
             row0 = _al(gl.load(T + t * 8 + 1), R)
-            rows = gl.load(T + t * 8 + 2)
-            K = _al(gl.load(T + t * 8 + 3), BK)
-            xoff = _al(gl.load(T + t * 8 + 4), 8)
-            yoff = _al(gl.load(T + t * 8 + 5), R)
+            rows, K, xoff, yoff = _task_dims(T, t, R, BK)
             base = gl.where(arena == 0, W0, W1)
             _wait_dep(T, t, TILES, CTR, epoch, DEP)
             for rb in range(0, rows, R):
