@@ -471,12 +471,12 @@ def run_tp_baselines(model_arg: str, ctx, prompt_ids: torch.Tensor, n_tokens: in
     out = []
     todo = [(run_name("hf_tp_eager", k), contextlib.nullcontext,
              lambda: hf_tp_eager(tp_model, ctx, prompt_ids, n_tokens)) for k in range(1, runs + 1)]
-    todo += [(run_name(tp_compiled_name(m), k), fresh_compile if k > 1 else contextlib.nullcontext,
+    todo += [(run_name(tp_compiled_name(m), k), lambda k=k: fresh_compile(k),
               lambda m=m: hf_tp_compiled_graph(tp_model, ctx, prompt_ids, n_tokens, mode=m))
              for m in modes for k in range(1, runs + 1)]
-    for name, fresh, fn in todo:
+    for name, context, fn in todo:
         try:
-            with fresh():
+            with context():
                 res, err = fn(), None
         except Exception as e:  # same code on every rank: a failure is normally everywhere
             res, err = None, _one_line(e)

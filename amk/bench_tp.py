@@ -126,7 +126,7 @@ def run_tp(args, ctx) -> int:
             "reference": ref.to_json(), "tokens": toks, "timings_s": timings,
             "baselines": [_row(b, floor) for b in baselines],
             "baseline_runs": 0 if args.no_baselines else args.baseline_runs,
-            **speedup_summary(ours, [b for b in baselines if b.name.startswith("hf_")]),
+            **speedup_summary(ours, hf_rows(baselines)),
             "complete": done,
         }
 
@@ -240,6 +240,11 @@ def _tp_baselines(args, ctx, model, prompt, ref, con) -> list:
     return [judge(r, ref) for r in rows]
 
 
+def hf_rows(baselines: list) -> list:
+    """The HF baseline rows (what the speedup is against; not amk's own tp 1 row)."""
+    return [b for b in baselines if b.name.startswith("hf_")]
+
+
 def _row(r, floor: float) -> dict:
     d = r.to_json()
     med = d["latency_ms_median"]
@@ -251,8 +256,9 @@ def _row(r, floor: float) -> dict:
 def _print_table(args, props, R, floor, bws, ours, baselines) -> None:
     from rich.console import Console
 
-    from amk.baselines import speedup_summary
     from rich.table import Table
+
+    from amk.baselines import speedup_line, speedup_summary
 
     tab = Table(title=f"{args.model}, tp={R} on {R} x {props.name}: per-rank roofline {floor:.3f} ms/token "
                       f"(HBM {min(bws) / 1e12:.2f} TB/s)")
@@ -267,8 +273,6 @@ def _print_table(args, props, R, floor, bws, ours, baselines) -> None:
                     f"{d['tokens_per_s']:.0f}" if d["tokens_per_s"] else "-", str(r.correct), r.note)
     out = Console(width=200, stderr=bool(getattr(args, "json", False)))
     out.print(tab)
-    s = speedup_summary(ours, [b for b in baselines if b.name.startswith("hf_")])
-    if s["speedup"] is not None:
-        out.print(f"amk {ours.timing.median_ms:.4f} ms against the fastest correct HF baseline run "
-                  f"{s['fastest_baseline']} {s['fastest_baseline_ms']:.4f} ms: {s['speedup']:.3f}x",
-                  markup=False, highlight=False)
+    line = speedup_line(ours, speedup_summary(ours, hf_rows(baselines)))
+    if line:
+        out.print(line, markup=False, highlight=False)

@@ -38,7 +38,7 @@ from search.proposers import (
 )
 from ground.files import atomic_write_json
 from search.records import Record, ResultsStore, append_line, apply_overrides, resume_settings, settings_from_json
-from search.space import SearchSpace, space_for
+from search.space import SearchSpace, same_type, space_for
 
 STATE_VERSION = 1
 # Relative margin a predicted latency must beat: the cost model is deterministic, so any
@@ -966,12 +966,7 @@ def with_start_values(space: SearchSpace, start: dict[str, Any]) -> SearchSpace:
     knobs = []
     for k in space.knobs:
         v = start.get(k.name, k.default)
-        if v not in k.values and _same_kind(v, k.values[0]):
+        if v not in k.values and same_type(v, k.values[0]):
             k = dataclasses.replace(k, values=tuple(k.values) + (v,))
         knobs.append(k)
     return dataclasses.replace(space, knobs=knobs)
-
-
-def _same_kind(a: Any, b: Any) -> bool:
-    return type(a) is type(b) or (isinstance(a, int) and isinstance(b, int) and not isinstance(a, bool)
-                                  and not isinstance(b, bool))

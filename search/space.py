@@ -147,7 +147,7 @@ class SearchSpace(KnobLookup):
                 hint = " (held fixed for this search)" if key in self.fixed else ""
                 problems.append(f"unknown knob {key!r}{hint}; knobs: {', '.join(self.names)}")
                 continue
-            if not _same_type(value, k.values[0]) or value not in k.values:
+            if not same_type(value, k.values[0]) or value not in k.values:
                 problems.append(f"knob {key!r}: {value!r} is not one of {list(k.values)}")
         return problems
 
@@ -245,7 +245,7 @@ class SearchSpace(KnobLookup):
         return SearchSpace(knobs, dict(data.get("fixed", {})))
 
 
-def _same_type(value: Any, ref: Any) -> bool:
+def same_type(value: Any, ref: Any) -> bool:
     """JSON-type equality: bool is not int, int is not float, str is str."""
     if isinstance(ref, bool) or isinstance(value, bool):
         return isinstance(ref, bool) and isinstance(value, bool)

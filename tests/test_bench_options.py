@@ -200,6 +200,8 @@ def test_fresh_compile_turns_inductor_caches_off_inside_only():
     with fresh_compile():
         assert cfg.force_disable_caches is True
     assert cfg.force_disable_caches == before
+    with fresh_compile(1):  # the first run compiles as a user's would
+        assert cfg.force_disable_caches == before
 
 
 def test_baseline_runs_below_one_is_one_line():

@@ -20,7 +20,6 @@ is amk/bench.py; ``--tp R`` runs amk/bench_tp.py in every rank process.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import platform
 import sys
 from pathlib import Path
@@ -111,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     from amk import pipeline
     from amk.output import check_writable_dir
     from amk.baselines import (BaselineResult, compile_modes, compiled_graph_name, fresh_compile, hf_compiled_graph,
-                               hf_eager, judge, make_reference, run_name, speedup_summary)
+                               hf_eager, judge, make_reference, run_name, speedup_line, speedup_summary)
     from ground.timing import measure_hbm_bandwidth, roofline_ms
     from lowering.quant import decode_bytes, is_quantized, quantized_copy
     from lowering.triton.blocks import kernel_options
@@ -166,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
             for k in range(1, args.baseline_runs + 1):
                 name = run_name(compiled_graph_name(mode), k)
                 with con.status(f"baseline (b): torch.compile ({mode or 'default'}) + CUDA graph, "
-                                f"static cache, run {k}"), (fresh_compile() if k > 1 else contextlib.nullcontext()):
+                                f"static cache, run {k}"), fresh_compile(k):
                     try:
                         r = judge(hf_compiled_graph(model, prompt.to(dev), args.tokens, mode=mode), ref)
                         r.name = name
@@ -204,10 +203,9 @@ def run(args: argparse.Namespace) -> int:
     tab = results_table(title, [ours] + baselines, [row(r) for r in [ours] + baselines])
     out_con = Console(width=200, stderr=bool(args.json))
     out_con.print(tab)
-    if result["speedup"] is not None:
-        out_con.print(f"amk {timing.median_ms:.4f} ms against the fastest correct baseline run "
-                      f"{result['fastest_baseline']} {result['fastest_baseline_ms']:.4f} ms: "
-                      f"{result['speedup']:.3f}x", markup=False, highlight=False)
+    line = speedup_line(ours, result)
+    if line:
+        out_con.print(line, markup=False, highlight=False)
     write_result(args, result)
     return 0 if ours.correct else 1
 
