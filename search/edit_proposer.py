@@ -223,22 +223,23 @@ class EditProposer:
 
         return apply_edits(prog, parse_edits(edits, "proposed edits"))
 
-    def score(self, prog: Any) -> tuple[float, float]:
+    def score(self, prog: Any, tl: Any = None) -> tuple[float, float]:
         """(cost-model step latency in ms, timeline makespan in ms) of ``prog``, the timeline
-        on the measured durations when given; a schedule whose timeline gets stuck (a
-        deadlock) scores infinite makespan."""
+        on the measured durations when given (``tl``: that timeline, already run); a schedule
+        whose timeline gets stuck (a deadlock) scores infinite makespan."""
         from lowering.costmodel import estimate
 
-        tl = self.timeline(prog)
+        tl = tl if tl is not None else self.timeline(prog)
         span = float("inf") if tl.stuck else tl.makespan * 1e3
         return estimate(prog, seq_len=self.seq_len).predicted_latency_s * 1e3, span
 
     # -- the pool -----------------------------------------------------------------------
-    def candidates(self, prog: Any) -> list[dict[str, Any]]:
+    def candidates(self, prog: Any, tl: Any = None) -> list[dict[str, Any]]:
         """One-edit candidates for ``prog`` (module docstring), most promising kinds first,
-        without duplicates. On a measured profile the loaded and idlest workers are those of
-        the most and least busy time, else of the most and fewest tasks."""
-        tl = self.timeline(prog)
+        without duplicates (``tl``: its timeline, already run). On a measured profile the
+        loaded and idlest workers are those of the most and least busy time, else of the most
+        and fewest tasks."""
+        tl = tl if tl is not None else self.timeline(prog)
         tasks = prog.tasks
         measured = bool(self.durations)
         count: dict[tuple[int, int], int] = {}
@@ -337,8 +338,9 @@ class EditProposer:
         import time
 
         t0 = time.monotonic()
-        ref = self.score(prog)
-        pool = [e for e in interleave_kinds(self.candidates(prog))
+        tl = self.timeline(prog)  # the incumbent's: its score and its pool
+        ref = self.score(prog, tl)
+        pool = [e for e in interleave_kinds(self.candidates(prog, tl))
                 if edit_key(e) not in banned and list_key(inc_edits + [e]) not in tried]
         scored, looked = [], 0
         for i, e in enumerate(pool):

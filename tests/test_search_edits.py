@@ -236,9 +236,9 @@ def test_pool_is_interleaved_by_kind_and_the_scoring_budget_is_honoured():
     class Counting(EditProposer):
         scored = 0
 
-        def score(self, prog):
+        def score(self, prog, tl=None):
             Counting.scored += 1
-            return super().score(prog)
+            return super().score(prog, tl)
 
     from lowering.lower import lower
     from models.graph import build_graph, spec_from_config
