@@ -29,7 +29,8 @@ The patterns (R ranks, rank r; "block j" = the rows rank j owns):
 * matmul + reduce-scatter: rank r computes the tiles of block r+1 first, then r+2, ...,
   its own block last (at any moment the ranks send to different peers, and the own block,
   which needs no transfer, overlaps the last transfers); each tile of block j is put into
-  rank j's staging ``P[r]`` right after it on the same worker. Rank j reduces its R partials
+  rank j's staging ``P[r]`` right after it on the same worker (with ``direct``, the tile
+  stores it there itself and signals rank j: no put task). Rank j reduces its R partials
   chunk by chunk as they complete (``reduce`` over ``P[0:R, rows, 0:N]``) into ``y``.
 * matmul + all-reduce: ``oneshot``: every tile is put into every peer's ``P[r]`` (chunks of M
   in order), every rank reduces all rows; ``twoshot``: the reduce-scatter above, then each
@@ -267,20 +268,25 @@ def _scatter_tiles(e: _Emit, tag: str, r: int, j: int, lo: int, length: int, x: 
                    stage: str, tmp: str | None) -> list[tuple[int, int]]:
     """Rank r's GEMM tiles of the rows ``[lo, lo + length)`` of x destined for rank j: into
     its own staging ``stage[r]`` when j == r (signalling ``c.{tag}.own.r{r}.k``), else into
-    ``tmp`` then put into rank j's ``stage[r]`` on the same worker (signalling
-    ``c.{tag}.r{j}.from{r}.k``). Returns the chunks of the block."""
+    rank j's ``stage[r]`` (signalling ``c.{tag}.r{j}.from{r}.k``): stored there by the tile
+    itself when ``tmp`` is None (``direct``), else into ``tmp`` and put by a task right after
+    it on the same worker. Returns the chunks of the block."""
     chunks = e.chunks(length)
     for k, a, b in e.row_tiles(chunks, e.cfg.tile_m):
         for n0, n1 in e.col_tiles(N):
             wk = e.worker(r)
             ins = [Region(x, r, (_r(lo + a, lo + b), _r(0, K))), Region(w, r, (_r(0, K), _r(n0, n1)))]
             at = (SLOT, _r(r, r + 1), _r(a, b), _r(n0, n1))
+            gid = f"{tag}.gemm.r{r}.m{lo + a}.n{n0}"
             if j == r:
-                e.task(f"{tag}.gemm.r{r}.m{lo + a}.n{n0}", r, wk, "gemm", ins, [Region(stage, r, at)],
+                e.task(gid, r, wk, "gemm", ins, [Region(stage, r, at)],
                        signals=[e.counter(f"c.{tag}.own.r{r}.k{k}", r)])
+            elif tmp is None:
+                e.task(gid, r, wk, "gemm", ins, [Region(stage, j, at)],
+                       signals=[e.counter(f"c.{tag}.r{j}.from{r}.k{k}", j)], comm=True)
             else:
                 t = Region(tmp, r, (_r(lo + a, lo + b), _r(n0, n1)))
-                e.task(f"{tag}.gemm.r{r}.m{lo + a}.n{n0}", r, wk, "gemm", ins, [t])
+                e.task(gid, r, wk, "gemm", ins, [t])
                 e.task(f"{tag}.put.r{r}.to{j}.m{a}.n{n0}", r, wk, "put", [t], [Region(stage, j, at)],
                        signals=[e.counter(f"c.{tag}.r{j}.from{r}.k{k}", j)], comm=True)
     return chunks
@@ -301,7 +307,7 @@ def _matmul_reduce_scatter(e: _Emit, p: MatmulReduceScatter) -> list[Region]:
     for r in range(R):
         x, w = e.operand("x", r), e.operand("w", r)
         y = e.local("y", "io_output", (mr, N), r)
-        tmp = e.local("T", "activation", (M, N), r)
+        tmp = None if e.cfg.direct else e.local("T", "activation", (M, N), r)
         outs.append(Region(y, r, (_r(0, mr), _r(0, N))))
         for j in e.peers(r) + [r]:
             chunks = _scatter_tiles(e, "rs", r, j, j * mr, mr, x, w, K, N, stage, tmp)
@@ -393,7 +399,7 @@ def _allreduce_twoshot(e: _Emit, p: MatmulAllReduce) -> list[Region]:
             outs.append(Region(ys[r], r, (_r(0, M), _r(0, N))))
         else:
             outs.append(Region(out, r, (SLOT, _r(0, M), _r(0, N))))
-        tmp = e.local("T", "activation", (M, N), r)
+        tmp = None if e.cfg.direct else e.local("T", "activation", (M, N), r)
         chunks = []
         for j in [q for q in e.peers(r) + [r] if q in owners]:
             lo, hi = blocks[j]

@@ -271,6 +271,7 @@ _PATTERN_KNOBS = {
     "allreduce": ("matmul_allreduce",),
     "reduce_rows": ("matmul_reduce_scatter", "matmul_allreduce"),
     "whole_k": ("ulysses_combine",),
+    "direct": ("matmul_reduce_scatter", "matmul_allreduce"),
 }
 
 
@@ -297,6 +298,9 @@ class CollectiveConfig(_Knobs):
     whole_k: bool = knob(False, "Ulysses combine: each output tile waits for every rank's piece and runs one GEMM "
                          "over all R*C columns, instead of one GEMM per piece as it arrives (summed in an fp32 "
                          "accumulator).")
+    direct: bool = knob(False, "Reduce-scatter (and the two-shot all-reduce's): a GEMM tile of another rank's rows "
+                        "stores them straight into that rank's staging buffer and signals it (a remote store in "
+                        "the tile's epilogue) instead of writing them locally for a put task to send.")
 
     def validate(self, source: str = "config", pattern: str | None = None,
                  combinations: bool = True) -> "CollectiveConfig":
@@ -320,6 +324,9 @@ class CollectiveConfig(_Knobs):
                 off = "0" if k.kind is bool else str(k.default)
                 out.append((k.name, f"{k.flag} {v if k.kind is not bool else int(v)} does nothing for "
                                     f"{pattern} (only for {' and '.join(kinds)}): set {k.flag} {off}"))
+        if pattern == "matmul_allreduce" and self.direct and self.allreduce == "oneshot":
+            out.append(("direct", "--direct 1 does nothing for matmul_allreduce with --allreduce oneshot (each tile "
+                                  "goes to every peer by puts): set --allreduce twoshot or --direct 0"))
         return out
 
     @classmethod

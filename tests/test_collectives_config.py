@@ -37,12 +37,22 @@ def test_defaults_are_valid_and_every_knob_has_a_flag_and_a_description():
                                  "matmul_allreduce): set --allreduce oneshot"),
     (["--whole-k", "1"], "--whole-k 1 does nothing for allgather_matmul (only for ulysses_combine)"),
     (["--reduce-rows", "8"], "--reduce-rows 8 does nothing for allgather_matmul"),
+    (["--direct", "1"], "--direct 1 does nothing for allgather_matmul"),
 ])
 def test_flags_are_checked_in_one_line(argv, message):
     args = _parser().parse_args(argv)
     with pytest.raises(AmkError) as ei:
         collective_from_args(args, "amk dist", "allgather_matmul")
     assert message in str(ei.value) and "\n" not in str(ei.value) and ei.value.exit_code == 2
+
+
+def test_direct_stores_need_the_two_shot_all_reduce():
+    args = _parser().parse_args(["--direct", "1"])
+    with pytest.raises(AmkError, match="--direct 1 does nothing for matmul_allreduce with --allreduce oneshot"):
+        collective_from_args(args, "amk dist", "matmul_allreduce")
+    assert collective_from_args(args, "amk dist", "matmul_reduce_scatter").direct
+    args = _parser().parse_args(["--direct", "1", "--allreduce", "twoshot"])
+    assert collective_from_args(args, "amk dist", "matmul_allreduce").direct
 
 
 def test_a_knob_for_the_pattern_is_accepted():

@@ -144,17 +144,21 @@ CONFIGS = {
 
 
 def _variants(p) -> list[CollectiveConfig]:
-    """The configs a pattern runs under: each of CONFIGS, and its own algorithm knob both ways."""
+    """The configs a pattern runs under: each of CONFIGS, with its own knobs both ways
+    (all-reduce one-shot and two-shot, direct stores every other config, whole_k)."""
     out = []
-    for cfg in CONFIGS.values():
+    for n, cfg in enumerate(CONFIGS.values()):
         if isinstance(p, MatmulAllReduce):
-            out += [dataclasses.replace(cfg, allreduce=a) for a in ("oneshot", "twoshot")]
+            out += [dataclasses.replace(cfg, allreduce="oneshot"),
+                    dataclasses.replace(cfg, allreduce="twoshot", direct=n % 2 == 1)]
+        elif isinstance(p, MatmulReduceScatter):
+            out.append(dataclasses.replace(cfg, direct=n % 2 == 1))
         elif isinstance(p, UlyssesCombine):
-            out += [cfg, dataclasses.replace(cfg, whole_k=True)]
+            out += [dataclasses.replace(cfg, reduce_rows=0), dataclasses.replace(cfg, reduce_rows=0, whole_k=True)]
         else:
-            out.append(cfg)
-        if not isinstance(p, (MatmulAllReduce, MatmulReduceScatter)):
-            out[-1] = dataclasses.replace(out[-1], reduce_rows=0)
+            out.append(dataclasses.replace(cfg, reduce_rows=0))
+    for cfg in out:
+        cfg.validate("test", p.kind)
     return out
 
 
@@ -264,6 +268,10 @@ def test_knobs_change_the_program():
     progs = {name: lower_pattern(p, dataclasses.replace(base, **kw))[0] for name, kw in {
         "base": {}, "tile_m": {"tile_m": 4}, "tile_n": {"tile_n": 8}, "workers": {"workers": 3},
         "chunks": {"chunks": 1}, "reduce_rows": {"reduce_rows": 2}, "allreduce": {"allreduce": "twoshot"}}.items()}
+    two = dataclasses.replace(base, allreduce="twoshot")
+    progs["direct"] = lower_pattern(p, dataclasses.replace(two, direct=True))[0]
+    assert not [t for t in progs["direct"].tasks if t.op == "put" and ".ag." not in t.id]
+    assert [t for t in lower_pattern(p, two)[0].tasks if t.op == "put" and ".ag." not in t.id]
     sig = {k: [(t.id, t.worker, t.op, t.ins, t.outs, t.waits) for t in v.tasks] for k, v in progs.items()}
     for name in progs:
         if name != "base":
