@@ -623,7 +623,7 @@ OPS: dict[str, OpSpec] = {
               (F, F, F, F, F, I32, F32), (F,), params={"head_dim": int, "scale": float},
               check=_check_rope_attention_kv),
         _spec("gemm", "compute", ("a", "b"), ("y",), (F, F), (F,), optional_ins=("r",),
-              optional_in_dtypes=(F,), check=_check_gemm, backends=frozenset({"sim"})),
+              optional_in_dtypes=(F,), check=_check_gemm),
         _spec("copy", "compute", ("x",), ("y",), (ANY,), (ANY,), check=_check_same_numel("copy")),
         _spec("put", "comm", ("src",), ("dst",), (ANY,), (ANY,), check=_check_put),
         _spec("quiet", "sync", (), (), (), ()),

@@ -198,7 +198,7 @@ def test_registry_entry_agrees_with_the_op_spec(op):
     the spec's, int or float as declared; a GEMV's weight is the spec's ``w`` role."""
     spec, e = OPS[op], REGISTRY[op]
     assert len(e.views) == spec.max_ins + len(spec.outs)
-    assert set(e.views) <= {"flat", "matrix", "cache"}
+    assert set(e.views) <= {"flat", "matrix", "partials", "cache"}
     assert {n: k for n, k in e.params} == {n: "i" if t is int else "f" for n, t in spec.params.items()}
     assert len(e.params) <= L.N_PARAMS
     assert e.in_place in ("", "same", "residual") and (e.in_place != "residual" or e.gemv is not None)

@@ -21,7 +21,10 @@ class Blocks:
     derives. ``attention_d`` and ``attention_q`` are raised to cover the program's head_dim and
     GQA group if smaller, and ``attention_t`` lowered to keep attention's [Q, T, D] fp32
     product within ~64 registers per thread. ``elementwise``, ``rope``, ``pairs``: the
-    element-wise, RoPE and pair-op blocks. The defaults are the library's (small blocks, the
+    element-wise, RoPE and pair-op blocks. ``gemm_m`` x ``gemm_n`` x ``gemm_k``: the largest
+    block of the ``gemm`` op (ops/gemm.py; powers of two >= 16, tl.dot's minimum), lowered per
+    program to the smallest power of two >= 16 covering its largest tile's M, N and K (the
+    executor; not a KernelConfig knob yet). The defaults are the library's (small blocks, the
     CPU tests'); ``amk`` commands build a Blocks from a KernelConfig (``from_kernel``). A
     value KernelConfig does not allow raises TritonError (exit code 2) naming the knob's flag.
     ``ring_page``: bytes of one weight-ring page."""
@@ -53,8 +56,16 @@ class Blocks:
     ring: int = 0
     ring_rows: int = 4
     ring_cols: int = 2048
+    gemm_m: int = 64
+    gemm_n: int = 64
+    gemm_k: int = 64
 
     def __post_init__(self) -> None:
+        for f in ("gemm_m", "gemm_n", "gemm_k"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 16 or v & (v - 1):
+                raise TritonError(f"Blocks.{f} must be a power of two >= 16 (tl.dot's smallest block), "
+                                  f"got {v!r}", exit_code=2)
         # KernelConfig's rules, once: the knobs' ranges and the rules between them (a knob
         # that does nothing is the command line's business, not the library's)
         try:
@@ -73,6 +84,19 @@ class Blocks:
         """The Blocks of kernel knobs ``kc``."""
         return cls(gemv_n=kc.gemv_n, gemv_k=kc.gemv_k, attention_t=kc.attention_block,
                    **{f: getattr(kc, f) for f in _SAME})
+
+    def gemm_blocks(self, dims: dict[str, int]) -> tuple[int, int, int]:
+        """(GEMM_M, GEMM_N, GEMM_K) for a program whose largest gemm tile is ``dims``
+        (``TaskTable.dims``' ``gemm_m`` / ``gemm_n`` / ``gemm_k``): per axis the smallest
+        power of two >= 16 that covers it, at most this Blocks' size."""
+        def fit(cap: int, d: int) -> int:
+            b = 16
+            while b < min(cap, d):
+                b *= 2
+            return min(b, cap)
+
+        return (fit(self.gemm_m, dims.get("gemm_m", 1)), fit(self.gemm_n, dims.get("gemm_n", 1)),
+                fit(self.gemm_k, dims.get("gemm_k", 1)))
 
     @property
     def ring_page(self) -> int:

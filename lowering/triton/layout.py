@@ -56,7 +56,14 @@ in its ``OpLowering.views``:
   (padded in front with extent 1, stride 0); element i is at
   ``(i // (n1*n2)) * s0 + ((i // n2) % n1) * s1 + (i % n2) * s2``.
 * ``matrix``: ``[rows, cols]`` in (n1, n2) / (s1, s2), with n0 = 1. The region's last
-  non-unit axis is the columns; the others merge into rows (they must be mergeable).
+  non-unit axis is the columns; the others merge into rows (they must be mergeable). With a
+  *split* (``OpLowering.splits``: the column count the op's semantics give, e.g. gemm's K
+  for a), the trailing non-unit axes holding that many elements merge into the columns
+  instead, so an ``[M, 1]`` or ``[K, 1]`` tile (squeezed to a vector) keeps its one column.
+* ``partials``: ``[k, row]`` where a row is ``split`` elements (reduce: numel(y)), k the
+  product of the leading non-unit axes, in n0 / s0, and the row a flat vector of up to two
+  strided axes in (n1, n2) / (s1, s2): partials ``[k, rows, C]`` of a ``[k, M, C]`` buffer
+  are k rows of rows x C elements, contiguous or not.
 * ``cache``: ``[G, S, D]`` in (n0, n1, n2): D the last axis, S the one before it (never
   squeezed: a cache of one position is still a cache), G the product of the others.
 """
@@ -174,8 +181,24 @@ def pad3(axes: list[tuple[int, int]]) -> tuple[tuple[int, int, int], tuple[int, 
     return (axes[0][0], axes[1][0], axes[2][0]), (axes[0][1], axes[1][1], axes[2][1])
 
 
-def describe_region(reg: Region, buf: Buffer, view: str, slots: int, where: str) -> Desc:
-    """The kernel descriptor of ``reg`` (a region of ``buf``) under ``view``.
+def split_axes(axes: list[tuple[int, int]], cols: int) -> int | None:
+    """The index j at which the (extent, stride) axes ``axes`` (no extent 1) split into
+    leading axes and trailing ones holding ``cols`` elements, or None when no suffix does
+    (unique: every extent is > 1)."""
+    n = 1
+    for j in range(len(axes), -1, -1):
+        if n == cols:
+            return j
+        if j == 0 or n > cols:
+            return None
+        n *= axes[j - 1][0]
+    return None
+
+
+def describe_region(reg: Region, buf: Buffer, view: str, slots: int, where: str,
+                    split: int | None = None) -> Desc:
+    """The kernel descriptor of ``reg`` (a region of ``buf``) under ``view`` (``split``: the
+    column count of a ``matrix`` or the row length of a ``partials`` view, module doc).
 
     Offsets are relative to the buffer start, in elements. Raises TableError when a region
     is out of bounds at some slot, changes extent with the slot, is not affine in the slot,
@@ -213,6 +236,25 @@ def describe_region(reg: Region, buf: Buffer, view: str, slots: int, where: str)
             raise TableError(f"{where}: cache region of {buf.name}: the kv-head axes {shape[:-2]} "
                              "are not evenly strided")
         n, s_ = pad3(merged + axes[-2:])
+    elif split is not None and view in ("matrix", "partials"):
+        nz = [a for a in axes if a[0] != 1]
+        j = split_axes(nz, split)
+        if j is None:
+            raise TableError(f"{where}: region of {buf.name} with shape {shape} has no trailing axes "
+                             f"holding {split} elements (the {'columns' if view == 'matrix' else 'row'} "
+                             "the op reads)")
+        lead = merge_axes(nz[:j], 1) if j else [(1, 0)]
+        tail = merge_axes(nz[j:], 1 if view == "matrix" else 2) if j < len(nz) else [(1, 1)]
+        if lead is None or tail is None:
+            raise TableError(f"{where}: region of {buf.name} with shape {shape} cannot be viewed as an "
+                             f"evenly strided {'[rows, cols]' if view == 'matrix' else '[k, row]'} "
+                             f"{'matrix' if view == 'matrix' else 'stack of partial rows'} with "
+                             f"{split}-element {'rows' if view == 'matrix' else 'partial rows'}")
+        n, s_ = pad3(([(1, 0)] if view == "matrix" else []) + lead + tail)
+        if view == "partials" and len(tail) == 1:  # the row's one axis is n2
+            n, s_ = (lead[0][0], 1, tail[0][0]), (lead[0][1], 0, tail[0][1])
+    elif view == "partials":
+        raise TableError(f"{where}: a partials view needs the row length (OpLowering.splits)")
     else:
         nz = [a for a in axes if a[0] != 1]
         if view == "matrix":
@@ -247,10 +289,21 @@ def starts_aligned(d: Desc, vec: int, slots: int) -> bool:
 def rows_vec_aligned(p: Desc, flat: Sequence[Desc], vec: int, slots: int) -> bool:
     """Partials ``p`` viewed as [KP, n] whose rows are contiguous, n elements long and a
     multiple of ``vec``, at a row stride that is one too and starting aligned in every slot,
-    and every operand in ``flat`` flat_aligned: what the kernels' 16-byte row sums need
-    (reduce's ``vec`` flag, reduce_norm_gemv)."""
+    and every operand in ``flat`` flat_aligned: what reduce_norm_gemv's 16-byte row sums
+    need (``reduce``'s partials are a ``partials`` view: partials_vec_aligned)."""
     return (p.n[0] == 1 and (p.s[2] == 1 or p.n[2] == 1) and p.n[2] % vec == 0
             and (p.n[1] == 1 or p.s[1] % vec == 0) and starts_aligned(p, vec, slots)
+            and all(flat_aligned(d, vec, slots) for d in flat))
+
+
+def partials_vec_aligned(p: Desc, flat: Sequence[Desc], vec: int, slots: int) -> bool:
+    """Partials ``p`` under the ``partials`` view ([k, row] in n0 / s0 and the row in
+    (n1, n2)) whose rows are contiguous, a multiple of ``vec`` elements long, at a row
+    stride that is one too and starting aligned in every slot, and every operand in ``flat``
+    flat_aligned: what ``reduce``'s 16-byte row sums need (its ``vec`` flag)."""
+    (k, n1, n2), (s0, s1, s2) = p.n, p.s
+    return ((n2 == 1 or s2 == 1) and (n1 == 1 or s1 == n2) and (n1 * n2) % vec == 0
+            and (k == 1 or s0 % vec == 0) and starts_aligned(p, vec, slots)
             and all(flat_aligned(d, vec, slots) for d in flat))
 
 
@@ -271,7 +324,8 @@ class Variant:
     layout flags (``flags`` is a sorted tuple of (name, bool)). Each op family names its
     flags (its ``OpLowering.flags``, lowering/triton/ops/): the GEMV family ``bias``,
     ``mirror``, ``contig``, ``xcontig``, ``aligned``, ``xaligned`` and ``ring``; attention
-    ``kvaligned``; ``reduce`` ``residual`` and ``vec``; ``copy`` / ``put`` ``vec``.
+    ``kvaligned``; ``reduce`` ``residual`` and ``vec``; ``copy`` / ``put`` ``vec``;
+    ``gemm`` ``residual``, ``acontig``, ``bcontig``, ``aaligned`` and ``baligned``.
     """
 
     op: str
@@ -334,6 +388,9 @@ FlagsFn = Callable[[Task, tuple[str, ...], list[Desc], int], dict[str, bool]]
 CheckFn = Callable[[Task, list[Desc], str], None]
 #: ``OpLowering.dims``: (task, operand descriptors) -> block dims the kernel must cover.
 DimsFn = Callable[[Task, list[Desc]], dict[str, int]]
+#: ``OpLowering.splits``: task -> per operand (ins then outs) the column count of its
+#: ``matrix`` view or the row length of its ``partials`` view, None for the default.
+SplitsFn = Callable[[Task], Sequence["int | None"]]
 
 
 @dataclass(frozen=True)
@@ -357,6 +414,9 @@ class OpLowering:
       epilogue's vector, the last input after W.
     * ``dims``: block dims the kernel must cover for the task (DimsFn, e.g. attention's
       ``head_dim`` and GQA ``group``); None: none.
+    * ``splits``: per operand, the column count of a ``matrix`` view or the row length of a
+      ``partials`` view from the op's semantics (SplitsFn; gemm's K and N, reduce's
+      numel(y)); None: the views' defaults (a ``partials`` view needs one).
 
     Dispatch (codegen.py): ``decoder``, the ``@device`` row decoder of the op in its family
     module, which reads the operands and params from the row and calls the op's device
@@ -378,6 +438,7 @@ class OpLowering:
     check: CheckFn | None = None
     in_place: str = ""
     dims: DimsFn | None = None
+    splits: SplitsFn | None = None
     gemv: GemvRoles | None = None
     imports: tuple[str, ...] = ()
 

@@ -7,7 +7,8 @@ and ptxas), and its command line::
 (``# amk-launch: {json}``) holds the launch's constexprs, warps and register cap. Prints
 one JSON object: shared memory, registers and spills per thread (from cuobjdump when Triton
 ships it) and which PTX features the GPU run depends on (acquire polls, the global timer,
-release signals, barriers, vector loads, the weight ring's bulk copies, ...). An unreadable
+release signals, barriers, vector loads, the weight ring's bulk copies, the gemm op's
+tensor-core instructions: ``wgmma`` / ``mma_sync`` counts, ...). An unreadable
 source, a bad ``--constexprs`` or the interpreter left on: one line on stderr, exit code 2.
 """
 
@@ -54,7 +55,8 @@ def compile_offline(source: str, constexprs: dict[str, int], arch: int = 90, num
     """Compile a generated megakernel for ``sm_<arch>`` without a GPU (Triton's own LLVM and
     ptxas) and report what the GPU run depends on: shared memory, registers and spills per
     thread (from cuobjdump when Triton ships it) and whether the PTX holds the acquire
-    polls, the global timer, the release signals and barriers.
+    polls, the global timer, the release signals and barriers; ``wgmma`` / ``mma_sync``:
+    how many Hopper warpgroup / warp-level tensor-core instructions it holds (tl.dot).
 
     Must run in a process with ``TRITON_INTERPRET=0`` (the jit functions must be compiled
     ones); ``python -m lowering.triton.offline FILE`` does that. Raises RuntimeError
@@ -87,6 +89,7 @@ def compile_offline(source: str, constexprs: dict[str, int], arch: int = 90, num
                relaxed_red_sys="red.relaxed.sys.global.add" in ptx,
                barrier="bar.sync" in ptx, vector_loads=bool(re.search(r"ld\.global(\.\w+)*\.v4", ptx)),
                vector_stores=bool(re.search(r"st\.global(\.\w+)*\.v4", ptx)),
+               wgmma=ptx.count("wgmma.mma_async"), mma_sync=ptx.count("mma.sync"),
                regs=None, local_bytes=None)
     out.update(resource_usage(k))
     return out

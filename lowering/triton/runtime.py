@@ -346,6 +346,7 @@ class TritonExecutor:
             W_PRELOAD=b.w_preload, PREFETCH_CAP=b.prefetch_cap, ROLL=b.roll, LEAN_RELEASE=bool(b.lean_release),
             GEMV_TMA=bool(b.gemv_tma), RING=self.ring_pages, RING_PR=b.ring_rows, RING_PC=b.ring_cols,
         )
+        kw["GEMM_M"], kw["GEMM_N"], kw["GEMM_K"] = b.gemm_blocks(self.table.dims)
         if not self.interpret:
             kw["num_warps"] = self.num_warps
             sms = torch.cuda.get_device_properties(self.device).multi_processor_count

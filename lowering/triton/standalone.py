@@ -12,6 +12,7 @@ import triton.language as tl
 from lowering.triton.layout import merge_axes, pad3
 from lowering.triton.ops.attention import attention, kv_append, rope, rope_append
 from lowering.triton.ops.comm import copy
+from lowering.triton.ops.gemm import gemm
 from lowering.triton.ops.gemv import gemv, gemv_ex
 from lowering.triton.ops.norm import add, embed, rmsnorm, silu_mul
 from lowering.triton.ops.reduce import argmax, argmax_combine, reduce
@@ -48,6 +49,14 @@ def _k_gemv_ex(x, x_n1, x_n2, x_s0, x_s1, x_s2, a, a_n1, a_n2, a_s0, a_s1, a_s2,
     gemv_ex((x, x_n1, x_n2, x_s0, x_s1, x_s2), (a, a_n1, a_n2, a_s0, a_s1, a_s2), eps, (w, w_rs, w_cs),
             (b, b_n1, b_n2, b_s0, b_s1, b_s2), (y, y_n1, y_n2, y_s0, y_s1, y_s2), N, K, PRO, HAS_BIAS, X_CONTIG,
             W_CONTIG, W_ALIGN, BLOCK_N, BLOCK_K, GEMV_STAGES, UNROLL=UNROLL, XS=XS, X_STAGE=X_STAGE)
+
+
+@triton.jit
+def _k_gemm(a, a_rs, a_cs, b, b_rs, b_cs, r, r_rs, r_cs, y, y_rs, y_cs, M, N, K, HAS_R: tl.constexpr,
+            A_CONTIG: tl.constexpr, B_CONTIG: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            BLOCK_K: tl.constexpr):
+    gemm(a, a_rs, a_cs, b, b_rs, b_cs, r, r_rs, r_cs, y, y_rs, y_cs, M, N, K, HAS_R, A_CONTIG, B_CONTIG,
+         BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 @triton.jit
@@ -100,9 +109,9 @@ def _k_add(a, a_n1, a_n2, a_s0, a_s1, a_s2, b, b_n1, b_n2, b_s0, b_s1, b_s2,
 
 
 @triton.jit
-def _k_reduce(p, p_rs, p_cs, KP, r, r_n1, r_n2, r_s0, r_s1, r_s2, y, y_n1, y_n2, y_s0, y_s1, y_s2, n,
-              HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
-    reduce(p, p_rs, p_cs, KP, r, r_n1, r_n2, r_s0, r_s1, r_s2, y, y_n1, y_n2, y_s0, y_s1, y_s2, n,
+def _k_reduce(p, p_rs, p_n2, p_s1, p_s2, KP, r, r_n1, r_n2, r_s0, r_s1, r_s2, y, y_n1, y_n2, y_s0, y_s1, y_s2,
+              n, HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+    reduce(p, p_rs, p_n2, p_s1, p_s2, KP, r, r_n1, r_n2, r_s0, r_s1, r_s2, y, y_n1, y_n2, y_s0, y_s1, y_s2, n,
            HAS_RES, BLOCK)
 
 
@@ -177,6 +186,20 @@ def run_gemv(x, w, y, bias=None, block_n: int = 16, block_k: int = 64, w_align: 
                   W_CONTIG=cs == 1, W_ALIGN=w_align, BLOCK_N=block_n, BLOCK_K=block_k, GEMV_STAGES=stages)
 
 
+def run_gemm(a, b, y, r=None, block_m: int = 16, block_n: int = 32, block_k: int = 32) -> None:
+    """y = a @ b (+ r): a [M, K], b [K, N], r and y [M, N] 2-D views of any strides (ops/gemm.py
+    ``gemm``; blocks powers of two >= 16, one program walks the whole tile)."""
+    m, k, a_rs, a_cs = _matrix(a)
+    k2, n, b_rs, b_cs = _matrix(b)
+    if k2 != k or tuple(y.shape) != (m, n) or (r is not None and tuple(r.shape) != (m, n)):
+        raise ValueError(f"run_gemm: a {tuple(a.shape)} @ b {tuple(b.shape)} -> y {tuple(y.shape)}"
+                         + (f" + r {tuple(r.shape)}" if r is not None else "") + " do not fit")
+    rr = r if r is not None else y
+    _k_gemm[(1,)](a, a_rs, a_cs, b, b_rs, b_cs, rr, rr.stride(0), rr.stride(1), y, y.stride(0), y.stride(1),
+                  m, n, k, HAS_R=r is not None, A_CONTIG=a_cs == 1, B_CONTIG=b_cs == 1,
+                  BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
+
+
 def _xcontig(*descs) -> bool:
     return all(d[0] == 1 and d[2] == 0 and d[3] == 0 for d in descs)
 
@@ -249,10 +272,14 @@ def run_add(a, b, y, block: int = _EW) -> None:
 
 
 def run_reduce(p, y, residual=None, block: int = _EW) -> None:
-    """y = the sum of the rows of p (a [KP, N] view) (+ residual)."""
-    kp, _, rs, cs = _matrix(p)
+    """y = the sum of the partials p[k] (+ residual): p a [KP, N] view or a [KP, rows, C] one
+    (each partial a [rows, C] view of any strides) with N = rows * C = y.numel()."""
+    if p.dim() not in (2, 3):
+        raise ValueError(f"expected a [KP, N] or [KP, rows, C] view, got shape {tuple(p.shape)}")
+    kp, rs = p.shape[0], p.stride(0)
+    rows, cols, s1, s2 = (1, p.shape[1], 0, p.stride(1)) if p.dim() == 2 else (*p.shape[1:], *p.stride()[1:])
     r = residual if residual is not None else y
-    _k_reduce[(1,)](p, rs, cs, kp, r, *flat_desc(r), y, *flat_desc(y), y.numel(),
+    _k_reduce[(1,)](p, rs, cols, s1, s2, kp, r, *flat_desc(r), y, *flat_desc(y), y.numel(),
                     HAS_RES=residual is not None, BLOCK=block)
 
 

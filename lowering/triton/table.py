@@ -54,6 +54,10 @@ ALIGN = 256
 #: Largest element count of one buffer: intra-buffer offsets are int32 in the kernel.
 MAX_BUFFER_ELEMS = 2**31 - 1
 
+#: The block dims a table records (``TaskTable.dims``, the largest over its tasks; the
+#: registry entries' ``dims``): attention's head_dim and GQA group, gemm's tile M, N, K.
+DIMS = ("head_dim", "group", "gemm_m", "gemm_n", "gemm_k")
+
 
 
 
@@ -438,7 +442,7 @@ class _TableBuilder:
         self.task_ops: list[str] = []
         self.wait_counters: list[str] = []
         self.qstart = [0]
-        self.dims = {"head_dim": 1, "group": 1}
+        self.dims = {k: 1 for k in DIMS}
         self.written = {r.buffer for t in program.tasks for r in t.outs}  # any rank: puts write peers' buffers
 
     def add_queue(self, queue: Sequence[Task], elide: bool, coalesce: bool, reuse_x: bool, ring: bool) -> None:
@@ -502,9 +506,12 @@ class _TableBuilder:
         offsets from the arena base (a remote operand's through the peer delta); returns
         the descriptors (offsets from the buffer start)."""
         descs: list[Desc] = []
+        entry = REGISTRY[t.op]
+        splits = list(entry.splits(t)) if entry.splits is not None else []
         for k, (reg, view) in enumerate(zip((*t.ins, *t.outs), _views_for(t, scaled_task(t, self.bufs)))):
             b = self.bufs[reg.buffer]
-            d = describe_region(reg, b, view, self.slots, f"task {t.id} operand {k}")
+            d = describe_region(reg, b, view, self.slots, f"task {t.id} operand {k}",
+                                splits[k] if k < len(splits) else None)
             descs.append(d)
             esize = DTYPE_BYTES[b.dtype]
             base = self.layout.offsets[b.name]
@@ -682,7 +689,7 @@ def merge_tables(tables: Sequence[TaskTable], queues: Sequence[Sequence[tuple[in
         qstart.append(len(rows))
     waits = [t.waits[:len(t.wait_counters)] for t in tables]
     sigs = [t.signals[:int(t.rows[:, F_NSIG].sum())] if t.n_tasks else t.signals[:0] for t in tables]
-    dims = {k: max(t.dims.get(k, 1) for t in tables) for k in ("head_dim", "group")}
+    dims = {k: max(t.dims.get(k, 1) for t in tables) for k in DIMS}
     return TaskTable(
         rank=tables[0].rank,
         workers=len(queues),

@@ -26,13 +26,16 @@ def sum_rows(p, p_rs, KP, idx, m):
 
 
 @device
-def reduce(p, p_rs, p_cs, KP, r, r_n1, r_n2, r_s0, r_s1, r_s2, y, y_n1, y_n2, y_s0, y_s1, y_s2, n,
+def reduce(p, p_rs, p_n2, p_s1, p_s2, KP, r, r_n1, r_n2, r_s0, r_s1, r_s2, y, y_n1, y_n2, y_s0, y_s1, y_s2, n,
            HAS_RES: tl.constexpr, BLOCK: tl.constexpr, VEC: tl.constexpr = 0):
     """y = ((P[0] + P[1]) + ...) + P[KP-1] (+ residual), partials P[KP, n], summed in index
-    order in fp32 like reference.py. ``VEC`` > 0 (table flag ``vec``): every row of P, the
-    residual and y are contiguous, start on a multiple of ``VEC`` elements (16 bytes) and
-    ``n`` is one too, so the loads and stores are 16-byte vectors (the caller aligned the
-    pointers; the generic strided addressing moved 2 bytes per access)."""
+    order in fp32 like reference.py. Row k starts at p + k * p_rs; its element i at
+    ``(i // p_n2) * p_s1 + (i % p_n2) * p_s2`` (a row of up to two strided axes: partials
+    ``[KP, rows, C]`` with p_n2 = C, the table's ``partials`` view). ``VEC`` > 0 (table flag
+    ``vec``): every row of P, the residual and y are contiguous, start on a multiple of
+    ``VEC`` elements (16 bytes) and ``n`` is one too, so the loads and stores are 16-byte
+    vectors (the caller aligned the pointers; the generic strided addressing moved 2 bytes
+    per access)."""
     if VEC > 0:
         n = aligned(n, VEC)
         p_rs = aligned(p_rs, VEC)
@@ -43,7 +46,7 @@ def reduce(p, p_rs, p_cs, KP, r, r_n1, r_n2, r_s0, r_s1, r_s2, y, y_n1, y_n2, y_
             pi = i
             yi = i
         else:
-            pi = i * p_cs
+            pi = (i // p_n2) * p_s1 + (i % p_n2) * p_s2
             yi = flat_off(i, y_n1, y_n2, y_s0, y_s1, y_s2)
         acc = sum_rows(p, p_rs, KP, pi, m)
         if HAS_RES:
@@ -123,7 +126,8 @@ def argmax_combine(p, p_rs, p_cs, KP, tok, BLOCK: tl.constexpr):
 @device
 def t_reduce(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DP: tl.constexpr, DR: tl.constexpr,
              DY: tl.constexpr, HAS_RES: tl.constexpr, BLOCK: tl.constexpr, VEC: tl.constexpr = 0):
-    """reduce (partials, [residual], y); ``VEC``: the variant's ``vec`` flag (reduce)."""
+    """reduce (partials [KP = n0, row (n1, n2)] under the ``partials`` view, [residual], y);
+    ``VEC``: the variant's ``vec`` flag (reduce)."""
     po, pn0, pn1, pn2, ps0, ps1, ps2 = operand(row, 0, slot)
     if HAS_RES:
         ro, rn0, rn1, rn2, rs0, rs1, rs2 = operand(row, 1, slot)
@@ -138,7 +142,7 @@ def t_reduce(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DP: tl.constexpr, DR: 
     if VEC > 0:
         po = aligned(po, VEC)
         yo = aligned(yo, VEC)
-    reduce(arena_ptr(A_BF16, A_F16, A_F32, A_I32, DP) + po, ps1, ps2, pn1, rp, rn1, rn2, rs0, rs1, rs2,
+    reduce(arena_ptr(A_BF16, A_F16, A_F32, A_I32, DP) + po, ps0, pn2, ps1, ps2, pn0, rp, rn1, rn2, rs0, rs1, rs2,
            arena_ptr(A_BF16, A_F16, A_F32, A_I32, DY) + yo, yn1, yn2, ys0, ys1, ys2, yn0 * yn1 * yn2,
            HAS_RES, BLOCK, VEC)
     return status_ok()
@@ -182,14 +186,19 @@ def _flags_reduce(task, dtypes, descs, slots) -> dict[str, bool]:
     """``residual`` (a residual operand), ``vec``: the partials P [KP, n] have contiguous
     rows at a 16-byte row stride, the residual and y are flat (16-byte loads and stores)."""
     return {"residual": len(task.ins) > 1,
-            "vec": L.rows_vec_aligned(descs[0], descs[1:], L.vec_elems(dtypes), slots)}
+            "vec": L.partials_vec_aligned(descs[0], descs[1:], L.vec_elems(dtypes), slots)}
+
+
+def _splits_reduce(task) -> list[int | None]:
+    """The partials' row length: the output's element count (reference.py)."""
+    return [task.outs[0].numel()]
 
 
 def _check_reduce(task, descs, where) -> None:
-    """The partials viewed as [KP, N] match the output's N."""
+    """The partials viewed as [KP, row] match the output's N."""
     p, y = descs[0], descs[-1]
-    if p.n[2] != y.numel:
-        raise TableError(f"{where}: partials viewed as [{p.n[1]}, {p.n[2]}] do not match N={y.numel}")
+    if p.n[1] * p.n[2] != y.numel:
+        raise TableError(f"{where}: partials viewed as [{p.n[0]}, {p.n[1] * p.n[2]}] do not match N={y.numel}")
 
 
 def _check_argmax_combine(task, descs, where) -> None:
@@ -199,8 +208,8 @@ def _check_argmax_combine(task, descs, where) -> None:
 
 
 LOWERINGS = (
-    OpLowering("reduce", ("matrix", "flat", "flat"), t_reduce, _call_reduce,  # partials, [residual], y
-               flags=_flags_reduce, check=_check_reduce, in_place="same"),
+    OpLowering("reduce", ("partials", "flat", "flat"), t_reduce, _call_reduce,  # partials, [residual], y
+               flags=_flags_reduce, check=_check_reduce, in_place="same", splits=_splits_reduce),
     OpLowering("argmax", ("flat", "flat"), t_argmax, _call_argmax, params=(("offset", "i"),)),
     OpLowering("argmax_combine", ("matrix", "flat"), t_argmax_combine, _call_argmax_combine,
                check=_check_argmax_combine),
