@@ -430,9 +430,13 @@ class Rank:
         if self.symm_why is None and self.group_name is None:
             try:
                 import torch.distributed as dist
-                from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+                from torch.distributed import _symmetric_memory as symm
+                try:  # torch's own CUDA backend (IPC handles), not NVSHMEM, which amk's kernel holds
+                    symm.set_backend("CUDA")
+                except Exception:
+                    pass  # an older torch without backends, or one already chosen
                 self.group_name = dist.group.WORLD.group_name
-                enable_symm_mem_for_group(self.group_name)
+                symm.enable_symm_mem_for_group(self.group_name)
             except Exception as e:
                 self.symm_why = _why(e)
         if self.symm_why:
