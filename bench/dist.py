@@ -521,12 +521,13 @@ class Rank:
                 ref = original(name, ins)
                 todo: list[tuple[str, Callable[[], dict]]] = []
                 if "nccl" in self.st.methods:
-                    todo.append(("nccl", lambda: self.nccl(name, ins, ref)))
+                    todo.append(("nccl", lambda name=name, ins=ins, ref=ref: self.nccl(name, ins, ref)))
                 if "symm_mem" in self.st.methods:
-                    todo.append(("symm_mem", lambda: self.symm_mem(name, ins, ref)))
+                    todo.append(("symm_mem", lambda name=name, ins=ins, ref=ref: self.symm_mem(name, ins, ref)))
                 if "amk" in self.st.methods:
                     for label, cfg in self.configs(name):
-                        todo.append((label, lambda cfg=cfg: self.amk(name, p, cfg, ins, ref, heap)))
+                        todo.append((label, lambda cfg=cfg, name=name, p=p, ins=ins, ref=ref:
+                                     self.amk(name, p, cfg, ins, ref, heap)))
                 for method, fn in todo:
                     self.sync()
                     res = _local(fn)
@@ -537,7 +538,7 @@ class Rank:
                         tag = "ok" if r["ok"] else r["status"] if r["ok"] is None else "WRONG/failed"
                         print(f"[{name} {m}x{n}x{k}] {method}: {tag} "
                               f"{r.get('repeats_ms', r.get('detail', ''))}", file=sys.stderr, flush=True)
-                del ins, ref
+                del ins, ref, todo
                 if self.dev.type == "cuda":
                     torch.cuda.empty_cache()
         return rows

@@ -333,7 +333,7 @@ def test_bad_patterns_and_knobs_are_one_line_errors(p, cfg, message):
 
 def test_one_rank_is_a_tiled_matmul():
     for p in _patterns(1, "f32"):
-        prog, bind = lower_pattern(p, CollectiveConfig(tile_m=4, tile_n=16, workers=2))
+        prog, _ = lower_pattern(p, CollectiveConfig(tile_m=4, tile_n=16, workers=2))
         assert validate(prog).ok and prog.slots == 1
         assert not [t for t in prog.tasks if t.op == "put"]
         ins = _inputs(p, 0)
