@@ -394,6 +394,7 @@ class _Eval:
         self.fns = _fn_table()
         self.steps: list[tuple[str, str]] = []
         self.out_dtype: torch.dtype | None = None
+        self.groups: dict[str, list[int]] = {}  # subgroups by name, for the refusal
 
     # -- helpers
     def refuse(self, node: Any, what: str) -> AmkError:
@@ -422,7 +423,9 @@ class _Eval:
         return a
 
     # -- the walk
-    def run(self) -> tuple[_V, Any]:
+    def run(self, index: int | None = None) -> tuple[_V, Any]:
+        """Evaluate every node; (the value of the function's result, its node). ``index``: the
+        graph output the function returns (None: the graph's only tensor output)."""
         out_node = None
         for node in self.gm.graph.nodes:
             if node.op == "placeholder":
@@ -438,6 +441,8 @@ class _Eval:
                                     "amk dist lowers collectives whose result the function uses")
         outs = [a for a in _flatten(out_node.args[0] if out_node is not None else ())]
         tensors = [a for a in outs if isinstance(self.vals.get(a), _V)]
+        if index is not None and index < len(outs) and isinstance(self.vals.get(outs[index]), _V):
+            tensors = [outs[index]]
         if len(tensors) != 1:
             raise AmkError(f"{self.func_where}: {self.func} returns {len(tensors)} tensors; amk dist lowers "
                            "a function that returns one tensor")
@@ -487,7 +492,7 @@ class _Eval:
         loc = _node_where(node, self.func_where)
         group = args[-1]
         if str(group) != self.world_group:
-            raise self.refuse(node, f"{name} over a subgroup ({_group_text(group)}); amk dist lowers "
+            raise self.refuse(node, f"{name} over a subgroup ({_group_text(group, self.groups)}); amk dist lowers "
                                     f"collectives over the whole world of {self.R} ranks (group=None)")
         if name in ("all_reduce", "reduce_scatter_tensor") and str(args[1]).lower() != "sum":
             raise self.refuse(node, f"{name} with op {args[1]}; amk dist lowers the sum")
@@ -732,17 +737,22 @@ def _flatten(x: Any) -> Iterator[Any]:
         yield x
 
 
-def _group_text(name: Any) -> str:
-    try:
-        import torch.distributed as dist
-        import torch.distributed.distributed_c10d as c10d
+def _groups() -> dict[str, list[int]]:
+    """Global ranks of every process group of the current default world, by group name."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
 
-        for pg, n in c10d._world.pg_names.items():
-            if str(n) == str(name):
-                return f"ranks {dist.get_process_group_ranks(pg)}"
-    except Exception:
-        pass
-    return f"group {name!r}"
+    out = {}
+    if dist.is_available() and dist.is_initialized():
+        for pg, name in list(c10d._world.pg_names.items()):
+            with contextlib.suppress(Exception):
+                out[str(name)] = dist.get_process_group_ranks(pg)
+    return out
+
+
+def _group_text(name: Any, known: dict[str, list[int]]) -> str:
+    ranks = known.get(str(name))
+    return f"ranks {ranks}" if ranks is not None else f"group {str(name)!r}"
 
 
 # ----------------------------------------------------------------------------- matching
@@ -766,6 +776,9 @@ def _match(e: _Eval, out: _V, out_node: Any, world: int, dtype: str) -> tuple[Pa
     R = world
     norm = None
     v = out
+    if isinstance(v, _Input):
+        raise AmkError(f"{e.func_where}: {e.func} returns its parameter {v.param}; amk dist lowers a function "
+                       "that returns its result")
     if isinstance(v, _Norm):
         if v.stage != "rmsnorm":
             raise e.refuse(out_node, f"{e.func} returns {_describe(v)}, an incomplete RMSNorm; amk dist lowers "
@@ -897,6 +910,7 @@ def capture(fn: Callable, world: int, shapes: dict[str, tuple[int, ...]], dtype:
     fresh = types.FunctionType(code.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
     fresh.__kwdefaults__ = fn.__kwdefaults__
     got: list[Any] = []
+    produced: list[torch.Tensor] = []
 
     def collector(gm, example_inputs):
         # dynamo drops the placeholders' sources once compiled: keep them now
@@ -908,11 +922,21 @@ def capture(fn: Callable, world: int, shapes: dict[str, tuple[int, ...]], dtype:
                 shown = getattr(src, "name", n.target)
                 sources[n.name] = (local, str(shown() if callable(shown) else shown))
         got.append((gm, sources))
+        out_args = [a for n in gm.graph.nodes if n.op == "output" for a in _flatten(n.args[0])]
 
-        def stop(*args):
-            raise _Stop()
+        def run_empty(*args):
+            # the graph's outputs as uninitialised tensors of their shapes: the function then
+            # returns, and what it returns shows which graph output (if any) its result is
+            outs = []
+            for a in out_args:
+                ev = getattr(a, "meta", {}).get("example_value")
+                if not isinstance(ev, torch.Tensor):
+                    raise _Stop()
+                outs.append(torch.empty(ev.shape, dtype=ev.dtype))
+            produced[:] = outs
+            return outs
 
-        return stop
+        return run_empty
 
     import torch._dynamo
 
@@ -920,9 +944,11 @@ def capture(fn: Callable, world: int, shapes: dict[str, tuple[int, ...]], dtype:
     dt = DTYPES[dtype]
     tensors = {k: torch.empty(v, dtype=dt) for k, v in dims.items()}  # no pages touched
     ba = sig.bind_partial(**tensors)
+    outer = _groups()  # a caller's own groups (a subgroup refusal names their ranks)
     with fake_process_group(world) as pg:
+        result: Any = _Stop
         try:
-            compiled(*ba.args, **ba.kwargs)
+            result = compiled(*ba.args, **ba.kwargs)
         except _Stop:
             pass
         except AmkError:
@@ -934,8 +960,19 @@ def capture(fn: Callable, world: int, shapes: dict[str, tuple[int, ...]], dtype:
         if not got:
             raise AmkError(f"{func_where}: {name} runs no torch op that torch.compile captures; amk dist "
                            f"lowers one of: {PATTERNS_TEXT}")
+        index = None
+        if result is not _Stop:
+            if not isinstance(result, torch.Tensor):
+                shown = "None" if result is None else f"a {type(result).__name__}"
+                raise AmkError(f"{func_where}: {name} returns {shown}; amk dist lowers a function that returns "
+                               "one tensor")
+            index = next((i for i, t in enumerate(produced) if t is result), None)
+            if index is None:
+                raise AmkError(f"{func_where}: {name} returns a tensor it does not compute (one of its "
+                               "parameters); amk dist lowers a function that returns its result")
         e = _Eval(got[0][0], got[0][1], name, func_where, world, str(pg.group_name), dims)
-        out, out_node = e.run()
+        e.groups = {**outer, **_groups()}
+        out, out_node = e.run(index)
         pattern, operands = _match(e, out, out_node, world, dtype)
     pattern.check()
     return Captured(pattern=pattern, operands=operands, signature=sig, name=name, where=func_where,
