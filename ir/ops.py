@@ -20,6 +20,8 @@ attention       decode GQA: o[h] = softmax(q[h] . kc[h//(Hq/G), :pos+1]^T * scal
 silu_mul        y = silu(g) * u
 add             y = a + b
 reduce          y = sum_k P[k, :] (+ residual)                 ins (P[k,N], residual[N]?)
+                (P may be any region [k, ...] whose trailing axes hold N = numel(y)
+                elements, e.g. partials [k, rows, C] summed into y [rows, C])
 argmax          y = (max(x), offset + first argmax(x)) as two fp32
 argmax_combine  token[0] = index of the pair with the largest value (lowest index on ties)
 norm_gemv       y = W @ (x / sqrt(mean(x^2) + eps) * norm_w) (+ bias): RMSNorm fused into
@@ -42,6 +44,8 @@ rope_attention_kv
                 what rope_append writes there) instead of the caches, which it reads at
                 0 .. pos-1 only; the cache append may then run after the attention
                                                                ins (q, k, v, kc, vc, pos, inv_freq)
+gemm            y = a @ b (+ r)                                ins (a[M,K], b[K,N], r[M,N]?)
+                                                               outs (y[M,N])
 copy            y = x (dtype cast between float dtypes allowed)
 put             dst (a symmetric buffer, usually on another rank) = src, same dtype
 quiet           complete every pending put of this worker (nvshmem_quiet)
@@ -64,10 +68,20 @@ per-row scales ``scale[N]`` (f32), and computes ``y = scale * (W @ x)`` (W conve
 the scale applied once per row after the dot product) and then the op's bias / residual. A
 weight of a float dtype takes no scale. ``OpSpec.scaled`` marks these ops; ``scale_index``
 says whether a task has the scale operand.
+
+**gemm shapes.** A ``gemm`` operand is a row-major region like any other (a row block of an
+``[M, K]`` buffer, a column block ``w[0:K, c0:c1]`` of a weight, ...), and its check sees
+squeezed shapes, so an ``[M, K]`` tile with M == 1 arrives as ``(K,)`` and a ``[K, N]`` one
+with N == 1 as ``(K,)``. The element counts fix the dimensions (``gemm_dims``):
+``numel(a) * numel(b) / numel(y) = K^2``, then ``M = numel(a) / K`` and ``N = numel(b) / K``;
+the check then requires the squeezed shapes of a, b, r and y to be those of ``[M, K]``,
+``[K, N]``, ``[M, N]`` and ``[M, N]`` (so a transposed operand is refused, naming it). When
+a and b are both 2-D after squeezing, no axis was dropped and they give M, K, N directly.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -346,17 +360,58 @@ def _check_same_numel(name: str):
 
 
 def _check_reduce(ins, ind, outs, outd, p):
-    part = ins[0]
-    n = _n(outs[0])
+    part, y = ins[0], outs[0]
+    n = _n(y)
     errs = []
-    if len(part) == 2:
-        if part[1] != n:
+    # [k, N] or [k, rows, C] (trailing axes hold N = numel(y)); one partial squeezes to y's
+    # own shape or, flat, to N elements
+    rows_ok = len(part) >= 2 and _n(part[1:]) == n
+    if not (rows_ok or part == y or (len(part) != 2 and _n(part) == n)):
+        if len(part) == 2:
             errs.append(f"reduce: partials have width {part[1]}, output {n}")
-    elif _n(part) != n:  # k == 1 squeezes to (N,)
-        errs.append(f"reduce: partials {part} do not match output of {n} elements")
+        else:
+            errs.append(f"reduce: partials {part} are not [k, ...] with {n} elements (the output's) "
+                        "after the first axis")
     if len(ins) > 1 and _n(ins[1]) != n:
         errs.append(f"reduce: residual has {_n(ins[1])} elements, output {n}")
     return errs
+
+
+def gemm_dims(na: int, nb: int, ny: int) -> tuple[int, int, int] | None:
+    """(M, K, N) of a gemm whose a, b and y hold ``na`` = M*K, ``nb`` = K*N and ``ny`` = M*N
+    elements (K^2 = na * nb / ny), or None when no positive integers fit. The shapes must
+    still be checked: the counts alone do not tell [M, K] from [K, M]."""
+    if na <= 0 or nb <= 0 or ny <= 0:
+        return None
+    kk, rem = divmod(na * nb, ny)
+    k = math.isqrt(kk)
+    if rem or k * k != kk or na % k or nb % k:
+        return None
+    return na // k, k, nb // k
+
+
+def _check_gemm(ins, ind, outs, outd, p):
+    """a [M, K] @ b [K, N] (+ r [M, N]) -> y [M, N] on squeezed shapes (module doc, "gemm
+    shapes"): one line naming the operand that does not fit."""
+    a, b, y = ins[0], ins[1], outs[0]
+    head = f"gemm: a {list(a)} @ b {list(b)} -> y {list(y)}"
+    if len(a) == 2 and len(b) == 2:  # no unit axis was dropped: the shapes are [M, K], [K, N]
+        if a[1] != b[0]:
+            return [f"{head}: a has K={a[1]} columns, b has K={b[0]} rows"]
+        dims = (a[0], a[1], b[1])
+    else:
+        dims = gemm_dims(_n(a), _n(b), _n(y))
+        if dims is None:
+            return [f"{head}: no M, K, N give a [M, K] ({_n(a)} elements), b [K, N] ({_n(b)}), "
+                    f"y [M, N] ({_n(y)})"]
+    m, k, n = dims
+    want = {"a": (m, k), "b": (k, n), "r": (m, n), "y": (m, n)}
+    got = [("a", a), ("b", b)] + ([("r", ins[2])] if len(ins) > 2 else []) + [("y", y)]
+    for role, shape in got:
+        if shape != squeeze(want[role]):
+            return [f"gemm: {role} is {list(shape)}, expected {list(want[role])} (M={m}, K={k}, N={n} "
+                    f"from a {list(a)} @ b {list(b)} -> y {list(y)}; axes of extent 1 dropped)"]
+    return []
 
 
 def _check_argmax(ins, ind, outs, outd, p):
@@ -567,6 +622,8 @@ OPS: dict[str, OpSpec] = {
         _spec("rope_attention_kv", "compute", ("q", "k", "v", "kc", "vc", "pos", "inv_freq"), ("o",),
               (F, F, F, F, F, I32, F32), (F,), params={"head_dim": int, "scale": float},
               check=_check_rope_attention_kv),
+        _spec("gemm", "compute", ("a", "b"), ("y",), (F, F), (F,), optional_ins=("r",),
+              optional_in_dtypes=(F,), check=_check_gemm, backends=frozenset({"sim"})),
         _spec("copy", "compute", ("x",), ("y",), (ANY,), (ANY,), check=_check_same_numel("copy")),
         _spec("put", "comm", ("src",), ("dst",), (ANY,), (ANY,), check=_check_put),
         _spec("quiet", "sync", (), (), (), ()),

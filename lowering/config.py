@@ -13,7 +13,8 @@ tables). A config file is::
 with either part optional and fields left out at their defaults. A file holding only lowering
 fields at the top level (the older form, e.g. a search's best config written before the
 kernel part existed) is read as the lowering part. ``--config FILE`` plus flags: the flags
-override the file.
+override the file. A third part, ``"collective"``, holds the ``CollectiveConfig`` of a lowered
+communication pattern (``amk dist``; lowering/collectives.py); AmkConfig leaves it out.
 
 ``validate`` refuses a bad value (naming the field and its flag) and, unless
 ``combinations=False``, a combination in which a knob does nothing (``--late-append 1``
@@ -261,6 +262,126 @@ class KernelConfig(_Knobs):
                                f"box's limit), got --gemv-block {self.gemv_block}")
 
 
+#: the parts a config file may have; ``collective`` is CollectiveConfig's (collective_part)
+PARTS = frozenset({"lowering", "kernel", "collective"})
+#: all-reduce algorithms of the matmul + all-reduce pattern (CollectiveConfig.allreduce)
+COLLECTIVE_ALLREDUCE = ("oneshot", "twoshot")
+#: the knobs of CollectiveConfig that act only for some patterns (models/collectives.py kinds)
+_PATTERN_KNOBS = {
+    "allreduce": ("matmul_allreduce",),
+    "reduce_rows": ("matmul_reduce_scatter", "matmul_allreduce"),
+    "whole_k": ("ulysses_combine",),
+    "direct": ("matmul_reduce_scatter", "matmul_allreduce"),
+}
+
+
+@dataclass(frozen=True)
+class CollectiveConfig(_Knobs):
+    """The knobs of a lowered communication pattern (lowering/collectives.py; docs/lowering.md,
+    "Communication patterns", lists them): a config file's ``"collective"`` part. Construct
+    and call ``validate()``, or use ``from_json`` which validates."""
+
+    tile_m: int = knob(128, "Rows per GEMM tile.", lo=1)
+    tile_n: int = knob(128, "Columns per GEMM tile.", lo=1)
+    workers: int = knob(0, "Persistent workers (CTAs) per rank.", lo=1, hi=1024,
+                        zero="one per SM of the target")
+    chunks: int = knob(4, "Pieces (aligned to tile_m where the rows allow) in which each rank's row block is "
+                       "sent and signalled: a GEMM tile (all-gather, Ulysses) or a reduce task (reduce-scatter, "
+                       "all-reduce) waits only for the pieces of its rows, so it starts before the whole block "
+                       "arrived; more pieces mean more puts, signals and counters.", lo=1, hi=64)
+    reduce_rows: int = knob(0, "Rows per reduce task (and RMSNorm task) of the reduce-scatter and the "
+                            "all-reduce.", lo=1, zero="tile_m")
+    allreduce: str = knob("oneshot", "Matmul + all-reduce: oneshot (every rank puts each partial tile to every "
+                          "peer, then reduces all rows) or twoshot (reduce-scatter of row blocks, then an "
+                          "all-gather of the reduced rows: 2 (R-1)/R of the partial's bytes per rank "
+                          "instead of R-1 times them).", choices=COLLECTIVE_ALLREDUCE)
+    whole_k: bool = knob(False, "Ulysses combine: each output tile waits for every rank's piece and runs one GEMM "
+                         "over all R*C columns, instead of one GEMM per piece as it arrives (summed in an fp32 "
+                         "accumulator).")
+    direct: bool = knob(False, "Reduce-scatter (and the two-shot all-reduce's): a GEMM tile of another rank's rows "
+                        "stores them straight into that rank's staging buffer and signals it (a remote store in "
+                        "the tile's epilogue) instead of writing them locally for a put task to send.")
+
+    def validate(self, source: str = "config", pattern: str | None = None,
+                 combinations: bool = True) -> "CollectiveConfig":
+        """Return self, or raise AmkError (exit code 2) naming the bad field and its flag; with
+        ``pattern`` (a models.collectives kind) and ``combinations``, also a knob that does
+        nothing for that pattern."""
+        check_fields(self, source)
+        if combinations and pattern is not None:
+            for name, why in self.inert_for(pattern):
+                raise AmkError(f"{source}: {why}")
+        return self
+
+    def inert_for(self, pattern: str) -> list[tuple[str, str]]:
+        """(knob, why) of the knobs set away from their defaults that do nothing for the
+        pattern kind ``pattern`` (e.g. ``allreduce`` for an all-gather + matmul)."""
+        out = []
+        for k in knobs_of(self):
+            kinds = _PATTERN_KNOBS.get(k.name)
+            v = getattr(self, k.name)
+            if kinds and pattern not in kinds and k.acts(v):
+                off = "0" if k.kind is bool else str(k.default)
+                out.append((k.name, f"{k.flag} {v if k.kind is not bool else int(v)} does nothing for "
+                                    f"{pattern} (only for {' and '.join(kinds)}): set {k.flag} {off}"))
+        if pattern == "matmul_allreduce" and self.direct and self.allreduce == "oneshot":
+            out.append(("direct", "--direct 1 does nothing for matmul_allreduce with --allreduce oneshot (each tile "
+                                  "goes to every peer by puts): set --allreduce twoshot or --direct 0"))
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Any, source: str = "config", pattern: str | None = None,
+                  combinations: bool = True) -> "CollectiveConfig":
+        """Build from a dict of collective knobs (missing fields take defaults) and validate.
+        Raises AmkError naming an unknown or ill-typed field."""
+        if not isinstance(obj, dict):
+            raise AmkError(f"{source}: expected a JSON object of collective knobs, got {type(obj).__name__}")
+        known = {f.name for f in fields(cls)}
+        for k in obj:
+            if k not in known:
+                raise AmkError(f"{source}: unknown field {k!r}; known collective fields: {', '.join(sorted(known))}")
+        return cls(**obj).validate(source, pattern, combinations)
+
+    @classmethod
+    def from_file(cls, path: str | Path, pattern: str | None = None) -> "CollectiveConfig":
+        """The ``"collective"`` part of a config file (``{"collective": {...}, "kernel": {...}}``;
+        a flat object is read as collective fields). Raises AmkError for a missing file, bad
+        JSON (line:column), an unknown field or a bad value."""
+        return cls.from_json(collective_part(_read_json(path), str(path)), str(path), pattern)
+
+
+def collective_part(obj: Any, source: str) -> dict[str, Any]:
+    """The collective knobs of a config file's JSON value: its ``"collective"`` part when it is
+    made of parts (``lowering`` / ``kernel`` / ``collective``), else the object itself."""
+    if not isinstance(obj, dict):
+        raise AmkError(f"{source}: expected a JSON object {{\"collective\": {{...}}}}, got {type(obj).__name__}")
+    if obj and set(obj) <= PARTS:
+        part = obj.get("collective", {})
+        if not isinstance(part, dict):
+            raise AmkError(f"{source}: \"collective\" must be a JSON object of collective knobs, got "
+                           f"{type(part).__name__}")
+        return dict(part)
+    return dict(obj)
+
+
+def collective_from_args(args: argparse.Namespace, command: str, pattern: str | None = None) -> CollectiveConfig:
+    """The CollectiveConfig of a command line: ``--config FILE``'s collective part overridden
+    by the flags ``lowering.knobs.add_flags(parser, CollectiveConfig)`` added and the command
+    line gave; validated (with ``pattern``: also the knobs that do nothing for it). Errors
+    name the file or ``command``, the field and its flag (AmkError, exit code 2)."""
+    path = getattr(args, "config", None)
+    part = collective_part(_read_json(path), str(path)) if path else {}
+    CollectiveConfig.from_json(part, str(path) if path else command, combinations=False)
+    flags = given(args, CollectiveConfig)
+    for name, v in flags.items():
+        why = knob_named(CollectiveConfig, name).problem(v)
+        if why:
+            raise AmkError(f"{command}: {knob_named(CollectiveConfig, name).flag}: {why}")
+    part.update(flags)
+    source = (f"{command} --config {path}" if flags else str(path)) if path else command
+    return CollectiveConfig.from_json(part, source, pattern)
+
+
 def model_inert(qk_norm: bool, lowering: dict[str, Any]) -> list[tuple[str, str]]:
     """(knob, why) of the lowering knobs in ``lowering`` (a LoweringConfig's JSON) that do
     nothing for a model whose attention has a q/k norm (``qk_norm``, Qwen3): ``late_append``,
@@ -286,12 +407,13 @@ def _read_json(path: str | Path) -> Any:
 
 def split_parts(obj: Any, source: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """(lowering fields, kernel fields) of a config file's JSON value: ``{"lowering": {...},
-    "kernel": {...}}`` (either part optional), or a flat object of lowering fields (the older
-    form). Raises AmkError for anything else."""
+    "kernel": {...}}`` (either part optional; a ``"collective"`` part is CollectiveConfig's and
+    left out here), or a flat object of lowering fields (the older form). Raises AmkError for
+    anything else."""
     if not isinstance(obj, dict):
         raise AmkError(f"{source}: expected a JSON object {{\"lowering\": {{...}}, \"kernel\": {{...}}}}, "
                        f"got {type(obj).__name__}")
-    if obj and set(obj) <= {"lowering", "kernel"}:
+    if obj and set(obj) <= PARTS:
         parts = []
         for name in ("lowering", "kernel"):
             part = obj.get(name, {})
@@ -413,5 +535,6 @@ def sets(args: argparse.Namespace, name: str) -> bool:
     return name in low or name in ker
 
 
-__all__ = ["ALLREDUCE_ALGOS", "AmkConfig", "DTYPES", "WEIGHT_FORMATS", "KernelConfig", "LoweringConfig", "POLICIES",
+__all__ = ["ALLREDUCE_ALGOS", "AmkConfig", "COLLECTIVE_ALLREDUCE", "CollectiveConfig", "DTYPES", "WEIGHT_FORMATS",
+           "KernelConfig", "LoweringConfig", "POLICIES", "collective_from_args", "collective_part",
            "config_from_args", "file_fields", "knobs_of", "sets", "split_parts"]

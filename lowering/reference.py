@@ -15,7 +15,10 @@ writes. Operands are interpreted by element count, as ir/ops.py's shape checks o
 shapes do: a vector operand is flattened; ``gemv``'s weight is ``[N, K]`` with
 ``K = numel(x)``; ``reduce``'s partials are ``[k, N]`` with ``N = numel(y)``; cache regions are
 ``[..., S, head_dim]`` (the last axis is the head dimension, the one before it the
-sequence, the product of the others the KV heads).
+sequence, the product of the others the KV heads); ``reduce``'s partials may be any region
+of k * N elements (``[k, rows, C]`` into y ``[rows, C]``); ``gemm``'s operands are
+``[M, K]``, ``[K, N]`` and ``[M, N]`` by their element counts. A region may be strided (a
+column block of a row-major buffer): the ops read and write through the views.
 
 Numerics (shared by all float ops): inputs are converted to fp32, the op is computed in
 fp32, the result is rounded once to the output's dtype. This is one rounding where HF's
@@ -82,6 +85,9 @@ rope_attention_kv
                 as rope_attention, with row pos of the caches replaced by rope(k) rounded
                 to kc's dtype and v rounded to vc's dtype (what rope_append stores there).
                 Equal bit for bit to rope_append -> rope_attention.
+gemm            y = a @ b (+ r): a viewed as [M, K], b as [K, N], r and y as [M, N], the
+                dims from the element counts (ir.ops.gemm_dims: K^2 = numel(a) numel(b) /
+                numel(y)); fp32 matmul, r added in fp32, one rounding to y's dtype.
 copy            y = x, converted to y's dtype (torch ``copy_`` rounding: round to nearest even).
 put             y = x (the executor decides where and when the data lands).
 quiet, fence,   no data (the executor implements their ordering effects).
@@ -96,7 +102,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from ir.ops import OPS
+from ir.ops import OPS, gemm_dims
 from ir.program import DTYPES
 
 #: torch dtype of each IR dtype.
@@ -407,6 +413,21 @@ def _reduce(p, ins, outs):
     _store(outs[0], acc, "reduce")
 
 
+def _gemm(p, ins, outs):
+    a, b, y = ins[0], ins[1], outs[0]
+    dims = gemm_dims(a.numel(), b.numel(), y.numel())
+    if dims is None:
+        raise ReferenceOpError(f"gemm: a ({a.numel()} elements) @ b ({b.numel()}) does not fit y "
+                               f"({y.numel()}) as [M, K] @ [K, N] -> [M, N]")
+    m, k, n = dims
+    acc = torch.matmul(a.reshape(m, k).to(torch.float32), b.reshape(k, n).to(torch.float32))
+    if len(ins) > 2:
+        if ins[2].numel() != m * n:
+            raise ReferenceOpError(f"gemm: r has {ins[2].numel()} elements, y [{m}, {n}]")
+        acc += ins[2].reshape(m, n).to(torch.float32)
+    _store(y, acc, "gemm")
+
+
 def _argmax(p, ins, outs):
     x = _f32(ins[0])
     if x.numel() == 0:
@@ -461,6 +482,7 @@ IMPLS: dict[str, OpFn] = {
     "rope_append": _rope_append,
     "rope_attention": _rope_attention,
     "rope_attention_kv": _rope_attention_kv,
+    "gemm": _gemm,
     "copy": _copy,
     "put": _copy,
     "quiet": _nothing,

@@ -2,7 +2,7 @@
 
 Usage: python scripts/knob_docs.py [--write]
 Each table sits between ``<!-- knobs:CLASS -->`` and ``<!-- /knobs:CLASS -->`` in its doc
-(LoweringConfig: docs/lowering.md, KernelConfig: docs/triton.md). Without ``--write``: exit 1
+(LoweringConfig and CollectiveConfig: docs/lowering.md, KernelConfig: docs/triton.md). Without ``--write``: exit 1
 and name each table that differs from the declarations (tests/test_knobs.py runs this check);
 with it, rewrite them.
 """
@@ -19,7 +19,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 #: (class name, the doc that holds its table)
-TABLES = (("LoweringConfig", "docs/lowering.md"), ("KernelConfig", "docs/triton.md"))
+TABLES = (("LoweringConfig", "docs/lowering.md"), ("KernelConfig", "docs/triton.md"),
+          ("CollectiveConfig", "docs/lowering.md"))
 
 
 def _block(name: str) -> re.Pattern:

@@ -96,6 +96,8 @@ def kitchen_sink() -> ScheduleProgram:
     b.task("amax", r, 0, "argmax", ins=["h.r0[0:64]"], outs=["am.r0[0:2]"],
            params={"offset": 0, "mode": "first", "flag": True, "neg": -7, "f": -2.5e-10})
     b.task("amc", r, 0, "argmax_combine", ins=["pairs[0:3, 0:2]"], outs=["y.r0[0:1]"])
+    b.task("gemm", r, 1, "gemm", ins=["emb.r0[0:4, 0:16]", "emb.r0[0:16, 8:24]", "kc.r0[1:2, 0:4, 0:16]"],
+           outs=["kc.r0[0:1, 0:4, 0:16]"])
     b.task("cp", r, 0, "copy", ins=["x.r0[0:64]"], outs=["h.r0[0:64]"])
     b.task("ngemv", r, 1, "norm_gemv", ins=["x.r0[0:64]", "norm.r0[0:64]", "emb.r0[0:16, 0:64]"],
            outs=["h.r0[0:16]"], params={"eps": 1e-05})

@@ -45,6 +45,7 @@ BUFFERS = {
     "q": ("activation", "f32", (32,)), "o": ("activation", "f32", (32,)), "kc": ("kv_cache", "f32", (2, 4, 8)),
     "vc": ("kv_cache", "f32", (2, 4, 8)), "am": ("activation", "f32", (2,)), "pairs": ("activation", "f32", (2, 2)),
     "next": ("io_output", "i32", (1,)), "dst": ("activation", "f32", (16,)),
+    "B": ("weight", "f32", (16, 8)), "Y": ("activation", "f32", (2, 8)),
 }
 _KC, _VC = "kc[0:2, 0:4, 0:8]", "vc[0:2, 0:4, 0:8]"
 _ATT = {"head_dim": 8, "scale": 0.35}
@@ -70,6 +71,7 @@ SAMPLES: dict[str, tuple[list[str], list[str], dict]] = {
     "rope_append": (["x[0:16]", "u[0:16]", "inv[0:4]", "pos[0:1]"], [_KC, _VC], {"head_dim": 8}),
     "rope_attention": (["q[0:32]", _KC, _VC, "pos[0:1]", "inv[0:4]"], ["o[0:32]"], _ATT),
     "rope_attention_kv": (["q[0:32]", "x[0:16]", "u[0:16]", _KC, _VC, "pos[0:1]", "inv[0:4]"], ["o[0:32]"], _ATT),
+    "gemm": (["P[0:2, 0:16]", "B[0:16, 0:8]"], ["Y[0:2, 0:8]"], {}),
     "copy": (["x[0:16]"], ["y[0:16]"], {}),
     "put": (["x[0:16]"], ["dst@1[0:16]"], {}),
     "quiet": ([], [], {}),
