@@ -91,6 +91,23 @@ def test_it_computes_what_the_function_computes(tmp_path):
             two(x, w.t())
 
 
+def test_the_nvshmem_context_leaves_the_callers_group(tmp_path, monkeypatch):
+    """The triton path's DistContext releases NVSHMEM only: the process group is the caller's
+    (lowering.triton.dist.DistContext.close would destroy it)."""
+    from amk.distributed import _caller_group_context
+    from lowering.triton.dist import NO_MULTICAST_ENV
+
+    for k, v in NO_MULTICAST_ENV.items():  # what the context sets; restored after the test
+        monkeypatch.setenv(k, v)
+
+    with one_rank_group(tmp_path):
+        ctx = _caller_group_context(0, 1, 0)
+        assert ctx.rank == 0 and ctx.world == 1 and str(ctx.device) == "cuda:0"
+        ctx.close()
+        ctx.close()
+        assert dist.is_initialized() and ctx._closed
+
+
 def test_config_forms(tmp_path):
     from lowering.config import CollectiveConfig
 

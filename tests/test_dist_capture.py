@@ -131,6 +131,27 @@ def uly_view(o, w):
     return out.view(2, o.shape[0] // 2, o.shape[1]).transpose(0, 1).contiguous().flatten(1) @ w
 
 
+def ag_single(x, w):
+    g = torch.empty(2 * x.shape[0], x.shape[1], dtype=x.dtype, device=x.device)
+    dist.all_gather_single(g, x)
+    return g @ w.permute(1, 0)
+
+
+def rs_single(x, w):
+    y = x @ w.transpose(0, 1)
+    out = torch.empty(y.shape[0] // 2, y.shape[1], dtype=y.dtype)
+    dist.reduce_scatter_single(out, y)
+    return out
+
+
+@pytest.mark.skipif(not hasattr(dist, "all_gather_single"), reason="torch without all_gather_single")
+def test_the_single_spellings():
+    c = capture(ag_single, 2, {"x": (4, 8), "w": (6, 8)})
+    assert c.pattern == AllGatherMatmul(world=2, dtype="bf16", m=8, n=6, k=8) and c.operands["w"].transposed
+    c = capture(rs_single, 2, {"x": (4, 8), "w": (6, 8)})
+    assert c.pattern == MatmulReduceScatter(world=2, dtype="bf16", m=4, n=6, k=8) and c.operands["w"].transposed
+
+
 def test_other_spellings():
     c = capture(ag_linear, 2, {"x": (4, 8), "w": (6, 8)})
     assert c.pattern == AllGatherMatmul(world=2, dtype="bf16", m=8, n=6, k=8)
