@@ -322,8 +322,8 @@ def test_what_is_not_one_of_the_patterns():
     assert refused(linear_bias, {"x": (4, 8), "w": (6, 8), "b": (6,)}).startswith(
         f"{line_of(linear_bias, 'F.linear')}: torch.nn.functional.linear with a bias;")
     assert refused(wrong_layout, {"o": (4, 3), "w": (6, 5)}) == (
-        f"{line_of(wrong_layout, 'return out.reshape')}: the all_to_all_single result is laid out as reshape(2, 6); amk dist lowers "
-        "the Ulysses layout reshape(2, 2, 3).permute(1, 0, 2).reshape(2, 6) before the matmul")
+        f"{line_of(wrong_layout, 'return out.reshape')}: the all_to_all_single result is laid out as "
+        "reshape(2, 6); amk dist lowers the Ulysses layout reshape(2, 2, 3).permute(1, 0, 2).reshape(2, 6) before the matmul")
     assert refused(no_collective, XW) == (
         f"{first_line(no_collective)}: no_collective has no collective; amk dist lowers one of: "
         "all_gather_into_tensor -> matmul, matmul -> reduce_scatter_tensor, matmul -> all_reduce (-> RMSNorm), "

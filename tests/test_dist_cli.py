@@ -148,6 +148,16 @@ def test_bad_world_and_config(tmp_path, capsys):
     assert obj["ok"] is False and obj["exit_code"] == 2 and "tile_q" in obj["error"]
 
 
+def test_an_unwritable_emit_fails_before_the_capture(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    code, _, err = dist_cli(capsys, f"{EX}/allgather_matmul.py:allgather_matmul", "--world", "2",
+                            *shape_args(CASES["allgather_matmul"][0]), "--emit", blocker / "s.json")
+    assert code == 2
+    assert one_error_line(err).startswith(f"error: --emit: cannot write to {blocker}: ")
+    assert blocker.read_text() == "x"
+
+
 def test_a_rejected_schedule_exits_1_with_the_findings(monkeypatch, capsys):
     """The lowering loses a put's signal: the validator finds the wait that never completes."""
     import lowering.collectives as C

@@ -147,14 +147,16 @@ def load_function(path: Path, func: str) -> Any:
 
 # ----------------------------------------------------------------------------- run
 def run(args: argparse.Namespace) -> int:
-    from amk.output import emit_json, human_console
+    from amk.output import check_writable_dir, emit_json, human_console
 
     out = human_console(args, soft_wrap=True)
     path, func = parse_target(args.target)
     world = parse_world(args.world)
     shapes = parse_shapes(args.shape)
-    if args.emit and Path(args.emit).is_dir():
-        raise AmkError(f"--emit {args.emit}: is a directory; give a file name (.json or .amk)")
+    if args.emit:  # fail before the capture, not after it
+        if Path(args.emit).is_dir():
+            raise AmkError(f"--emit {args.emit}: is a directory; give a file name (.json or .amk)")
+        check_writable_dir(Path(args.emit).parent, "--emit")
     from lowering.config import collective_from_args
 
     if args.config:  # a bad file is reported before the function is imported
