@@ -195,14 +195,14 @@ def fake_process_group(world: int) -> Iterator[Any]:
 
     if not dist.is_available():
         raise AmkError("torch.distributed is not available in this torch build")
-    keys = ("_pg_map", "_pg_names", "_pg_group_ranks", "_pg_backend_config", "_group_count",
-            "_tags_to_pg", "_pg_to_tag")
-    saved = {k: getattr(c10d, k) for k in keys}
+    maps = ("_pg_map", "_pg_names", "_pg_group_ranks", "_pg_backend_config", "_tags_to_pg", "_pg_to_tag")
+    # init_process_group also sets these module globals
+    scalars = ("_group_count", "_backend", "_default_pg_init_method")
+    saved = {k: getattr(c10d, k) for k in maps + scalars if hasattr(c10d, k)}
     saved_world = c10d._world
     prior = saved_world.default_pg
-    for k in keys:
-        if k != "_group_count":
-            setattr(c10d, k, {})
+    for k in maps:
+        setattr(c10d, k, {})
     # A fresh name: the default group of a real job is "0", registered in torch's C++ name
     # registry; the fake group must not replace it there.
     c10d._group_count = 1_000_000 + next(_names)

@@ -366,9 +366,14 @@ class real_group:
 def test_an_existing_process_group_survives_a_capture(tmp_path):
     m = example("allgather_matmul")
     with real_group(tmp_path) as sub:
+        import torch.distributed.distributed_c10d as c10d
+
         world_name = dist.group.WORLD.group_name
+        before = (c10d._backend, c10d._default_pg_init_method, c10d._world.group_count)
         c = capture(m.allgather_matmul, 4, m.shapes(4))
         assert c.pattern.world == 4
+        assert (c10d._backend, c10d._default_pg_init_method, c10d._world.group_count) == before
+        assert dist.get_backend() == "gloo"
         assert dist.get_world_size() == 1 and dist.get_rank() == 0
         assert dist.group.WORLD.group_name == world_name
         t = torch.ones(3)
