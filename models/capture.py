@@ -10,9 +10,10 @@ the given shapes (``torch.empty``: no data is read or written) while a fake proc
 default group. Dynamo turns ``dist.all_gather_into_tensor``, ``reduce_scatter_tensor``,
 ``all_reduce`` and ``all_to_all_single`` into ``_c10d_functional`` ops, each followed by a
 ``wait_tensor`` and an in-place ``copy_`` into the user's output tensor. The collector keeps
-the FX graph and stops before it runs. A process group that already exists (the capture may
-run inside a torchrun job) is set aside while the fake one is the default and restored
-afterwards.
+the FX graph and, instead of running it, hands back uninitialised tensors of its outputs'
+shapes, so the function returns and what it returns shows which output is its result. A
+process group that already exists (the capture may run inside a torchrun job) is set aside
+while the fake one is the default and restored afterwards.
 
 The graph is then evaluated symbolically, node by node in program order: each tensor becomes
 a parameter of the function, an allocation, a view chain (reshape / permute), a collective,
