@@ -22,7 +22,7 @@ from ground.errors import AmkError
 
 # Subcommand modules, in the order `amk --help` lists them.
 COMMANDS = ["doctor", "info", "compile", "generate", "validate", "validate_corpus", "edit", "run", "bench",
-            "search", "tune", "profile", "mcp", "ui"]
+            "search", "tune", "profile", "dist", "mcp", "ui"]
 
 
 def _module_of(command: str) -> str | None:

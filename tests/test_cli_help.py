@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMANDS = ["compile", "generate", "search", "info", "run", "validate", "validate-corpus", "edit", "mcp"]
+COMMANDS = ["compile", "generate", "search", "info", "run", "validate", "validate-corpus", "edit", "dist", "mcp"]
 
 
 def _amk(*args: str) -> subprocess.CompletedProcess:
