@@ -19,7 +19,8 @@ over the HBM bandwidth measured in the same run (ground/timing.py). Also reporte
 the quantized model's distance to the bf16 one (greedy agreement over 64 tokens,
 perplexity: lowering.quant.distance, on seeded token ids).
 
-Without a CUDA GPU it exits 2 with one line. ``--out FILE`` is written atomically.
+Without a CUDA GPU it exits 2 with one line. ``--out FILE`` is written atomically, after
+every row too (``partial: true`` until the run ends).
 """
 
 from __future__ import annotations
@@ -119,8 +120,11 @@ def build_result(meta: dict, bandwidth: float, rows: list[dict], distance: dict)
             "ok": all(r["correct"] is not False for r in rows)}
 
 
-def measure(args: argparse.Namespace, formats: list[str], progress: Callable[[str], None]) -> dict:
-    """Run every measurement on the GPU and return ``build_result``'s object."""
+def measure(args: argparse.Namespace, formats: list[str], progress: Callable[[str], None],
+            checkpoint: Callable[[dict], None] = lambda result: None) -> dict:
+    """Run every measurement on the GPU and return ``build_result``'s object; after each row,
+    ``checkpoint`` receives the result so far (``partial: true``), so a run cut off by a time
+    limit still leaves its finished rows."""
     import torch
 
     from amk.baselines import BaselineResult, hf_compiled_graph, judge, make_reference
@@ -146,6 +150,15 @@ def measure(args: argparse.Namespace, formats: list[str], progress: Callable[[st
     g = torch.Generator().manual_seed(1234)
     prompt = torch.randint(0, model.config.vocab_size, (1, args.prompt_len), generator=g)
     rows, distance = [], {}
+    meta = {"device": props.name, "model": args.model, "command": " ".join(sys.argv),
+            "python": platform.python_version(), "torch": torch.__version__,
+            "torchao": _torchao_version(), "config": full.lowering.to_json(), "kernel": full.kernel.to_json(),
+            "config_source": source, "tokens": args.tokens, "repeats": args.repeats}
+
+    def done(row_: dict) -> None:
+        rows.append(row_)
+        checkpoint({**build_result(meta, bw, rows, distance), "partial": True})
+
     for fmt in [None, *formats]:
         label = fmt or "bf16"
         ref_model = model if fmt is None else quant.quantized_copy(model, fmt, qlm)
@@ -167,10 +180,10 @@ def measure(args: argparse.Namespace, formats: list[str], progress: Callable[[st
                                                    args.tokens, kernel_options(full.kernel))
             del session, ex
             _free()
-            rows.append(row(f"amk {label}", label, [ours.to_json()], floor, ours.correct, ours.note,
+            done(row(f"amk {label}", label, [ours.to_json()], floor, ours.correct, ours.note,
                             {"weight_bytes": nbytes, "logit_check": ours.extra.get("logit_check")}))
         except AmkError as err:
-            rows.append(row(f"amk {label}", label, [{"latency_ms_median": None}], floor, False,
+            done(row(f"amk {label}", label, [{"latency_ms_median": None}], floor, False,
                             f"failed: {err}", {"weight_bytes": nbytes}))
         if args.no_baselines:
             continue
@@ -187,13 +200,9 @@ def measure(args: argparse.Namespace, formats: list[str], progress: Callable[[st
             r = BaselineResult(name, [], None, False, f"failed: {type(err).__name__}: {err}")
             runs.append(r.to_json())
             correct, note = False, r.note
-        rows.append(row(name, label, runs, floor, correct, note, {"weight_bytes": nbytes}))
+        done(row(name, label, runs, floor, correct, note, {"weight_bytes": nbytes}))
         del base
         _free()
-    meta = {"device": props.name, "model": args.model, "command": " ".join(sys.argv),
-            "python": platform.python_version(), "torch": torch.__version__,
-            "torchao": _torchao_version(), "config": full.lowering.to_json(), "kernel": full.kernel.to_json(),
-            "config_source": source, "tokens": args.tokens, "repeats": args.repeats}
     return build_result(meta, bw, rows, distance)
 
 
@@ -258,7 +267,12 @@ def main(argv: list[str] | None = None, measure_fn: Callable | None = None) -> i
     if args.out:
         check_writable_dir(Path(args.out).parent, "--out")
     con = Console(stderr=True)
-    result = measure_fn(args, formats, lambda s: con.print(s, markup=False, highlight=False))
+
+    def checkpoint(partial: dict) -> None:
+        if args.out:
+            atomic_write_text(args.out, json.dumps(finite(partial), indent=1, default=str) + "\n")
+
+    result = measure_fn(args, formats, lambda s: con.print(s, markup=False, highlight=False), checkpoint)
     Console(width=200, stderr=bool(args.json)).print(result_table(result))
     if args.out:
         atomic_write_text(args.out, json.dumps(finite(result), indent=1, default=str) + "\n")

@@ -49,7 +49,7 @@ def test_quantized_decode_bytes():
     assert bq.quant_decode_bytes(m, "fp8", True) == full - n + 4 * rows - head.numel() + 4 * head.shape[0]
 
 
-def _fake_measure(args, formats, progress):
+def _fake_measure(args, formats, progress, checkpoint=None):
     """What ``bench.quant.measure`` returns, from fixed numbers: one amk and one baseline row
     per format (the baseline measured ``--repeats`` times)."""
     progress("fake measurement")
@@ -88,9 +88,9 @@ def test_table_and_json_from_a_measurement(tmp_path, capsys):
 def test_unwritable_out_is_refused_before_measuring(tmp_path):
     called = []
 
-    def measure(args, formats, progress):
+    def measure(args, formats, progress, checkpoint=None):
         called.append(1)
-        return _fake_measure(args, formats, progress)
+        return _fake_measure(args, formats, progress, checkpoint)
 
     from ground.errors import AmkError
 
@@ -98,3 +98,18 @@ def test_unwritable_out_is_refused_before_measuring(tmp_path):
     with pytest.raises(AmkError, match="--out"):
         bq.main(["config:tiny-llama", "--out", str(tmp_path / "file" / "r.json")], measure_fn=measure)
     assert not called
+
+
+def test_a_run_cut_off_after_a_row_leaves_that_row(tmp_path):
+    """--out holds the finished rows (partial: true) when the measurement dies later."""
+    out = tmp_path / "r.json"
+
+    def measure(args, formats, progress, checkpoint):
+        full = _fake_measure(args, formats, progress)
+        checkpoint({**bq.build_result({"device": "fake"}, 1.0, full["rows"][:1], {}), "partial": True})
+        raise KeyboardInterrupt  # the time limit's kill
+
+    with pytest.raises(KeyboardInterrupt):
+        bq.main(["config:tiny-llama", "--out", str(out)], measure_fn=measure)
+    res = json.loads(out.read_text())
+    assert res["partial"] is True and [r["method"] for r in res["rows"]] == ["amk bf16"]
