@@ -48,7 +48,7 @@ def test_sizes_cubes_triples_and_the_default_sets():
     (["--sizes", "0"], "--sizes: '0' must be N or MxNxK with each dimension in 1..65536"),
     (["--sizes", "1x2"], "must be N or MxNxK"),
     (["--patterns", "allgather"], "--patterns: allgather is not one of allgather_matmul"),
-    (["--methods", "nccl,mpi"], "--methods: mpi is not one of nccl, symm_mem, amk"),
+    (["--methods", "nccl,mpi"], "--methods: mpi is not one of nccl, nccl_graph, symm_mem, amk"),
     (["--repeats", "1"], "--repeats: 1 is outside [2, 100]"),
     (["--tile-m", "0"], "--tile-m: must be an integer >= 1, got 0"),
     (["--allreduce", "ring"], "--allreduce: expected one of oneshot, twoshot, got 'ring'"),
@@ -127,6 +127,19 @@ def test_speedups_are_against_the_fastest_nccl_repeat_and_charge_the_slowest_rep
     summ = {s["pattern"]: s for s in rep["summary"]}
     assert summ["allgather_matmul"]["fastest"] == "symm_mem" and summ["ulysses_combine"]["fastest"] == "nccl"
     assert rep["all_verdicts"] is False
+
+
+def test_the_baseline_is_the_fastest_correct_nccl_repeat_eager_or_graphed():
+    dims, f = (256, 256, 256), 2 * 256 ** 3
+    rows = [D.method_row("allgather_matmul", dims, "nccl", [_rank([0.1, 0.12])] * 2, f),
+            D.method_row("allgather_matmul", dims, "nccl_graph", [_rank([0.04, 0.05])] * 2, f),
+            D.method_row("allgather_matmul", dims, "amk", [_rank([0.02, 0.025])] * 2, f)]
+    amk = {r["method"]: r for r in D.build_report({}, rows)["rows"]}["amk"]
+    assert amk["speedup"] == pytest.approx(0.04 / 0.025)
+    wrong_graph = [rows[0], D.method_row("allgather_matmul", dims, "nccl_graph", [_rank([0.01], err=1.0)] * 2, f),
+                   rows[2]]
+    amk = {r["method"]: r for r in D.build_report({}, wrong_graph)["rows"]}["amk"]
+    assert amk["speedup"] == pytest.approx(0.1 / 0.025)  # a wrong baseline is no baseline
 
 
 def test_the_table_and_the_json_file(tmp_path):

@@ -1,6 +1,7 @@
-"""Autoregressive decoding with one CUDA-graph replay per token.
+"""Megakernel launches replayed from CUDA graphs: ``DecodeGraph`` (autoregressive decoding,
+one replay per token) and ``StepGraph`` (one epoch of any program, one replay per call).
 
-The graph holds the megakernel launch followed by the step's bookkeeping, all on the device:
+DecodeGraph's graph holds the megakernel launch followed by the step's bookkeeping, all on the device:
 ``epoch += 1``, ``pos += 1``, ``token <- next`` and ``history[pos] <- next``. A replay is
 therefore one whole decode step with no host round trip; the host reads the history once
 at the end. The bookkeeping is four tiny element-wise kernels (about 2 us each inside a
@@ -85,3 +86,41 @@ class DecodeGraph:
         self.ex._report(self.ex.next_epoch - 1, rec)
         toks = self.hist[p - 1:p - 1 + n_tokens].tolist()
         return [int(t) for t in toks], timing
+
+
+class StepGraph:
+    """One epoch of any program (a launch and ``epoch += 1``) captured in a CUDA graph, for
+    programs whose inputs the caller writes into io buffers in place (the communication
+    patterns of lowering/collectives.py): a replay is one call with no host round trip.
+
+    The kernel's error records are read by ``check()``, not per replay (a read would
+    synchronise); a wait that times out still ends the kernel (the watchdog), and ``check``
+    then raises as ``TritonExecutor.step`` does. ``executor``: a compiled-mode
+    ``TritonExecutor`` at a step boundary that has run one ``step()`` (which compiles).
+    Raises RuntimeError without CUDA or before that first step.
+    """
+
+    def __init__(self, executor):
+        if executor.device.type != "cuda":
+            raise RuntimeError("StepGraph needs the compiled (CUDA) Triton backend")
+        if executor.compiled is None:
+            raise RuntimeError("run one executor.step() before capturing (it compiles the kernel)")
+        self.ex = executor
+        self.ex._epoch.fill_(executor.next_epoch)
+        torch.cuda.synchronize(executor.device)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            executor.arm_scratch()
+            executor._kernel[(executor.workers,)](*executor._args(), **executor._launch_kw)
+            executor._epoch.add_(1)
+
+    def replay(self) -> None:
+        """One epoch; advances the executor's epoch bookkeeping too."""
+        self.graph.replay()
+        self.ex._next_epoch += 1
+
+    def check(self) -> None:
+        """Synchronise and raise TritonWatchdogError / TritonTaskError / TritonError when the
+        last replay's workers reported a failure or did not finish their queues."""
+        torch.cuda.synchronize(self.ex.device)
+        self.ex._report(self.ex.next_epoch - 1, self.ex._err.to("cpu"))
