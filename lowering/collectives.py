@@ -169,9 +169,14 @@ class _Emit:
                     signals=[Signal(c, 1) for c in signals], group=self.group if comm else None)
 
     def build(self) -> ScheduleProgram:
-        """The program: every wait asks for all of its counter's signals of one epoch."""
+        """The program: every wait asks for all of its counter's signals of one epoch, and
+        ``max_epochs`` (calls before the executor must be rebuilt) is lowered where a
+        counter's signals per epoch would otherwise leave its 32-bit signed range (large
+        sizes with small tiles: 4,096 signals per epoch allow 524,286 calls)."""
         prog = self.b.build()
         n = prog.signals_per_epoch()
+        most = max(n.values(), default=1)
+        prog.max_epochs = max(1, min(prog.max_epochs, (2 ** 31 - 1) // most - 1))
         for t in prog.tasks:
             if t.waits:
                 t.waits = tuple(Wait(w.counter, n[w.counter]) for w in t.waits)

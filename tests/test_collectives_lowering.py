@@ -339,3 +339,18 @@ def test_one_rank_is_a_tiled_matmul():
         ins = _inputs(p, 0)
         out = _run_sim(p, CollectiveConfig(tile_m=4, tile_n=16, workers=2), [ins])
         assert (out[0][0] - p.reference(ins)[0]).abs().max() <= 1e-4
+
+
+def test_many_signals_per_epoch_lower_max_epochs_instead_of_overflowing_a_counter():
+    """4,096 tiles signalling one counter per epoch: the program allows fewer calls rather
+    than a counter that leaves its 32-bit range (which the validator refuses)."""
+    from models.collectives import MatmulAllReduce
+    from lowering.collectives import lower_pattern
+    from lowering.config import CollectiveConfig
+
+    prog, _ = lower_pattern(MatmulAllReduce(world=2, dtype="bf16", m=8192, n=8192, k=16), CollectiveConfig())
+    most = max(prog.signals_per_epoch().values())
+    assert most >= 4096
+    assert most * (prog.max_epochs + 1) <= 2 ** 31 - 1 < most * (prog.max_epochs + 2)
+    small, _ = lower_pattern(MatmulAllReduce(world=2, dtype="bf16", m=64, n=64, k=16), CollectiveConfig())
+    assert small.max_epochs == 1 << 20
