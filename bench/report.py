@@ -21,6 +21,12 @@ alone)::
                            "remeasured": {"date": "YYYY-MM-DD", "baseline": "<baseline name>",
                                           "amk_ms": [ms, ...], "baseline_ms": [ms, ...]}}}
 
+Two more kinds of current result get a section each, after the `amk bench` tables:
+``bench/dist.py`` reports (``<gpu>/dist-*.json``: the communication patterns against NCCL and
+torch's symmetric-memory ops, one row per pattern and size with the fastest repeat of each
+method) and ``bench/quant.py`` reports (``<gpu>/quant-*.json``: amk's quantized megakernel
+against its bf16 one and torchao; a report cut off by a time limit says so).
+
 The page is generated, so it cannot drift from the files: tests/test_bench_report.py
 regenerates it and compares. ``--check`` exits 1 when FILE differs from what the results
 give. Bad input (an unreadable result file, a note for a file that is not there) is one line
@@ -421,6 +427,78 @@ def summary(groups: dict[tuple, list[Result]], keys: list[tuple]) -> list[str]:
     return lines + [""]
 
 
+def load_other(results: Path, prefix: str, has: str) -> list[tuple[str, dict, str]]:
+    """``(rel, report, date)`` of each ``<gpu>/<prefix>*.json`` report holding the key ``has``
+    (a bench/dist.py or bench/quant.py report). Raises AmkError for an unreadable file."""
+    out = []
+    for path in sorted(results.glob(f"*/{prefix}*.json")):
+        try:
+            obj = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise AmkError(f"{path}: not a readable JSON result file ({err})") from None
+        if isinstance(obj, dict) and has in obj:
+            out.append((path.relative_to(results).as_posix(), obj, git_recorded(path)[0]))
+    return out
+
+
+def render_dist(rel: str, rep: dict) -> list[str]:
+    """One table of a bench/dist.py report: per pattern and size, each method's fastest
+    repeat (ms, slowest rank), its verdict, and amk's ratio to the fastest correct NCCL run."""
+    world = rep.get("world", "?")
+    gpu = gpu_label(f"{world} x {rep.get('device', '')}")
+    methods = list(dict.fromkeys(r["method"] for r in rep["rows"]))
+    head = ("| pattern | M = N = K | " + " | ".join(f"{m} ms" for m in methods)
+            + " | amk vs the original (eager NCCL) | amk vs fastest NCCL (eager or graph) |")
+    command = re.sub(r"--out \S+", f"--out bench/results/{rel}", rep.get("command", "?"))
+    lines = [f"### {gpu}, `bench/results/{rel}`", "",
+             f"Command: `{command}`. bf16; ms per call, the fastest repeat of "
+             f"{rep.get('settings', {}).get('repeats', '?')} (slowest rank); \"-\": unavailable or failed "
+             "(the report says why); \"wrong\": outside the tolerance. Ratios: the baseline's fastest "
+             "repeat over amk's slowest (its best knob variant where there are two).", "",
+             head, "|" + "---|" * (len(methods) + 4)]
+    keys = list(dict.fromkeys((r["pattern"], r["M"], r["N"], r["K"]) for r in rep["rows"]))
+    for key in keys:
+        rows = {r["method"]: r for r in rep["rows"] if (r["pattern"], r["M"], r["N"], r["K"]) == key}
+        cells = []
+        for m in methods:
+            r = rows.get(m)
+            if r is None or r.get("status") != "ran":
+                cells.append("-")
+            else:
+                cells.append(f"{min(r['repeats_ms']):.3f}" + ("" if r.get("ok") else " wrong"))
+        amk = [r for m, r in rows.items() if m.startswith("amk") and r.get("speedup") is not None]
+        best = max((r["speedup"] for r in amk), default=None)
+        eager = rows.get("nccl")
+        vs_eager = None
+        if amk and eager is not None and eager.get("status") == "ran" and eager.get("ok"):
+            vs_eager = max(min(eager["repeats_ms"]) / max(r["repeats_ms"]) for r in amk)
+        dims = str(key[1]) if key[1] == key[2] == key[3] else f"{key[1]}x{key[2]}x{key[3]}"
+        lines.append(f"| {key[0]} | {dims} | " + " | ".join(cells) + " | "
+                     + ("-" if vs_eager is None else f"{vs_eager:.2f}x") + " | "
+                     + ("-" if best is None else f"{best:.2f}x") + " |")
+    return lines
+
+
+def render_quant(rel: str, rep: dict) -> list[str]:
+    """One table of a bench/quant.py report: each row's median ms, % of its roofline and
+    verdict, and the per-format distance to the bf16 model."""
+    lines = [f"### {gpu_label(rep.get('device', ''))}, {model_label(rep.get('model', '?'))}, "
+             f"`bench/results/{rel}`", ""]
+    if rep.get("partial"):
+        lines += ["The run was cut off by the device call's time limit after the rows below; the "
+                  "rest were not measured.", ""]
+    lines += ["| method | weights | ms/token | % of its roofline | correct |", "|---|---|---|---|---|"]
+    for r in rep["rows"]:
+        ok = "yes" if r.get("correct") else "no"
+        pct = r.get("roofline_pct")
+        pct_cell = "-" if pct is None else f"{pct:.1f}%"
+        lines.append(f"| {r['method']} | {r['weights']} | {fmt_ms(r.get('latency_ms_median'))} | {pct_cell} | {ok} |")
+    for fmt, d in sorted((rep.get("distance") or {}).items()):
+        lines += ["", f"{fmt} against bf16: greedy agreement {d.get('greedy_match', 0):.3f} over "
+                      f"{d.get('tokens')} tokens, perplexity ratio {d.get('ppl_ratio', float('nan')):.4f}."]
+    return lines
+
+
 def render(results_dir: Path = RESULTS) -> str:
     """The whole page for the results under ``results_dir`` (see the module docstring)."""
     results = load_results(results_dir)
@@ -442,6 +520,19 @@ def render(results_dir: Path = RESULTS) -> str:
         lines += [f"## {model_label(model)}, tp {tp}, {gpu}", ""]
         for res in sorted(groups[key], key=lambda r: (r.date, r.rel), reverse=True):
             lines += render_result(res, results_dir) + [""]
+    dist = load_other(results_dir, "dist-", "rows")
+    if dist:
+        lines += ["## Communication patterns (`bench/dist.py`)", "",
+                  "amk's fused kernel (one launch per call, replayed from a CUDA graph) against the "
+                  "original torch.distributed function on NCCL, eager and captured in a CUDA graph, and "
+                  "torch's symmetric-memory fused ops ([dist.md](dist.md)).", ""]
+        for rel, rep, _ in sorted(dist, key=lambda t: (t[2], t[0]), reverse=True):
+            lines += render_dist(rel, rep) + [""]
+    quant = load_other(results_dir, "quant-", "distance")
+    if quant:
+        lines += ["## Quantized weights (`bench/quant.py`)", ""]
+        for rel, rep, _ in sorted(quant, key=lambda t: (t[2], t[0]), reverse=True):
+            lines += render_quant(rel, rep) + [""]
     lines += [f"{ONCE} Measured once in its call; see \"How `amk bench` measures\" above."]
     return "\n".join(lines) + "\n"
 

@@ -204,3 +204,35 @@ def test_report_module_renders_without_git(tmp_path, monkeypatch):
     monkeypatch.setattr(report_mod, "ROOT", tmp_path)
     page = report_mod.render(res)
     assert "date and commit not recorded" in page
+
+
+def test_dist_and_quant_reports_get_their_own_tables(tmp_path):
+    """A bench/dist.py report: each method's fastest repeat, amk against the eager original and
+    against the fastest NCCL run; a partial bench/quant.py report says it was cut off."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import report as report_mod
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    res = tmp_path / "results"
+    (res / "h100x2").mkdir(parents=True)
+
+    def row(method, reps, ok=True, speedup=None):
+        return {"pattern": "allgather_matmul", "M": 256, "N": 256, "K": 256, "method": method,
+                "status": "ran", "repeats_ms": reps, "ok": ok, "speedup": speedup}
+
+    dist = {"device": "NVIDIA H100 80GB HBM3", "world": 2, "command": "torchrun bench/dist.py --out /x/y.json",
+            "settings": {"repeats": 2},
+            "rows": [row("nccl", [0.12, 0.10]), row("nccl_graph", [0.03, 0.02]),
+                     row("amk", [0.025, 0.04], speedup=0.5)]}
+    (res / "h100x2" / "dist-2gpu.json").write_text(json.dumps(dist))
+    quant = {"device": "NVIDIA H100 80GB HBM3", "model": "config:llama-3.2-1b", "partial": True,
+             "rows": [{"method": "amk int8", "weights": "int8", "latency_ms_median": 1.25, "roofline_pct": 40.0,
+                       "correct": True}],
+             "distance": {"int8": {"greedy_match": 0.75, "tokens": 64, "ppl_ratio": 1.01}}}
+    (res / "h100x2" / "quant-x.json").write_text(json.dumps(quant))
+    page = report_mod.render(res)
+    assert "| allgather_matmul | 256 | 0.100 | 0.020 | 0.025 | 2.50x | 0.50x |" in page
+    assert "--out bench/results/h100x2/dist-2gpu.json" in page
+    assert "cut off by the device call's time limit" in page and "| amk int8 | int8 | 1.250 | 40.0% | yes |" in page
+    assert "greedy agreement 0.750 over 64 tokens, perplexity ratio 1.0100" in page
