@@ -294,33 +294,14 @@ class DistributedFunction:
 
 
 def _caller_group_context(rank: int, world: int, local_rank: int) -> Any:
-    """A lowering.triton.dist.DistContext on the caller's process group whose ``close``
-    releases NVSHMEM but leaves the group to its owner (DistContext.close destroys it)."""
+    """A lowering.triton.dist.DistContext on the caller's process group: its ``close``
+    releases NVSHMEM but leaves the group to its owner."""
     from lowering.triton.dist import NO_MULTICAST_ENV, DistContext
-
-    class CallerGroupContext(DistContext):
-        def close(self) -> None:
-            if self._closed:
-                return
-            self._closed = True
-            if self.nvshmem:
-                import nvshmem.core as nvshmem
-                import nvshmem.core.interop.torch as nvt
-
-                torch.cuda.synchronize(self.device)
-                for t in self._tensors:
-                    try:
-                        nvt.free_tensor(t)
-                    except Exception:
-                        pass
-                self._tensors.clear()
-                nvshmem.finalize()
-                self.nvshmem = False
 
     for k, v in NO_MULTICAST_ENV.items():  # no multicast / NVLS (docs/gpu-testing.md)
         os.environ.setdefault(k, v)
-    return CallerGroupContext(rank=rank, world=world, local_rank=local_rank,
-                              device=torch.device("cuda", local_rank))
+    return DistContext(rank=rank, world=world, local_rank=local_rank,
+                       device=torch.device("cuda", local_rank), owns_group=False)
 
 
 def distribute(fn: Callable, *, world: int, shapes: dict[str, tuple[int, ...]], dtype: str = "bf16",

@@ -93,7 +93,7 @@ def test_it_computes_what_the_function_computes(tmp_path):
 
 def test_the_nvshmem_context_leaves_the_callers_group(tmp_path, monkeypatch):
     """The triton path's DistContext releases NVSHMEM only: the process group is the caller's
-    (lowering.triton.dist.DistContext.close would destroy it)."""
+    (a DistContext that owns its group destroys it on close)."""
     from amk.distributed import _caller_group_context
     from lowering.triton.dist import NO_MULTICAST_ENV
 

@@ -70,7 +70,9 @@ class DistContext:
     """This process's place in a multi-GPU run.
 
     ``rank`` / ``world``: the PE number and count (tensor-parallel rank and degree);
-    ``device``: this rank's CUDA device; ``nvshmem``: whether NVSHMEM is initialised.
+    ``device``: this rank's CUDA device; ``nvshmem``: whether NVSHMEM is initialised;
+    ``owns_group``: whether ``close`` destroys the process group (False when the group is the
+    caller's, as for ``amk.distribute``).
     """
 
     rank: int
@@ -78,6 +80,7 @@ class DistContext:
     local_rank: int
     device: torch.device
     nvshmem: bool = False
+    owns_group: bool = True
     _tensors: list[torch.Tensor] = field(default_factory=list, repr=False)
     _closed: bool = False
 
@@ -147,7 +150,8 @@ class DistContext:
 
     # ------------------------------------------------------------ shutdown
     def close(self) -> None:
-        """Free symmetric tensors, finalise NVSHMEM, destroy the process group (idempotent)."""
+        """Free symmetric tensors, finalise NVSHMEM and, when it owns it, destroy the process
+        group (idempotent)."""
         if self._closed:
             return
         self._closed = True
@@ -166,7 +170,7 @@ class DistContext:
                 self.nvshmem = False
         finally:
             import torch.distributed as dist
-            if dist.is_initialized():
+            if self.owns_group and dist.is_initialized():
                 dist.destroy_process_group()
 
 
