@@ -210,6 +210,7 @@ class DistributedFunction:
         self.backend = backend
         self._kernel = kernel
         self._ex: Any = None
+        self._graph: Any = None  # the triton path's StepGraph, once its executor has compiled
         self._epoch = 0
         self._ctx: Any = None
 
@@ -263,12 +264,27 @@ class DistributedFunction:
         return outs[rank]
 
     def _call_triton(self, rank: int, ops: dict[str, torch.Tensor]) -> torch.Tensor:
+        """One epoch on this rank's GPU. The first call of an executor launches through
+        ``step`` (it compiles); later calls replay that launch from a CUDA graph (no
+        per-call argument packing, lowering.triton.graph.StepGraph). Every call reads the
+        kernel's error records before returning, so a failure raises instead of returning a
+        wrong tensor; a failed executor is dropped and the next call starts afresh."""
         if self._ex is None or self._epoch >= self.program.max_epochs:
-            self._ex = self._triton_executor(rank)
+            self._ex, self._graph = self._triton_executor(rank), None
             self._epoch = 0
         ex, b, e = self._ex, self.binding, self._epoch
-        b.write_inputs(ex, rank, self._operands(ops))
-        ex.step(e)
+        try:
+            b.write_inputs(ex, rank, self._operands(ops))
+            if self._graph is None:
+                ex.step(e)
+                from lowering.triton.graph import StepGraph
+                self._graph = StepGraph(ex)  # captured at the next step boundary
+            else:
+                self._graph.replay()
+                self._graph.check()
+        except BaseException:
+            self._ex, self._graph, self._epoch = None, None, 0
+            raise
         self._epoch += 1
         # the output region read on the device (Binding.read_output would copy to the host)
         reg = b.outputs[rank]
