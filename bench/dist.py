@@ -5,6 +5,9 @@ Usage (on a 2-GPU NVLink machine, from the repo root):
 
     torchrun --nproc-per-node 2 bench/dist.py --quick [--out FILE] [--sizes 1024,4096x4096x2048]
 
+(amk's rows need nvshmem4py: ``pip install 'amk[gpu]'``, or its cp312 wheel carried in a
+``.whl*/`` folder on the GPU machines, docs/gpu-testing.md.)
+
 For each pattern (models/collectives.py: all-gather + matmul, matmul + reduce-scatter,
 matmul + all-reduce, the same with RMSNorm, the Ulysses combine) and each size M, N, K
 (bf16; without ``--sizes`` / ``--quick`` the cubes 256 .. 8192; for the Ulysses combine
