@@ -60,7 +60,12 @@ def main(fn: Callable, shapes: Callable[[int], dict[str, tuple[int, ...]]], argv
     try:
         return _compare(fn, {**shapes(world), **dict(args.shape)}, args, rank, world, device)
     finally:
-        dist.destroy_process_group()
+        # every rank leaves its last collective before any tears the group down: a gloo pair
+        # destroyed under a peer still in flight aborts that peer's process at exit
+        try:
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
 
 
 def _compare(fn, shapes, args, rank, world, device) -> int:
