@@ -34,9 +34,10 @@ The patterns (R ranks, rank r; "block j" = the rows rank j owns):
   chunk by chunk as they complete (``reduce`` over ``P[0:R, rows, 0:N]``) into ``y``.
 * matmul + all-reduce: ``oneshot``: every tile is put into every peer's ``P[r]`` (chunks of M
   in order), every rank reduces all rows; ``twoshot``: the reduce-scatter above, then each
-  rank puts its reduced rows to every peer's output. With RMSNorm, each reduce task's rows
-  are normalised right after it, on its worker (before the all-gather for two-shot, so every
-  row is normalised once).
+  rank puts its reduced rows to every peer's output. With RMSNorm, one-shot normalises each
+  reduce task's rows right after it, on its worker; two-shot normalises after the
+  all-gather, every rank all rows with its own ``g`` (ranks may hold different ``g``, which
+  the original function allows).
 * Ulysses combine: rank r puts rows ``j*S/R ..`` of ``o`` into rank j's ``G[S/R, R*C]`` at
   columns ``r*C ..`` (a strided column block). Each output tile multiplies its own piece at
   once and each peer's piece as it arrives (one GEMM per source, the running sum in an fp32
