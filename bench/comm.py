@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import re
 import shlex
@@ -58,7 +57,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as `python bench/comm.py` from a source checkout
     sys.path.insert(0, str(ROOT))
 
-from ground.errors import AmkError  # noqa: E402
+from ground.errors import AmkError, rank_exit_code  # noqa: E402
 # lowering.triton chooses Triton's CPU interpreter on a machine without a GPU; it must be
 # imported before `triton` (see conftest.py).
 from lowering.triton import lang as K  # noqa: E402
@@ -913,7 +912,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: validate, then spawn R ranks or (inside a rank) run the benchmark."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    try:
+
+    def body() -> int:
         st = validate(args)
         from amk.launch import in_spawned_rank, spawn
         if not in_spawned_rank():
@@ -921,13 +921,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise AmkError("give --ranks R (R >= 2 GPUs), or start the ranks with torchrun")
             return spawn(argv, st.ranks, prefix=[sys.executable, str(Path(__file__).resolve())])
         return run_rank(st, argv)
-    except AmkError as err:
-        rank = os.environ.get("RANK")
-        print(f"bench/comm.py: error: {'rank ' + rank + ': ' if rank else ''}{err}", file=sys.stderr)
-        return err.exit_code
-    except KeyboardInterrupt:
-        print("bench/comm.py: interrupted", file=sys.stderr)
-        return 130
+
+    return rank_exit_code("bench/comm.py", body)
 
 
 # ====================================================================== host: GPU side

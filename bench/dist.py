@@ -58,12 +58,11 @@ if str(ROOT) not in sys.path:  # run as `python bench/dist.py` from a source che
 
 import torch  # noqa: E402
 
-from ground.errors import AmkError  # noqa: E402
+from ground.errors import AmkError, rank_exit_code  # noqa: E402
 from lowering.config import CollectiveConfig, KernelConfig, collective_part  # noqa: E402
 from lowering.knobs import add_flags, given, knob_named  # noqa: E402
+from lowering.triton.dist import NO_MULTICAST_ENV  # noqa: E402
 
-#: always set, before any process group or NVSHMEM exists (lowering/triton/dist.py)
-NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 PATTERNS = ("allgather_matmul", "matmul_reduce_scatter", "matmul_allreduce", "matmul_allreduce_rmsnorm",
             "ulysses_combine")
 METHODS = ("nccl", "nccl_graph", "symm_mem", "amk")
@@ -608,7 +607,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     os.environ.update(NO_MULTICAST_ENV)
     warnings.simplefilter("ignore", FutureWarning)  # the originals' *_tensor collectives are "deprecated"
-    try:
+
+    def body() -> int:
         st = validate(args)
         if not torch.cuda.is_available() or torch.cuda.device_count() < 1:
             raise AmkError("needs CUDA GPUs, none is visible; run on a multi-GPU machine with "
@@ -632,13 +632,8 @@ def main(argv: list[str] | None = None) -> int:
         if st.out:
             write_report(st.out, report)
         return 0 if report["all_verdicts"] else 1
-    except AmkError as err:
-        rank = os.environ.get("RANK")
-        print(f"bench/dist.py: error: {'rank ' + rank + ': ' if rank else ''}{err}", file=sys.stderr)
-        return err.exit_code
-    except KeyboardInterrupt:
-        print("bench/dist.py: interrupted", file=sys.stderr)
-        return 130
+
+    return rank_exit_code("bench/dist.py", body)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Callable, NoReturn
 
@@ -28,3 +29,19 @@ def run_main(main: Callable[[], int | None], name: str) -> NoReturn:
         print(f"{name}: error: {err}", file=sys.stderr)
         raise SystemExit(err.exit_code) from None
     raise SystemExit(code)
+
+
+def rank_exit_code(name: str, body: Callable[[], int]) -> int:
+    """Run one rank's part of a multi-process script and return its exit code: ``body()``'s,
+    or, for an AmkError, the error's after one line ``NAME: error: rank R: MESSAGE`` on stderr
+    (``rank R: `` when the environment names the rank, as torchrun's ``RANK`` does), or 130
+    after ``NAME: interrupted`` for Ctrl-C; never a traceback."""
+    try:
+        return body()
+    except AmkError as err:
+        rank = os.environ.get("RANK")
+        print(f"{name}: error: {'rank ' + rank + ': ' if rank else ''}{err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted", file=sys.stderr)
+        return 130

@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,8 @@ import pytest
 import torch
 
 from bench import dist as D
-from ground.errors import AmkError
+from ground.errors import AmkError, rank_exit_code
+from tests.test_dist_api import one_rank_group
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -166,16 +166,10 @@ def test_a_report_file_that_cannot_be_written_is_one_line(tmp_path):
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")  # the *_tensor collectives' deprecation notes
-def test_the_originals_on_one_rank_are_the_patterns_math():
+def test_the_originals_on_one_rank_are_the_patterns_math(tmp_path):
     # the functions bench/dist.py times as "nccl" (world size 1 over gloo in this process)
-    import torch.distributed as dist
     from models.collectives import MatmulAllReduce
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    try:
+    with one_rank_group(tmp_path):
         for name in D.PATTERNS:
             p = D.pattern_of(name, 1, 8, 16, 8)
             gen = torch.Generator().manual_seed(0)
@@ -183,8 +177,6 @@ def test_the_originals_on_one_rank_are_the_patterns_math():
             want = p.reference([ins])[0]
             assert torch.allclose(D.original(name, ins), want.float(), atol=0.05), name
         assert isinstance(D.pattern_of("matmul_allreduce_rmsnorm", 1, 8, 8, 8), MatmulAllReduce)
-    finally:
-        dist.destroy_process_group()
 
 
 class _OneRank:
@@ -200,21 +192,13 @@ class _OneRank:
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")
-def test_a_rank_runs_the_originals_and_reports_the_missing_fused_ops():
+def test_a_rank_runs_the_originals_and_reports_the_missing_fused_ops(tmp_path):
     # the flow of one rank (inputs, the original's output, timing repeats, verdicts, rows)
     # without GPUs: the originals over a one-process gloo group, the symmetric-memory ops
     # unavailable for CPU tensors
-    import torch.distributed as dist
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    try:
+    with one_rank_group(tmp_path):
         st = _settings("--sizes", "8x16x8", "--methods", "nccl,symm_mem", "--iters", "2", "--warmup", "0")
         rows = D.Rank(st, _OneRank()).run()
-    finally:
-        dist.destroy_process_group()
     assert len(rows) == 2 * len(D.PATTERNS)
     for r in rows:
         if r["method"] == "nccl":
@@ -223,3 +207,22 @@ def test_a_rank_runs_the_originals_and_reports_the_missing_fused_ops():
             assert r["status"] == "unavailable" and r["detail"]  # no CPU kernel for the fused op
         else:
             assert r["detail"] == "torch has no fused symmetric-memory op for this pattern"
+
+
+def test_a_rank_error_is_one_line_naming_the_rank(monkeypatch, capsys):
+    """ground.errors.rank_exit_code, which bench/dist.py and bench/comm.py end with."""
+    def fails():
+        raise AmkError("no GPUs", exit_code=2)
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setenv("RANK", "1")
+    assert rank_exit_code("bench/dist.py", fails) == 2
+    assert capsys.readouterr().err == "bench/dist.py: error: rank 1: no GPUs\n"
+    monkeypatch.delenv("RANK")
+    assert rank_exit_code("bench/dist.py", fails) == 2
+    assert capsys.readouterr().err == "bench/dist.py: error: no GPUs\n"
+    assert rank_exit_code("bench/comm.py", interrupted) == 130
+    assert capsys.readouterr().err == "bench/comm.py: interrupted\n"
+    assert rank_exit_code("bench/comm.py", lambda: 0) == 0
