@@ -180,6 +180,14 @@ def git_recorded(path: Path) -> tuple[str, str]:
     return (out[-2], out[-1]) if len(out) >= 2 else ("not recorded", "not recorded")
 
 
+def read_result(path: Path):
+    """The JSON value of a result file; AmkError naming the file when it cannot be read."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise AmkError(f"{path}: not a readable JSON result file ({err})") from None
+
+
 def load_results(results: Path) -> list[Result]:
     """Every `amk bench` result directly inside a GPU directory of ``results``, with its notes.
 
@@ -190,10 +198,7 @@ def load_results(results: Path) -> list[Result]:
     found: dict[str, Result] = {}
     for path in sorted(results.glob("*/*.json")):
         rel = path.relative_to(results).as_posix()
-        try:
-            obj = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise AmkError(f"{path}: not a readable JSON result file ({err})") from None
+        obj = read_result(path)
         if not is_bench_result(obj):
             continue
         date, commit = obj.get("date"), obj.get("commit")
@@ -432,10 +437,7 @@ def load_other(results: Path, prefix: str, has: str) -> list[tuple[str, dict, st
     (a bench/dist.py or bench/quant.py report). Raises AmkError for an unreadable file."""
     out = []
     for path in sorted(results.glob(f"*/{prefix}*.json")):
-        try:
-            obj = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise AmkError(f"{path}: not a readable JSON result file ({err})") from None
+        obj = read_result(path)
         if isinstance(obj, dict) and has in obj:
             out.append((path.relative_to(results).as_posix(), obj, git_recorded(path)[0]))
     return out

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench import report as report_mod
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "benchmarks.md"
 RESULTS = ROOT / "bench" / "results"
@@ -191,11 +193,6 @@ def test_no_result_or_doc_mentions_work_sessions():
 
 def test_report_module_renders_without_git(tmp_path, monkeypatch):
     """A result without date/commit fields outside a git checkout says so instead of failing."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import report as report_mod
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
     res = tmp_path / "results"
     (res / "h200").mkdir(parents=True)
     data = copy.deepcopy(_result([]))
@@ -209,11 +206,6 @@ def test_report_module_renders_without_git(tmp_path, monkeypatch):
 def test_dist_and_quant_reports_get_their_own_tables(tmp_path):
     """A bench/dist.py report: each method's fastest repeat, amk against the eager original and
     against the fastest NCCL run; a partial bench/quant.py report says it was cut off."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import report as report_mod
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
     res = tmp_path / "results"
     (res / "h100x2").mkdir(parents=True)
 
