@@ -71,3 +71,20 @@ def test_pattern_on_colocated_triton_ranks_equals_the_reference_and_the_sim(case
             assert got[e][r].dtype == ref[r].dtype and got[e][r].shape == ref[r].shape
             assert (got[e][r].float() - ref[r].float()).abs().max().item() <= tol, (case, e, r)
             assert (got[e][r].float() - sim[e][r].float()).abs().max().item() <= tol, (case, e, r)
+
+
+def test_graphs_refuse_an_executor_they_cannot_capture():
+    """StepGraph and DecodeGraph (its subclass) need a CUDA executor that has compiled."""
+    import types
+
+    from lowering.triton.graph import DecodeGraph, StepGraph
+
+    ex = types.SimpleNamespace(device=torch.device("cpu"), compiled=None)
+    with pytest.raises(RuntimeError, match=r"^StepGraph needs the compiled \(CUDA\) Triton backend$"):
+        StepGraph(ex)
+    with pytest.raises(RuntimeError, match=r"^DecodeGraph needs the compiled \(CUDA\) Triton backend$"):
+        DecodeGraph(ex, 8)
+    ex.device = torch.device("cuda", 0)
+    for make in (lambda: StepGraph(ex), lambda: DecodeGraph(ex, 8)):
+        with pytest.raises(RuntimeError, match=r"^run one executor.step\(\) before capturing"):
+            make()

@@ -1,9 +1,9 @@
-"""Megakernel launches replayed from CUDA graphs: ``DecodeGraph`` (autoregressive decoding,
-one replay per token) and ``StepGraph`` (one epoch of any program, one replay per call).
+"""Megakernel launches replayed from CUDA graphs: ``StepGraph`` (one epoch of any program, one
+replay per call) and ``DecodeGraph`` (autoregressive decoding, one replay per token).
 
-DecodeGraph's graph holds the megakernel launch followed by the step's bookkeeping, all on the device:
-``epoch += 1``, ``pos += 1``, ``token <- next`` and ``history[pos] <- next``. A replay is
-therefore one whole decode step with no host round trip; the host reads the history once
+DecodeGraph's graph holds the megakernel launch followed by the step's bookkeeping, all on the
+device: ``epoch += 1``, ``pos += 1``, ``token <- next`` and ``history[pos] <- next``. A replay
+is therefore one whole decode step with no host round trip; the host reads the history once
 at the end. The bookkeeping is four tiny element-wise kernels (about 2 us each inside a
 graph); they are part of every step a user would run, so they stay in the timed region.
 """
@@ -15,21 +15,68 @@ import torch
 from ground.timing import Timing, time_per_call
 
 
-class DecodeGraph:
+class StepGraph:
+    """One epoch of any program (a launch and ``epoch += 1``) captured in a CUDA graph, for
+    programs whose inputs the caller writes into io buffers in place (the communication
+    patterns of lowering/collectives.py): a replay is one call with no host round trip.
+
+    The kernel's error records are read by ``check()``, not per replay (a read would
+    synchronise); a wait that times out still ends the kernel (the watchdog), and ``check``
+    then raises as ``TritonExecutor.step`` does. ``executor``: a compiled-mode
+    ``TritonExecutor`` at a step boundary that has run one ``step()`` (which compiles);
+    capturing runs no step. Raises RuntimeError without CUDA or before that first step.
+    """
+
+    def __init__(self, executor):
+        self._require(executor)
+        self.ex = executor
+        self.ex._epoch.fill_(executor.next_epoch)
+        torch.cuda.synchronize(executor.device)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self._body()
+
+    @classmethod
+    def _require(cls, executor) -> None:
+        """RuntimeError unless ``executor`` runs compiled on CUDA and has compiled its kernel
+        (by a normal step first: compilation cannot happen inside a capture)."""
+        if executor.device.type != "cuda":
+            raise RuntimeError(f"{cls.__name__} needs the compiled (CUDA) Triton backend")
+        if executor.compiled is None:
+            raise RuntimeError("run one executor.step() before capturing (it compiles the kernel)")
+
+    def _body(self) -> None:
+        """What the graph holds: the launch and ``epoch += 1``."""
+        ex = self.ex
+        ex.arm_scratch()
+        ex._kernel[(ex.workers,)](*ex._args(), **ex._launch_kw)
+        ex._epoch.add_(1)
+
+    def replay(self) -> None:
+        """One epoch; advances the executor's epoch bookkeeping too."""
+        self.graph.replay()
+        self.ex._next_epoch += 1
+
+    def check(self) -> None:
+        """Synchronise and raise TritonWatchdogError / TritonTaskError / TritonError when the
+        last replay's workers reported a failure or did not finish their queues."""
+        torch.cuda.synchronize(self.ex.device)
+        self.ex._report(self.ex.next_epoch - 1, self.ex._err.to("cpu"))
+
+
+class DecodeGraph(StepGraph):
     """Capture ``executor``'s decode step in a CUDA graph; see the module docstring.
 
     ``executor``: a compiled-mode ``TritonExecutor`` whose program has io buffers
     ``token.r{r}``, ``pos.r{r}`` and ``next.r{r}`` (int32 [1]) for each of its local ranks
     (all ranks when co-located; this process's rank in a distributed run, where every rank
     process captures and replays its own graph); ``max_tokens``: history length.
-    The executor must be at a step boundary; capturing runs no step. Raises RuntimeError
-    without CUDA.
+    The executor must be at a step boundary and have run one ``step()``; capturing runs no
+    step. Raises RuntimeError without CUDA.
     """
 
     def __init__(self, executor, max_tokens: int):
-        if executor.device.type != "cuda":
-            raise RuntimeError("DecodeGraph needs the compiled (CUDA) Triton backend")
-        self.ex = executor
+        self._require(executor)
         ranks = list(getattr(executor, "local_ranks", [0]))
         self.tokens = [executor._view(f"token.r{r}", r) for r in ranks]
         self.positions = [executor._view(f"pos.r{r}", r) for r in ranks]
@@ -37,21 +84,11 @@ class DecodeGraph:
         self.token, self.pos, self.next = self.tokens[0], self.positions[0], self.nexts[0]
         self.hist = torch.zeros(max_tokens + 1, dtype=torch.int32, device=executor.device)
         self.max_tokens = max_tokens
-        # The kernel must be compiled (and its co-residency checked) by a normal step first:
-        # compilation cannot happen inside a capture.
-        if executor.compiled is None:
-            raise RuntimeError("run one executor.step() before capturing (it compiles the kernel)")
-        self.ex._epoch.fill_(executor.next_epoch)
-        torch.cuda.synchronize(executor.device)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self._body()
+        super().__init__(executor)
 
     def _body(self) -> None:
-        ex = self.ex
-        ex.arm_scratch()
-        ex._kernel[(ex.workers,)](*ex._args(), **ex._launch_kw)
-        ex._epoch.add_(1)
+        """The launch and ``epoch += 1``, then the step's bookkeeping (module docstring)."""
+        super()._body()
         idx = self.pos.long()
         self.hist.index_copy_(0, idx.clamp_(0, self.max_tokens), self.next)
         for tok, pos, nxt in zip(self.tokens, self.positions, self.nexts):
@@ -63,11 +100,6 @@ class DecodeGraph:
         for t, p in zip(self.tokens, self.positions):
             t.fill_(token)
             p.fill_(pos)
-
-    def replay(self) -> None:
-        """One decode step. Advances the executor's epoch bookkeeping too."""
-        self.graph.replay()
-        self.ex._next_epoch += 1
 
     def decode(self, prompt: list[int], n_tokens: int) -> tuple[list[int], Timing]:
         """Feed ``prompt`` from position 0 (one replay per token), then time ``n_tokens - 1``
@@ -81,46 +113,6 @@ class DecodeGraph:
             self.feed(t, i)
             self.replay()
         timing = time_per_call(self.replay, iters=n_tokens - 1, warmup=0, device=self.ex.device)
-        torch.cuda.synchronize(self.ex.device)
-        rec = self.ex._err.to("cpu")
-        self.ex._report(self.ex.next_epoch - 1, rec)
+        self.check()
         toks = self.hist[p - 1:p - 1 + n_tokens].tolist()
         return [int(t) for t in toks], timing
-
-
-class StepGraph:
-    """One epoch of any program (a launch and ``epoch += 1``) captured in a CUDA graph, for
-    programs whose inputs the caller writes into io buffers in place (the communication
-    patterns of lowering/collectives.py): a replay is one call with no host round trip.
-
-    The kernel's error records are read by ``check()``, not per replay (a read would
-    synchronise); a wait that times out still ends the kernel (the watchdog), and ``check``
-    then raises as ``TritonExecutor.step`` does. ``executor``: a compiled-mode
-    ``TritonExecutor`` at a step boundary that has run one ``step()`` (which compiles).
-    Raises RuntimeError without CUDA or before that first step.
-    """
-
-    def __init__(self, executor):
-        if executor.device.type != "cuda":
-            raise RuntimeError("StepGraph needs the compiled (CUDA) Triton backend")
-        if executor.compiled is None:
-            raise RuntimeError("run one executor.step() before capturing (it compiles the kernel)")
-        self.ex = executor
-        self.ex._epoch.fill_(executor.next_epoch)
-        torch.cuda.synchronize(executor.device)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            executor.arm_scratch()
-            executor._kernel[(executor.workers,)](*executor._args(), **executor._launch_kw)
-            executor._epoch.add_(1)
-
-    def replay(self) -> None:
-        """One epoch; advances the executor's epoch bookkeeping too."""
-        self.graph.replay()
-        self.ex._next_epoch += 1
-
-    def check(self) -> None:
-        """Synchronise and raise TritonWatchdogError / TritonTaskError / TritonError when the
-        last replay's workers reported a failure or did not finish their queues."""
-        torch.cuda.synchronize(self.ex.device)
-        self.ex._report(self.ex.next_epoch - 1, self.ex._err.to("cpu"))
