@@ -492,7 +492,7 @@ class Rank:
 
     def amk(self, name: str, p, cfg: CollectiveConfig, ins: dict, ref: torch.Tensor, heap: int) -> dict:
         from amk.bench import cuda_target
-        from lowering.collectives import lower_pattern
+        from lowering.collectives import lower_pattern, resolve_config
         from lowering.triton import TritonExecutor
         from lowering.triton.blocks import kernel_options
         from lowering.triton.dist import init_nvshmem
@@ -540,10 +540,11 @@ class Rank:
 
     def heap_bytes(self) -> int:
         """The largest arena of any amk program of the run (the NVSHMEM heap is sized once):
-        the buffers depend on tile_m (the two-shot's row blocks) but not on the columns or the
-        chunks, so each is lowered with one column tile and one chunk (few tasks)."""
+        the buffers depend on tile_m (the two-shot's row blocks, as chosen for the real worker
+        count) but not on the columns or the chunks, so each is lowered with one column tile and
+        one chunk (few tasks)."""
         from amk.bench import cuda_target
-        from lowering.collectives import lower_pattern
+        from lowering.collectives import lower_pattern, resolve_config
         from lowering.triton import table as T
         target = cuda_target(torch.cuda.get_device_properties(self.dev))
         big = 0
@@ -551,7 +552,7 @@ class Rank:
             for m, n, k in self.st.sizes:
                 p = pattern_of(name, self.R, m, n, k)
                 for _, cfg in self.configs(name):
-                    one = replace(cfg, tile_n=n, chunks=1, workers=1)
+                    one = replace(resolve_config(p, cfg, target), tile_n=n, chunks=1, workers=1)
                     prog, _ = lower_pattern(p, one, target)
                     big = max(big, max(T.build_layout(prog, r).nbytes for r in range(self.R)))
         return big

@@ -51,7 +51,7 @@ under several configs).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import torch
@@ -113,12 +113,48 @@ class Binding:
         return full[idx].reshape(self.pattern.output_shape())
 
 
+# Tile sides chosen by size: 64 x 64 unless a rank would then hold fewer GEMM tiles than half
+# its workers, where 32 x 32 (4x the tiles) fills more of them. Measured on 2 x H100
+# (bench/results/h100x2/2026-11-26-dist-tiles/): 32 x 32 beat 64 x 64 at 256^3 and 512^3
+# (all-gather + matmul 0.016 / 0.025 ms against 0.025 / 0.028), 64 x 64 beat 128 x 128 and
+# 32 x 32 from 1024^3 on for most patterns.
+SIZE_TILE = 64
+SMALL_TILE = 32
+
+
+def gemm_extent(pattern: Pattern) -> tuple[int, int]:
+    """(rows, columns) of the GEMM output one rank computes: all-gather + matmul, matmul +
+    reduce-scatter and matmul + all-reduce compute the whole ``[M, N]`` (of gathered rows, or
+    partial sums), the Ulysses combine its ``[S/R, N]``."""
+    if isinstance(pattern, UlyssesCombine):
+        return pattern.s // pattern.world, pattern.n
+    d = pattern.dims()
+    return d["M"], d["N"]
+
+
+def size_tile(pattern: Pattern, workers: int) -> int:
+    """The tile side that ``tile_m`` / ``tile_n`` = 0 stand for (``SIZE_TILE`` or, when a
+    rank's GEMM would have fewer than ``workers / 2`` tiles of that side, ``SMALL_TILE``)."""
+    rows, cols = gemm_extent(pattern)
+    n = -(-rows // SIZE_TILE) * -(-cols // SIZE_TILE)
+    return SMALL_TILE if 2 * n < workers else SIZE_TILE
+
+
+def resolve_config(pattern: Pattern, cfg: CollectiveConfig, target: Target) -> CollectiveConfig:
+    """``cfg`` with ``workers`` 0 made the target's SM count and ``tile_m`` / ``tile_n`` 0 made
+    ``size_tile``'s choice: the values a program is lowered with."""
+    workers = cfg.workers or target.sms
+    side = size_tile(pattern, workers)
+    return replace(cfg, workers=workers, tile_m=cfg.tile_m or side, tile_n=cfg.tile_n or side)
+
+
 class _Emit:
     """Buffers, counters and tasks of one pattern's program; round-robin worker placement."""
 
     def __init__(self, pattern: Pattern, cfg: CollectiveConfig, target: Target):
+        cfg = resolve_config(pattern, cfg, target)
         self.p, self.cfg, self.R = pattern, cfg, pattern.world
-        self.W = cfg.workers or target.sms
+        self.W = cfg.workers
         if self.W > target.max_workers:
             raise AmkError(f"collective config: field 'workers' (--workers): {self.W} workers per rank exceed "
                            f"the target's {target.max_workers} co-resident workers ({target.name})")
@@ -516,7 +552,7 @@ def lower_pattern(pattern: Pattern, config: CollectiveConfig | None = None,
     """Lower ``pattern`` (models/collectives.py; its world size is the program's ranks) to a
     ScheduleProgram with ``config``'s tiles, workers, chunks and algorithm (defaults when
     None) for ``target`` (``Target()``: 132 SMs, the sim backend, when None; ``workers`` 0
-    means one per SM of it). Returns the program and the Binding of its operands and outputs.
+    means one per SM of it, tiles 0 ``size_tile``'s side; ``resolve_config``). Returns the program and the Binding of its operands and outputs.
 
     Raises AmkError (exit code 2) for a pattern whose shapes do not fit (``Pattern.check``),
     a bad knob value, or more workers than the target can hold.
@@ -532,4 +568,4 @@ def lower_pattern(pattern: Pattern, config: CollectiveConfig | None = None,
     return prog, Binding(pattern, tuple(e.inputs), tuple(outs), prog.slots)
 
 
-__all__ = ["Binding", "lower_pattern"]
+__all__ = ["Binding", "gemm_extent", "lower_pattern", "resolve_config", "size_tile"]

@@ -281,8 +281,9 @@ class CollectiveConfig(_Knobs):
     "Communication patterns", lists them): a config file's ``"collective"`` part. Construct
     and call ``validate()``, or use ``from_json`` which validates."""
 
-    tile_m: int = knob(64, "Rows per GEMM tile.", lo=1)
-    tile_n: int = knob(64, "Columns per GEMM tile.", lo=1)
+    tile_m: int = knob(0, "Rows per GEMM tile (0: chosen by size, lowering.collectives.size_tile).", lo=1,
+                       zero="by size")
+    tile_n: int = knob(0, "Columns per GEMM tile (0: chosen by size, as tile_m).", lo=1, zero="by size")
     workers: int = knob(0, "Persistent workers (CTAs) per rank.", lo=1, hi=1024,
                         zero="one per SM of the target")
     chunks: int = knob(4, "Pieces (aligned to tile_m where the rows allow) in which each rank's row block is "

@@ -50,7 +50,7 @@ def test_sizes_cubes_triples_and_the_default_sets():
     (["--patterns", "allgather"], "--patterns: allgather is not one of allgather_matmul"),
     (["--methods", "nccl,mpi"], "--methods: mpi is not one of nccl, nccl_graph, symm_mem, amk"),
     (["--repeats", "1"], "--repeats: 1 is outside [2, 100]"),
-    (["--tile-m", "0"], "--tile-m: must be an integer >= 1, got 0"),
+    (["--tile-m", "-2"], "--tile-m: must be 0 (by size) or an integer >= 1, got -2"),
     (["--allreduce", "ring"], "--allreduce: expected one of oneshot, twoshot, got 'ring'"),
     (["--gemv-stages", "9"], "--gemv-stages: must be an integer in 1..8"),
     (["--out", "/nonexistent/dir/r.json"], "--out: directory /nonexistent/dir does not exist"),

@@ -30,7 +30,7 @@ def test_defaults_are_valid_and_every_knob_has_a_flag_and_a_description():
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--tile-m", "0"], "amk dist: --tile-m: must be an integer >= 1, got 0"),
+    (["--tile-m", "-1"], "amk dist: --tile-m: must be 0 (by size) or an integer >= 1, got -1"),
     (["--chunks", "65"], "amk dist: --chunks: must be an integer in 1..64, got 65"),
     (["--allreduce", "ring"], "amk dist: --allreduce: expected one of oneshot, twoshot, got 'ring'"),
     (["--allreduce", "twoshot"], "amk dist: --allreduce twoshot does nothing for allgather_matmul (only for "

@@ -318,8 +318,8 @@ def test_binding_names_each_operand_and_the_output():
 @pytest.mark.parametrize("p,cfg,message", [
     (AllGatherMatmul(3, "f32", m=10, n=8, k=8), None, "M=10 is not divisible by the world size 3"),
     (UlyssesCombine(2, "f32", s=8, c=0, n=8), None, "C=0 must be >= 1"),
-    (MatmulAllReduce(2, "f32", m=8, n=8, k=8), CollectiveConfig(tile_m=0),
-     "collective config: field 'tile_m' (--tile-m): must be an integer >= 1, got 0"),
+    (MatmulAllReduce(2, "f32", m=8, n=8, k=8), CollectiveConfig(tile_m=-4),
+     "collective config: field 'tile_m' (--tile-m): must be 0 (by size) or an integer >= 1, got -4"),
     (MatmulAllReduce(2, "f32", m=8, n=8, k=8), CollectiveConfig(allreduce="ring"),
      "field 'allreduce' (--allreduce): expected one of oneshot, twoshot, got 'ring'"),
     (MatmulAllReduce(2, "f32", m=8, n=8, k=8), CollectiveConfig(workers=200),
@@ -354,3 +354,31 @@ def test_many_signals_per_epoch_lower_max_epochs_instead_of_overflowing_a_counte
     assert most * (prog.max_epochs + 1) <= 2 ** 31 - 1 < most * (prog.max_epochs + 2)
     small, _ = lower_pattern(MatmulAllReduce(world=2, dtype="bf16", m=64, n=64, k=16), CollectiveConfig())
     assert small.max_epochs == 1 << 20
+
+
+@pytest.mark.parametrize("p,workers,side", [
+    (AllGatherMatmul(2, "bf16", m=256, n=256, k=256), 132, 32),     # 16 tiles of 64 x 64
+    (AllGatherMatmul(2, "bf16", m=512, n=512, k=512), 132, 32),     # 64 < 66
+    (AllGatherMatmul(2, "bf16", m=1024, n=1024, k=1024), 132, 64),  # 256
+    (UlyssesCombine(2, "bf16", s=1024, c=512, n=1024), 132, 64),    # [512, 1024]: 128
+    (UlyssesCombine(2, "bf16", s=512, c=256, n=512), 132, 32),      # [256, 512]: 32
+    (MatmulReduceScatter(2, "bf16", m=256, n=256, k=256), 16, 64),  # 16 tiles, 16 workers
+])
+def test_tiles_by_size(p, workers, side):
+    """tile_m / tile_n 0 (the default) pick 32 x 32 only where 64 x 64 leaves a rank with fewer
+    GEMM tiles than half its workers; the program records the sides it was lowered with."""
+    from lowering.collectives import size_tile
+
+    assert size_tile(p, workers) == side
+    prog, _ = lower_pattern(p, CollectiveConfig(workers=workers, chunks=1))
+    assert (prog.config["tile_m"], prog.config["tile_n"]) == (side, side)
+    gemms = [t for t in prog.tasks if t.op == "gemm" and t.rank == 0]
+    rows, cols = (p.s // p.world, p.n) if isinstance(p, UlyssesCombine) else (p.m, p.n)
+    per_piece = p.world if isinstance(p, UlyssesCombine) else 1  # one GEMM per source piece
+    assert len(gemms) == -(-rows // side) * -(-cols // side) * per_piece
+
+
+def test_given_tiles_are_kept():
+    p = AllGatherMatmul(2, "bf16", m=256, n=256, k=256)
+    prog, _ = lower_pattern(p, CollectiveConfig(tile_m=64, tile_n=128, chunks=1))
+    assert (prog.config["tile_m"], prog.config["tile_n"]) == (64, 128)
