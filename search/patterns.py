@@ -226,7 +226,7 @@ def floor_ms(pattern: Any, hbm_bw: float = DEFAULT_HBM_BW, flops: float = DEFAUL
 
 
 # ----------------------------------------------------------------------------- one trial
-def _resolve(name: str | None) -> Any:
+def resolve_hook(name: str | None) -> Any:
     """The object a hook's dotted name ``module:attr`` names (None for no name)."""
     if not name:
         return None
@@ -326,18 +326,18 @@ def evaluate(req: dict[str, Any]) -> dict[str, Any]:
         seed = int(req.get("seed", 0))
         t = time.perf_counter()
         inputs = seeded_inputs(pattern, seed)
-        factory = _resolve(hooks.get("executor"))
+        factory = resolve_hook(hooks.get("executor"))
         ex = factory(program, None, seed=seed, policy=req.get("sim_policy", "random")) if factory else None
         got, _ = run_sim(program, binding, inputs, seed=seed, policy=req.get("sim_policy", "random"),
                          executor=ex)
         check = compare(got, pattern.reference(inputs), pattern.dtype)
         times["gate_s"] = time.perf_counter() - t
-        res["correctness"] = _correctness(check)
+        res["correctness"] = correctness_fields(check)
         if not check["ok"]:
             res.update(status="fail", reason=f"correctness: {res['correctness']['why']}"[:400])
             return res
         res["stage"] = "timing"
-        timing = time_predicted(program, _resolve(hooks.get("predict")))
+        timing = time_predicted(program, resolve_hook(hooks.get("predict")))
         res["timing"] = timing
         return _finish(res)
     except AmkError as err:
@@ -351,7 +351,7 @@ def evaluate(req: dict[str, Any]) -> dict[str, Any]:
         return res
 
 
-def _correctness(check: dict[str, Any]) -> dict[str, Any]:
+def correctness_fields(check: dict[str, Any]) -> dict[str, Any]:
     """A compare() result in the record's correctness fields (``passed``, ``why``)."""
     bad = [r for r, e in enumerate(check["ranks"]) if not e <= check["tolerance"]]
     why = "" if check["ok"] else (f"rank(s) {bad} differ from the reference: max abs err "
@@ -403,17 +403,23 @@ def _evaluate_triton(req: dict[str, Any], res: dict[str, Any], times: dict[str, 
     with tempfile.TemporaryDirectory(prefix="amk-pattern-") as d:
         rq, rs = str(Path(d) / "request.json"), str(Path(d) / "result.json")
         atomic_write_json(rq, req)
+        # a session of their own: a timeout kills the launcher and every rank
+        p = subprocess.Popen(rank_command(world, rq, rs), cwd=root, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
-            p = subprocess.run(rank_command(world, rq, rs), cwd=root, env=env, capture_output=True, text=True,
-                               timeout=float(req.get("timeout_s", 600)))
+            log, _ = p.communicate(timeout=float(req.get("timeout_s", 600)))
         except subprocess.TimeoutExpired:
+            import signal
+
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
             res.update(status="fail", reason=f"the {world} rank processes did not finish in "
                                              f"{req.get('timeout_s', 600)} s")
             return res
-        if p.stderr:
-            sys.stderr.write(p.stderr[-20000:])
+        if log:
+            sys.stderr.write(log[-20000:])
         if not Path(rs).exists():
-            tail = " | ".join((p.stderr or p.stdout).strip().splitlines()[-3:])
+            tail = " | ".join(log.strip().splitlines()[-3:])
             res.update(status="fail", reason=f"the rank processes wrote no result (exit {p.returncode}): {tail}"[:400])
             return res
         ranks = json.loads(Path(rs).read_text())

@@ -248,3 +248,64 @@ def test_cli_bad_input_is_one_line(tmp_path, args, needle):
     err = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
     assert len(err) == 1 and needle in err[0], r.stderr[-2000:]
     assert "Traceback" not in r.stderr and not (tmp_path / "x").exists()
+
+
+# ----------------------------------------------------------------------------- triton, on the CPU
+# `torchrun -m search.pattern_ranks` with the sim standing in for the megakernel on each rank
+# (hooks: rank_runner, timer); on GPUs the same module builds PatternRank executors over NVSHMEM.
+def fake_timer():
+    """A timer hook: runs the step ``steps`` times, 1 ms each."""
+    def timer(fn, steps):
+        for _ in range(steps):
+            fn()
+        return [1.0] * steps
+    return timer
+
+
+class WrongSimRank:
+    """A rank runner whose output is off by 1 on rank 1 only."""
+
+    def __new__(cls, program, binding, ctx, kernel=None):
+        from search.pattern_ranks import SimRank
+
+        class Wrong(SimRank):
+            def output(self):
+                return self.out + (1 if self.ctx.rank == 1 else 0)
+
+            def run(self, inputs):
+                super().run(inputs)
+                return self.output()
+        return Wrong(program, binding, ctx, kernel)
+
+
+def _triton_request(hooks, incumbent=None):
+    from search.patterns import pattern_space
+
+    sp = pattern_space("allgather_matmul")
+    return {"pattern": dict(SPEC), "ranks": 2, "backend": "triton",
+            "config": sp.lowering_config({"tile_m": 32}), "incumbent": sp.lowering_config(incumbent) if incumbent
+            else None, "target": {"name": "generic", "sms": 132, "max_workers": 132, "backend": "triton"},
+            "seed": 3, "timing": {"rounds": 2, "steps": 2, "warmup": 1, "min_gain": 0.01},
+            "hooks": hooks, "kernel": {}, "timeout_s": 240}
+
+
+def test_triton_trial_on_two_rank_processes_times_candidate_against_incumbent():
+    from search.worker import evaluate
+
+    res = evaluate(_triton_request({"rank_runner": "search.pattern_ranks:SimRank",
+                                    "timer": "tests.test_search_patterns:fake_timer"}, incumbent={"tile_m": 128}))
+    assert res["status"] == "ok", res["reason"]
+    t = res["timing"]
+    assert t["source"] == "measured" and t["median_ms"] == 1.0 and t["incumbent_ms"] == 1.0
+    assert t["ab"]["rounds"] == 2 and t["ab"]["faster"] is False  # equal times: not faster
+    assert res["correctness"]["passed"] and len(res["correctness"]["ranks"]) == 2
+    assert res["verdict"]["ok"] and res["floor_ms"] > 0
+
+
+def test_triton_trial_fails_when_one_rank_differs():
+    from search.worker import evaluate
+
+    res = evaluate(_triton_request({"rank_runner": "tests.test_search_patterns:WrongSimRank",
+                                    "timer": "tests.test_search_patterns:fake_timer"}))
+    assert res["status"] == "fail" and res["stage"] == "correctness", res
+    assert "rank(s) [1] differ" in res["reason"] and "timing" not in res
