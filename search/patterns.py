@@ -76,25 +76,26 @@ def pattern_from_json(d: dict[str, Any]) -> Any:
 
 # ----------------------------------------------------------------------------- the space
 def acting_knobs(kind: str) -> list[str]:
-    """The CollectiveConfig knobs that act for the pattern kind ``kind``: each knob set away
-    from its default alone, kept unless ``CollectiveConfig.inert_for`` says it does nothing
-    there (a knob that acts only beside another, ``direct`` with the two-shot all-reduce,
-    is kept: the search refuses nothing a config file may hold)."""
+    """The CollectiveConfig knobs that act for the pattern kind ``kind``: a knob set away from
+    its default is kept when ``CollectiveConfig.inert_for`` does not name it, alone or beside
+    one other knob set away from its default (``direct`` acts for the all-reduce beside
+    ``allreduce`` twoshot: a config file may hold it, so the search tries it)."""
     from lowering.config import CollectiveConfig
     from lowering.knobs import knobs_of
 
+    base = CollectiveConfig()
+    others = [(k.name, _another_value(k)) for k in knobs_of(base)]
     out = []
-    for k in knobs_of(CollectiveConfig):
-        other = _another_value(k)
-        if other is None:
+    for name, value in others:
+        if value is None:
             continue
-        cfg = dataclasses.replace(CollectiveConfig(), **{k.name: other})
-        if k.name not in {n for n, _ in cfg.inert_for(kind)}:
-            out.append(k.name)
-        elif kind == "matmul_allreduce" and k.name == "direct":  # acts beside --allreduce twoshot
-            cfg = dataclasses.replace(cfg, allreduce="twoshot")
-            if "direct" not in {n for n, _ in cfg.inert_for(kind)}:
-                out.append(k.name)
+        for extra in [None, *others]:
+            change = {name: value}
+            if extra is not None and extra[0] != name and extra[1] is not None:
+                change[extra[0]] = extra[1]
+            if name not in {n for n, _ in dataclasses.replace(base, **change).inert_for(kind)}:
+                out.append(name)
+                break
     return out
 
 
