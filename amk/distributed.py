@@ -19,8 +19,9 @@ group of R ranks (torchrun; rank = ``dist.get_rank()``), it computes what ``fn``
   over NVLink, signals system-scope atomics). The process group is the caller's; NVSHMEM is
   initialised on the first call (collective: every rank must call) and finalised at exit.
 
-The helpers below (``load_config``, ``lower``, ``seeded_inputs``, ``run_sim``, ``compare``)
-are what ``amk dist`` (amk/commands/dist.py) runs too.
+The helpers below (``load_config``, ``lower``, ``seeded_inputs``, ``run_sim``, ``compare``;
+the last three from search/patterns.py, which a pattern's ``amk search`` runs) are what
+``amk dist`` (amk/commands/dist.py) runs too.
 """
 
 from __future__ import annotations
@@ -35,14 +36,11 @@ from typing import Any, Callable
 import torch
 
 from ground.errors import AmkError
+# TOL, INPUT_STD, seeded_inputs and compare live in search.patterns (a pattern's search checks
+# its trials with them too); amk dist, the examples and amk.distributed's callers take them here
+from search.patterns import INPUT_STD, TOL, compare, seeded_inputs  # noqa: F401
 
 BACKENDS = ("sim", "triton")
-#: A rank's output matches the reference when max|out - ref| <= TOL[dtype] * max(1, max|ref|):
-#: the fused schedule rounds partial tiles and partial sums to the dtype where the reference
-#: keeps fp32 (amk run's margins, amk/commands/run.py TOL).
-TOL = {"f32": 1e-4, "f16": 5e-3, "bf16": 3e-2}
-#: Standard deviation of the seeded inputs of ``seeded_inputs`` (mean 0).
-INPUT_STD = 0.5
 
 
 # ----------------------------------------------------------------------------- config
@@ -118,42 +116,16 @@ def rejected(verdict: Any) -> AmkError:
 
 
 # ----------------------------------------------------------------------------- sim runs
-def seeded_inputs(pattern: Any, seed: int = 0) -> list[dict[str, torch.Tensor]]:
-    """Every rank's operands of ``pattern``: N(0, INPUT_STD^2) values drawn in fp32 from
-    ``seed``, the rank and the operand name, rounded to the pattern's dtype; an RMSNorm
-    weight ``g`` is 1 + N(0, 0.1^2) (a norm weight near 1, as trained ones are)."""
-    from models.collectives import DTYPES
-
-    dt = DTYPES[pattern.dtype]
-    out = []
-    for r in range(pattern.world):
-        ins = {}
-        for k, (name, shape) in enumerate(sorted(pattern.operands().items())):
-            g = torch.Generator().manual_seed(seed * 1_000_003 + r * 101 + k)
-            v = torch.randn(shape, generator=g, dtype=torch.float32)
-            v = 1.0 + 0.1 * v if name == "g" else INPUT_STD * v
-            ins[name] = v.to(dt)
-        out.append(ins)
-    return out
-
-
 def run_sim(lowered: Lowered, inputs: list[dict[str, torch.Tensor]], *, seed: int = 0,
             policy: str = "random", executor: Any = None, epoch: int = 0) -> tuple[list[torch.Tensor], Any]:
     """Run one epoch of the lowered program on the sim with every rank's operands
     (``inputs[r][name]``, the pattern's layout); returns (every rank's output, the executor).
     ``executor``: a SimExecutor of this program to reuse (its next epoch is ``epoch``).
     Raises AmkError (exit code 1) when the sim deadlocks or an op fails."""
-    from lowering.sim import SimError, SimExecutor
+    from search.patterns import run_sim as run_program
 
-    b = lowered.binding
-    try:
-        ex = executor or SimExecutor(lowered.program, seed=seed, policy=policy, check=False)
-        for r, ins in enumerate(inputs):
-            b.write_inputs(ex, r, ins)
-        ex.step(epoch)
-        return [b.read_output(ex, r, epoch) for r in range(len(inputs))], ex
-    except SimError as e:
-        raise AmkError(f"the sim failed: {e}".splitlines()[0], exit_code=1) from None
+    return run_program(lowered.program, lowered.binding, inputs, seed=seed, policy=policy, executor=executor,
+                       epoch=epoch)
 
 
 def run_colocated_triton(lowered: Lowered, inputs: list[dict[str, torch.Tensor]],
@@ -172,22 +144,6 @@ def run_colocated_triton(lowered: Lowered, inputs: list[dict[str, torch.Tensor]]
         b.write_inputs(ex, r, ins)
     ex.step(0)
     return [b.read_output(ex, r, 0) for r in range(len(inputs))]
-
-
-def compare(got: list[torch.Tensor], ref: list[torch.Tensor], dtype: str) -> dict[str, Any]:
-    """``{"ok", "max_abs_err", "tolerance", "ranks": [max abs err per rank]}``: every rank's
-    output against the reference within ``TOL[dtype] * max(1, max|ref|)`` (NaN fails)."""
-    errs, ok, tol_max = [], True, 0.0
-    for g, r in zip(got, ref):
-        g32, r32 = g.float(), r.float()
-        scale = max(1.0, float(r32.abs().max())) if r32.numel() else 1.0
-        tol = TOL[dtype] * scale
-        tol_max = max(tol_max, tol)
-        err = float((g32 - r32).abs().max()) if g32.numel() else 0.0
-        if g32.shape != r32.shape or not torch.isfinite(g32).all() or not err <= tol:
-            ok = False
-        errs.append(err)
-    return {"ok": ok, "max_abs_err": max(errs) if errs else 0.0, "tolerance": tol_max, "ranks": errs}
 
 
 # ----------------------------------------------------------------------------- the callable

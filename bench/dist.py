@@ -492,10 +492,9 @@ class Rank:
 
     def amk(self, name: str, p, cfg: CollectiveConfig, ins: dict, ref: torch.Tensor, heap: int) -> dict:
         from amk.bench import cuda_target
-        from lowering.collectives import lower_pattern, resolve_config
-        from lowering.triton import TritonExecutor
-        from lowering.triton.blocks import kernel_options
+        from lowering.collectives import lower_pattern
         from lowering.triton.dist import init_nvshmem
+        from lowering.triton.pattern_rank import PatternRank
         from validator import validate
 
         target = cuda_target(torch.cuda.get_device_properties(self.dev))
@@ -508,25 +507,21 @@ class Rank:
                              "; ".join(f"{f.cls}: {f.message}" for f in v.errors[:2])}
         init_nvshmem(self.ctx, heap)  # once, sized for the largest program of the run
         kc = KernelConfig.from_json(self.st.kernel, "bench/dist.py", combinations=False)
-        ex = TritonExecutor(prog, None, check=False, dist=self.ctx, timeout_s=self.st.timeout_s,
-                            **kernel_options(kc))
+        run = PatternRank(prog, bind, self.ctx, kernel=kc, timeout_s=self.st.timeout_s)
         try:
-            from lowering.triton.graph import StepGraph
-            bind.write_inputs(ex, self.rank, ins)
-            ex.step(ex.next_epoch)  # compiles, checks the error records
-            res = self.verdict(bind.read_output(ex, self.rank, ex.next_epoch - 1), ref)
+            res = self.verdict(run.run(ins), ref)  # compiles, checks the error records
             self.sync()
-            graph = StepGraph(ex)
+            run.capture()
             reps = []
             for _ in range(self.st.repeats):
-                reps += self.timed_once(graph.replay)
-                graph.check()  # every repeat's last call finished every queue, no watchdog
-            again = self.verdict(bind.read_output(ex, self.rank, ex.next_epoch - 1), ref)
+                reps += self.timed_once(run.replay)
+                run.check()  # every repeat's last call finished every queue, no watchdog
+            again = self.verdict(run.output(), ref)
             res["max_abs_err"] = max(res["max_abs_err"], again["max_abs_err"])
             res["repeats_ms"] = reps
         finally:
             self.sync()
-            self.ctx.free_symmetric(ex.arena)
+            run.close()
         return dict(res, validate_s=round(validate_s, 3), tasks=len(prog.tasks), workers=prog.workers)
 
     # ---------------------------------------------------------------- the run
@@ -545,17 +540,16 @@ class Rank:
         one chunk (few tasks)."""
         from amk.bench import cuda_target
         from lowering.collectives import lower_pattern, resolve_config
-        from lowering.triton import table as T
+        from lowering.triton.pattern_rank import PatternRank
         target = cuda_target(torch.cuda.get_device_properties(self.dev))
-        big = 0
+        progs = []
         for name in self.st.patterns:
             for m, n, k in self.st.sizes:
                 p = pattern_of(name, self.R, m, n, k)
                 for _, cfg in self.configs(name):
                     one = replace(resolve_config(p, cfg, target), tile_n=n, chunks=1, workers=1)
-                    prog, _ = lower_pattern(p, one, target)
-                    big = max(big, max(T.build_layout(prog, r).nbytes for r in range(self.R)))
-        return big
+                    progs.append(lower_pattern(p, one, target)[0])
+        return PatternRank.heap_bytes(progs)
 
     def run(self) -> list[dict]:
         rows = []

@@ -3,7 +3,8 @@
 Batch-1 decode is memory bound, so the model charges bytes, not FLOPs:
 
     t_rank = max( bytes_rank / hbm_bw ,
-                  max_w (tasks_{rank,w} * task_overhead + serial_{rank,w} * head_latency) )
+                  max_w (tasks_{rank,w} * task_overhead + serial_{rank,w} * head_latency
+                         + flops_{rank,w} / (gemm_flops / sms)) )
              + sync_sites * cross_rank_latency
     predicted step latency = max over ranks of t_rank
 
@@ -17,13 +18,19 @@ per-head passes of the small per-head ops (``serial_passes``): the kernel's ``rm
 heads (q/k norm), ``rope``, ``kv_append`` and ``rope_append`` loop over heads one after the
 other, each pass a few dependent global-memory round trips, so they are latency bound: in an
 H100 profile of Qwen3-1.7B a q_norm over 16 heads took ~30 us, a rope ~13 us and a kv_append
-over 8 heads ~12 us, for a few KB each.
+over 8 heads ~12 us, for a few KB each. ``flops``: the ``gemm`` tiles of the communication
+patterns (lowering/collectives.py) are compute bound where decode's GEMVs are not: a tile
+``[m, k] @ [k, n]`` costs ``2 m n k`` flops (``gemm_flops_of``), run by its worker (one CTA on
+one SM) at ``gemm_flops / target.sms``, one SM's share of the GPU's peak; its bytes (the a and
+b tiles it reads, the y tile it writes) are charged at ``hbm_bw`` like every other task's.
 
 Default constants (all labelled assumptions, overridable): ``hbm_bw`` 3.0e12 B/s (the copy
 bandwidth ``amk bench`` measures on an H100, docs/benchmarks.md; published peak is 3.35 TB/s),
 ``task_overhead`` 0.5 us, ``head_latency`` 0.8 us per head pass (fits the Qwen3-1.7B
 profile above: 32 passes ~ 26 us, 16 ~ 13 us), ``cross_rank_latency`` 3 us (published NVLink one-way latencies are
-1-3 us; bench/comm.py measures 1.35-1.6 us one-way on H200s, docs/comm.md). These are
+1-3 us; bench/comm.py measures 1.35-1.6 us one-way on H200s, docs/comm.md), ``gemm_flops``
+989e12 flop/s (the dense BF16 tensor-core peak of an H100 SXM, NVIDIA's H100 datasheet; the
+H200 has the same). These are
 predictions for ranking configurations and for the roofline distance, never a measurement.
 """
 
@@ -39,6 +46,7 @@ DEFAULT_HBM_BW = 3.0e12
 DEFAULT_TASK_OVERHEAD_S = 0.5e-6
 DEFAULT_CROSS_RANK_LATENCY_S = 3e-6
 DEFAULT_HEAD_LATENCY_S = 0.8e-6
+DEFAULT_GEMM_FLOPS = 989e12
 
 
 def _region_bytes(region, buffers: dict[str, Buffer]) -> int:
@@ -102,6 +110,20 @@ def serial_passes(task: Task) -> int:
     return 0
 
 
+def gemm_flops_of(task: Task) -> int:
+    """Flops of a ``gemm`` task (``2 m n k``; 0 for every other op). Its a, b and y regions hold
+    m*k, k*n and m*n elements, whose product is (m n k)^2 (ir.ops.gemm_dims)."""
+    if task.op != "gemm" or len(task.ins) < 2 or not task.outs:
+        return 0
+    from ir.ops import gemm_dims
+
+    dims = gemm_dims(task.ins[0].numel(), task.ins[1].numel(), task.outs[0].numel())
+    if dims is None:
+        return 0
+    m, k, n = dims
+    return 2 * m * n * k
+
+
 @dataclass
 class CostEstimate:
     """A predicted decode-step latency (seconds) with its parts, per rank."""
@@ -124,18 +146,23 @@ class CostEstimate:
 def estimate(program: ScheduleProgram, seq_len: int = 1, hbm_bw: float = DEFAULT_HBM_BW,
              task_overhead_s: float = DEFAULT_TASK_OVERHEAD_S,
              cross_rank_latency_s: float = DEFAULT_CROSS_RANK_LATENCY_S,
-             head_latency_s: float = DEFAULT_HEAD_LATENCY_S) -> CostEstimate:
+             head_latency_s: float = DEFAULT_HEAD_LATENCY_S,
+             gemm_flops: float = DEFAULT_GEMM_FLOPS) -> CostEstimate:
     """Predict the latency of one decode step at sequence length ``seq_len`` (tokens in the
     KV cache including the new one). ``roofline_s`` is the pure bandwidth bound (max over
     ranks of bytes / hbm_bw); ``predicted_latency_s`` adds task, per-head serial
-    (``serial_passes`` x ``head_latency_s``) and sync overheads."""
+    (``serial_passes`` x ``head_latency_s``), GEMM compute (``gemm_flops_of`` at
+    ``gemm_flops / target.sms`` per worker) and sync overheads."""
     buffers = program.buffer_map()
     per_rank = []
     groups_per_rank: dict[int, set[str]] = {r: set() for r in range(program.ranks)}
     by_rank_bytes = [0] * program.ranks
     by_worker = {(r, w): 0 for r in range(program.ranks) for w in range(program.workers)}
     serial = {(r, w): 0 for r in range(program.ranks) for w in range(program.workers)}
+    flops = {(r, w): 0 for r in range(program.ranks) for w in range(program.workers)}
+    per_worker_flops = gemm_flops / max(1, int(program.target.sms))
     for t in program.tasks:
+        flops[(t.rank, t.worker)] = flops.get((t.rank, t.worker), 0) + gemm_flops_of(t)
         by_rank_bytes[t.rank] += task_bytes(t, buffers, seq_len)
         by_worker[(t.rank, t.worker)] = by_worker.get((t.rank, t.worker), 0) + 1
         serial[(t.rank, t.worker)] = serial.get((t.rank, t.worker), 0) + serial_passes(t)
@@ -147,11 +174,13 @@ def estimate(program: ScheduleProgram, seq_len: int = 1, hbm_bw: float = DEFAULT
         bw_t = by_rank_bytes[r] / hbm_bw
         max_tasks = max((by_worker[(r, w)] for w in range(program.workers)), default=0)
         ovh_t = max((by_worker[(r, w)] * task_overhead_s + serial[(r, w)] * head_latency_s
-                     for w in range(program.workers)), default=0.0)
+                     + flops[(r, w)] / per_worker_flops for w in range(program.workers)), default=0.0)
+        compute_t = max((flops[(r, w)] / per_worker_flops for w in range(program.workers)), default=0.0)
         sync_t = len(groups_per_rank[r]) * cross_rank_latency_s
         t = max(bw_t, ovh_t) + sync_t
         per_rank.append({"rank": r, "bytes": by_rank_bytes[r], "bandwidth_us": bw_t * 1e6,
                          "max_tasks_per_worker": max_tasks, "task_overhead_us": ovh_t * 1e6,
+                         "gemm_compute_us": compute_t * 1e6,
                          "sync_sites": len(groups_per_rank[r]), "sync_us": sync_t * 1e6,
                          "predicted_us": t * 1e6})
         worst = max(worst, t)
@@ -159,4 +188,4 @@ def estimate(program: ScheduleProgram, seq_len: int = 1, hbm_bw: float = DEFAULT
     return CostEstimate(worst, roof, per_rank, {
         "hbm_bw_bytes_per_s": hbm_bw, "task_overhead_s": task_overhead_s,
         "cross_rank_latency_s": cross_rank_latency_s, "head_latency_s": head_latency_s,
-        "seq_len": seq_len})
+        "gemm_flops_per_s": gemm_flops, "seq_len": seq_len})

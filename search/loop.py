@@ -90,6 +90,10 @@ class SearchSettings:
     profile: ``--profile TRACE``, a trace of the base schedule written by ``amk profile
     --trace`` whose measured task durations rank the offline edit proposer's candidates
     (search/edit_proposer.py); an edit search only, kept by a resume.
+    pattern: a communication pattern's search (``amk search FILE.py:FUNC``; None: a model's):
+    ``{"function": "FILE.py:FUNC", "world": R, "shapes": {param: dims}, "spec": the captured
+    pattern (search.patterns.pattern_to_json)}``; ``model`` is then the function, ``tp`` the
+    world size, ``start`` and the candidates collective knobs (search/patterns.py).
     """
 
     model: str
@@ -124,6 +128,7 @@ class SearchSettings:
     edits: bool = False  # with proposer llm: the LLM proposes edit lists (an edit search)
     approve: bool = False  # hold each proposal after trial 0 for review (search/review.py)
     profile: str | None = None  # a trace of the base schedule: measured task durations
+    pattern: dict[str, Any] | None = None  # a communication pattern's search (amk search FILE.py:FUNC)
 
     def check(self) -> None:
         """Raise AmkError naming the bad setting."""
@@ -164,13 +169,16 @@ class SearchSettings:
                            "task durations: it needs --edits")
         if self.llm_max_failures < 1:
             raise AmkError(f"--llm-max-failures must be >= 1, got {self.llm_max_failures}")
+        if self.pattern is not None and self.edit_mode:
+            raise AmkError("a pattern's search proposes collective knobs: --edits and --proposer edits "
+                           "take a model")
 
     def absolute(self) -> "SearchSettings":
         """A copy whose paths (out, a local model, replay) are absolute, resolved against
         the current working directory once; every later use (the worker subprocess, a
         resume from elsewhere) then names the same files."""
         return replace(self, out=str(Path(os.path.expanduser(self.out)).resolve()),
-                       model=absolute_model_arg(self.model),
+                       model=self.model if self.pattern else absolute_model_arg(self.model),
                        replay=str(Path(os.path.expanduser(self.replay)).resolve())
                        if self.replay else None,
                        profile=str(Path(os.path.expanduser(self.profile)).resolve())
@@ -369,8 +377,11 @@ def candidate_key(space: SearchSpace, proposal: Proposal) -> str:
 def _correctness(c: dict[str, Any] | None) -> dict[str, Any] | None:
     if not c:
         return None
-    return {k: c.get(k) for k in ("passed", "max_abs_err", "rel_err", "argmax_agree",
-                                  "positions", "finite", "why")}
+    out = {k: c.get(k) for k in ("passed", "max_abs_err", "rel_err", "argmax_agree",
+                                 "positions", "finite", "why")}
+    # a pattern's check (search/patterns.py): the tolerance and every rank's error
+    out.update({k: c[k] for k in ("tolerance", "ranks") if k in c})
+    return out
 
 
 # -- the search -------------------------------------------------------------------------
@@ -440,7 +451,22 @@ class Search:
             self._graph = build_graph(self._spec, name=self.s.model)
         return self._spec
 
+    @property
+    def pattern(self) -> Any:
+        """The searched communication pattern (models.collectives), None for a model."""
+        if not self.s.pattern:
+            return None
+        if getattr(self, "_pattern", None) is None:
+            from search.patterns import pattern_from_json
+
+            self._pattern = pattern_from_json(self.s.pattern["spec"])
+        return self._pattern
+
     def _build_space(self) -> SearchSpace:
+        if self.s.pattern:
+            from search.patterns import pattern_space
+
+            return pattern_space(self.s.pattern["spec"]["kind"], self.s.start)
         spec = self._model_spec()
         space = space_for(spec, self.s.tp, self.s.max_workers,
                           fixed={"dtype": self.s.dtype, "max_seq": self.s.max_seq})
@@ -460,7 +486,8 @@ class Search:
                 cand[k] = v
             elif self.space.fixed.get(k, v) != v:
                 raise AmkError(f"start config: {flag_of(k)} {v!r}: this search holds {k} at "
-                               f"{self.space.fixed[k]!r} (for this model and --tp)")
+                               f"{self.space.fixed[k]!r} (for this "
+                               f"{'pattern' if self.s.pattern else 'model and --tp'})")
         problems = self.space.check(cand)
         if problems:
             raise AmkError("start config: not a point of the search space: " + "; ".join(problems))
@@ -514,6 +541,11 @@ class Search:
 
     # -- the cost model in the parent (ranking, LLM summaries) -------------------------
     def _lower(self, config: dict[str, Any]):
+        if self.s.pattern:
+            from search.patterns import lower_candidate, make_target
+
+            return lower_candidate(self.pattern, self.space.lowering_config(config),
+                                   make_target(self.target_json()))[0]
         from search.worker import lower_config, make_target
 
         self._model_spec()
@@ -540,7 +572,13 @@ class Search:
             from search.worker import program_summary
 
             try:
-                self._sum_cache[cid] = program_summary(self._lower(config), self.s.seq_len)
+                prog = self._lower(config)
+                if self.s.pattern:
+                    from search.patterns import program_summary as pattern_summary
+
+                    self._sum_cache[cid] = pattern_summary(prog)
+                else:
+                    self._sum_cache[cid] = program_summary(prog, self.s.seq_len)
             except AmkError as err:
                 self._sum_cache[cid] = {"error": str(err)}
         return self._sum_cache[cid]
@@ -591,6 +629,9 @@ class Search:
                       "evaluated (lowering is not deterministic?)[/]")
         save_program(prog, d / "schedule.json")
         save_program(prog, d / "schedule.amk")
+        if self.s.pattern:
+            self._save_pattern_config(rec, d, same)
+            return
         from lowering.config import AmkConfig, KernelConfig, LoweringConfig
         from lowering.knobs import without_inert
 
@@ -608,6 +649,28 @@ class Search:
             "compile": use_command(self.s, d / "config.json"),
             **({"edits_file": "edits.json", "edits": len(edits),
                 "replay": edit_command(self.out, d)} if edits is not None else {})})
+
+    def _save_pattern_config(self, rec: Record, d: Path, same: bool) -> None:
+        """A pattern's ``OUT/where/config.json``: ``{"collective": ...}`` (with the search's
+        ``"kernel"`` knobs when it has any), what ``amk dist --config`` and
+        ``amk.distribute(config=...)`` take: knobs that do nothing at the candidate's other
+        knobs set back to their defaults (search.patterns.config_for_file); and trial.json."""
+        from search.patterns import config_for_file
+
+        config: dict[str, Any] = {"collective": config_for_file(self.pattern.kind,
+                                                                self.space.lowering_config(rec.config))}
+        if self.s.kernel:
+            from lowering.config import KernelConfig
+
+            config["kernel"] = KernelConfig.from_json(dict(self.s.kernel), "the search's kernel knobs").to_json()
+        atomic_write_json(d / "config.json", config)
+        atomic_write_json(d / "trial.json", {
+            "trial": rec.trial, "candidate_id": rec.candidate_id, "config_file": "config.json",
+            "collective_config": config["collective"], "function": self.s.model,
+            "pattern": self.pattern.kind, "world": self.s.tp, "backend": self.s.backend,
+            "latency_ms": rec.latency_ms, "timing_source": rec.timing_source,
+            "pct_roofline": rec.pct_roofline, "status": rec.status,
+            "same_schedule_as_evaluated": same, "use": use_command(self.s, d / "config.json")})
 
     def _log_proposer(self, event: dict[str, Any]) -> None:
         append_line(self.out / "proposer.log", redact(json.dumps(event, sort_keys=True)))
@@ -711,6 +774,16 @@ class Search:
 
     def request(self, proposal: Proposal, trial: int) -> dict[str, Any]:
         inc = self.state.incumbent
+        if self.s.pattern:  # search/patterns.py evaluate
+            return {
+                "pattern": dict(self.s.pattern["spec"]), "ranks": self.s.tp, "backend": self.s.backend,
+                "config": self.space.lowering_config(proposal.config),
+                "incumbent": self.space.lowering_config(inc.config) if inc else None,
+                "target": self.target_json(), "seed": self.s.seed * 1_000_003 + trial,
+                "sim_policy": self.s.sim_policy, "timing": dict(self.s.timing),
+                "hooks": dict(self.s.hooks), "trial": trial, "kernel": dict(self.s.kernel),
+                "timeout_s": self.s.timeout_s,
+            }
         return {
             "model": self.s.model, "ranks": self.s.tp, "backend": self.s.backend,
             "config": self.space.lowering_config(proposal.config),
@@ -824,7 +897,8 @@ class Search:
             from search.plot import plot_latency
 
             plot = plot_latency(self.records, self.out / "latency.png",
-                                f"amk search {self.s.model} --tp {self.s.tp} "
+                                f"amk search {self.s.model} "
+                                f"{'--world' if self.s.pattern else '--tp'} {self.s.tp} "
                                 f"({self.s.backend})")
         atomic_write_json(self.out / "summary.json", summarize(self.records, state, self.s,
                                                                stop or ""))
@@ -882,6 +956,7 @@ def summarize(records: list[Record], state: LoopState, s: SearchSettings,
                 "best_edits_file": str(Path(s.out) / "best" / "edits.json") if best else None,
                 "replay_best": edit_command(Path(s.out), Path(s.out) / "best") if best else None}
                if s.edit_mode else {}),
+            **({"pattern": s.pattern["spec"]["kind"], "world": s.tp} if s.pattern else {}),
             "use_best": use_command(s, Path(s.out) / "best" / "config.json") if best else None}
 
 
@@ -919,7 +994,12 @@ def edit_log(records: list[Record]) -> dict[str, Any]:
 
 
 def use_command(s: SearchSettings, config_file: Path) -> str:
-    """The ``amk compile`` command line that rebuilds a saved schedule from its config."""
+    """The ``amk compile`` command line that rebuilds a saved schedule from its config (for a
+    pattern: the ``amk dist`` line that lowers, validates and runs it with the config)."""
+    if s.pattern:
+        shapes = " ".join(f"--shape {k}={','.join(map(str, v))}" for k, v in s.pattern["shapes"].items())
+        return (f"amk dist {shlex.quote(s.model)} --world {s.tp} {shapes} --dtype {s.dtype} "
+                f"--backend {s.backend} --config {shlex.quote(str(config_file))}")
     return (f"amk compile {shlex.quote(s.model)} --tp {s.tp} --backend {s.backend} "
             f"--config {shlex.quote(str(config_file))}")
 

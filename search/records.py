@@ -102,7 +102,7 @@ class Record:
             "candidate_id": self.candidate_id, "status": self.status, "reason": self.reason,
             "max_abs_err": _fmt(c.get("max_abs_err"), "{:.3g}"),
             "argmax_agree": _fmt(c.get("argmax_agree"), "{:.3f}"),
-            "positions": ",".join(str(p) for p in c.get("positions", [])) or None,
+            "positions": ",".join(str(p) for p in c.get("positions") or []) or None,
             "timing_source": self.timing_source,
             "latency_ms": _fmt(self.latency_ms, "{:.5g}"),
             "latency_spread_ms": _fmt(self.latency_spread_ms, "{:.3g}"),

@@ -23,6 +23,9 @@ timing, one step of the candidate with the in-kernel profile, per-op time in the
 executor_factory (``(backend, kernel) -> factory``, called once for the candidate's and once
 for the incumbent's kernel knobs), a timer, or a predictor; never set by the CLI).
 
+A request with ``pattern`` (a communication pattern of ``amk search FILE.py:FUNC``) is one
+trial of search/patterns.py instead (its ``evaluate`` says what it holds).
+
 Result: ``status`` ok | rejected | fail, ``stage`` where it stopped, ``reason``, ``verdict``,
 ``program`` (stats, op counts, cost-model estimate), ``correctness``, ``timing``
 (``source`` predicted | measured, ``median_ms``, ``spread_ms``, ``incumbent_ms``, A/B
@@ -371,6 +374,10 @@ def profile_ops(program: Any, ctx: ModelContext, req: dict[str, Any], kernel: di
 def evaluate(req: dict[str, Any]) -> dict[str, Any]:
     """Evaluate one candidate request (see the module docstring). Never raises for a
     candidate's own failure: the result says what happened and where."""
+    if req.get("pattern"):  # a communication pattern (amk search FILE.py:FUNC)
+        from search.patterns import evaluate as evaluate_pattern
+
+        return evaluate_pattern(req)
     from search.evaluator import below_floor, roofline_floor_ms
 
     times: dict[str, float] = {}

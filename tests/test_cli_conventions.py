@@ -78,6 +78,11 @@ CASES = {
     "bench-cpu": lambda tmp, rep: ["bench", MODEL, "--json"],
     "search": lambda tmp, rep: ["search", MODEL, "--tp", "2", "--backend", "sim", "--trials", "2",
                                 "--out", tmp / "s", "--json"],
+    "search-pattern": lambda tmp, rep: ["search", "examples/distributed/allgather_matmul.py:allgather_matmul",
+                                        "--world", "2", "--shape", "x=32,64", "--shape", "w=64,48", "--trials",
+                                        "2", "--out", tmp / "sp", "--json"],
+    "search-pattern-error": lambda tmp, rep: ["search", "examples/distributed/allgather_matmul.py:allgather_matmul",
+                                              "--world", "2", "--tp", "2", "--json"],
     "dist": lambda tmp, rep: ["dist", "examples/distributed/allgather_matmul.py:allgather_matmul", "--world", "2",
                               "--shape", "x=32,64", "--shape", "w=64,48", "--workers", "2", "--json"],
     "dist-error": lambda tmp, rep: ["dist", "examples/distributed/allgather_matmul.py:allgather_matmul",
@@ -107,6 +112,9 @@ def test_json_stdout_is_one_object(name, tmp_path, corpus_report):
         assert obj["ok"] is True and len(obj["tokens"]) == 2
     if name == "dist":
         assert obj["ok"] is True and obj["pattern"] == "allgather_matmul" and obj["run"]["ok"] is True
+    if name == "search-pattern":
+        assert obj["ok"] is True and obj["pattern"] == "allgather_matmul" and obj["trials"] == 2
+        assert obj["use_best"].startswith("amk dist ")
     if name == "search":  # the summary.json object, the trial lines on stderr
         assert obj["ok"] is True and obj["trials"] == 2 and obj["best_config_file"]
         assert "trial   0" in r.stderr

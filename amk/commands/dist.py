@@ -20,13 +20,10 @@ function amk dist does not lower: one line). ``--json`` prints one JSON object.
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import re
-import sys
-import traceback
 from pathlib import Path
 from typing import Any
 
+from amk.commands import load_function, parse_shapes, parse_target, parse_world
 from ground.errors import AmkError
 
 HELP = "capture a torch.distributed function, lower it to a validated fused schedule, check it"
@@ -36,8 +33,6 @@ fake process group of R ranks, recognise its pattern (all-gather + matmul, matmu
 reduce-scatter, matmul + all-reduce (+ RMSNorm), Ulysses all-to-all + projection), lower it
 to one schedule, validate it and run it with seeded inputs against the pattern's torch math.
 Exit 0 accepted and matching, 1 rejected / failed / differs, 2 unusable input."""
-
-_SHAPE = re.compile(r"^([A-Za-z_]\w*)=(\d+(?:[,x]\d+)*)$")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -65,84 +60,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     add_flags(p.add_argument_group("collective knobs (docs/dist.md)"), CollectiveConfig)
     p.set_defaults(func=run)
-
-
-# ----------------------------------------------------------------------------- inputs
-def parse_target(text: str) -> tuple[Path, str]:
-    """``FILE.py:FUNC`` -> (path, function name); AmkError (exit 2) for another form or a
-    missing file."""
-    path, sep, func = text.rpartition(":")
-    if not sep or not path or not func:
-        raise AmkError(f"{text}: expected FILE.py:FUNC, e.g. examples/distributed/allgather_matmul.py:allgather_matmul")
-    if not func.isidentifier():
-        raise AmkError(f"{text}: {func!r} is not a Python function name")
-    p = Path(path)
-    if p.suffix != ".py":
-        raise AmkError(f"{text}: {path} is not a .py file")
-    if not p.is_file():
-        raise AmkError(f"{path}: no such file")
-    return p, func
-
-
-def parse_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
-    """``["x=64,128", "w=128x32"]`` -> ``{"x": (64, 128), "w": (128, 32)}``; AmkError (exit 2)
-    naming the bad item."""
-    out: dict[str, tuple[int, ...]] = {}
-    for item in items:
-        m = _SHAPE.match(item.strip())
-        if not m:
-            raise AmkError(f"--shape {item}: expected NAME=DIMS with positive integers, e.g. x=64,128")
-        name, dims = m.group(1), tuple(int(d) for d in re.split(r"[,x]", m.group(2)))
-        if name in out:
-            raise AmkError(f"--shape {item}: {name} is given twice")
-        if any(d < 1 for d in dims):
-            raise AmkError(f"--shape {item}: dimensions must be >= 1")
-        out[name] = dims
-    return out
-
-
-def parse_world(text: str) -> int:
-    try:
-        world = int(text)
-    except ValueError:
-        raise AmkError(f"--world {text}: expected an integer >= 1") from None
-    if world < 1:
-        raise AmkError(f"--world {text}: expected an integer >= 1")
-    return world
-
-
-def load_function(path: Path, func: str) -> Any:
-    """Import ``path`` as a module (its directory first on sys.path, as ``python FILE`` would
-    have it) and return its ``func``. AmkError (exit 2) when the import fails (with the file's
-    line) or ``func`` is not a function of it."""
-    name = "amk_dist_" + re.sub(r"\W", "_", path.stem)
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise AmkError(f"{path}: cannot be imported as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    directory = str(path.resolve().parent)
-    added = directory not in sys.path
-    if added:
-        sys.path.insert(0, directory)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except SyntaxError as e:
-        raise AmkError(f"{path}:{e.lineno}:{e.offset or 0}: syntax error: {e.msg}") from None
-    except Exception as e:
-        frames = [f for f in traceback.extract_tb(e.__traceback__) if Path(f.filename).resolve() == path.resolve()]
-        line = f":{frames[-1].lineno}" if frames else ""
-        raise AmkError(f"{path}{line}: importing it failed: {type(e).__name__}: {e}".splitlines()[0]) from None
-    finally:
-        if added:
-            sys.path.remove(directory)
-    fn = getattr(module, func, None)
-    if fn is None:
-        funcs = sorted(k for k, v in vars(module).items() if callable(v) and getattr(v, "__module__", None) == name)
-        raise AmkError(f"{path}: no function {func!r} (its functions: {', '.join(funcs) or 'none'})")
-    if not callable(fn):
-        raise AmkError(f"{path}: {func} is a {type(fn).__name__}, not a function")
-    return fn
 
 
 # ----------------------------------------------------------------------------- run

@@ -19,6 +19,16 @@ saved as DIR/best/config.json (a config file, ``{"lowering": ..., "kernel": ...}
 id and latency) and DIR/best/schedule.json; the summary prints the ``amk compile`` line that
 uses it.
 
+``amk search FILE.py:FUNC --world R --shape NAME=DIMS ... [--dtype bf16|f16|f32]`` searches a
+communication pattern instead (docs/dist.md, "Tuning a pattern"): the function is captured
+(models/capture.py, as ``amk dist`` does), and the knobs of its pattern's collective config
+(lowering.config.CollectiveConfig: only those that act for the pattern) are searched from their
+defaults or ``--config``'s ``"collective"`` part; each trial is lowered, validated, run on every
+rank against the pattern's torch math and timed (search/patterns.py). DIR/best/config.json is
+``{"collective": ...}``, what ``amk dist --config`` and ``amk.distribute(config=...)`` take.
+Flags of a model's search (--tp, the lowering knobs, --positions, ...) are refused with a
+function, --world / --shape with a model.
+
 Exit codes: 0 when at least one candidate passed the correctness gate, 1 when none did
 (the search ran and found nothing correct), 2 for bad input (including an unwritable
 ``--out``) and for an LLM proposer whose requests failed ``--llm-max-failures`` times in a
@@ -63,6 +73,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      "amk-search/MODEL-tpR-TIMESTAMP)",
                  resume="continue the search in DIR (its settings are reused; --trials, --minutes and "
                         "--timeout may be raised, --llm-fallback and --llm-max-failures changed)")
+    p.add_argument("--world", default=None, metavar="R",
+                   help="FILE.py:FUNC only: world size (ranks) the function is captured and searched for")
+    p.add_argument("--shape", action="append", default=None, metavar="NAME=DIMS",
+                   help="FILE.py:FUNC only: rank-local shape of a tensor parameter, e.g. x=64,128 (one per "
+                        "parameter; docs/dist.md)")
     p.add_argument("--backend", choices=("sim", "triton"), default=None,
                    help="sim: CPU executor, latency predicted by the cost model (default); "
                         "triton: the GPU megakernel, latency measured")
@@ -131,11 +146,111 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+# flags of a model's search (dest -> flag), refused with FILE.py:FUNC
+_MODEL_ONLY = {"tp": "--tp", "positions": "--positions", "seq_len": "--seq-len", "max_workers": "--max-workers",
+               "edits": "--edits", "profile": "--profile", "db": "--db", "gpu": "--gpu",
+               "audit_kernels": "--audit-kernels"}
+
+
+def _given_flag(args: argparse.Namespace, dests: dict[str, str]) -> str | None:
+    for dest, flag in dests.items():
+        if getattr(args, dest, None) not in (None, False):
+            return flag
+    return None
+
+
+def _pattern_settings(args: argparse.Namespace) -> Any:
+    """The settings of a pattern's search (``amk search FILE.py:FUNC --world R --shape ...``):
+    capture the function (amk.commands.capture_function), its pattern as the target, the
+    start from ``--config``'s collective part. AmkError (exit 2) for a flag of a model's
+    search, a missing --world / --shape or a function amk dist does not lower."""
+    from amk.commands import capture_function, parse_target
+    from lowering.config import KernelConfig, LoweringConfig
+    from lowering.knobs import given
+    from search.loop import SearchSettings
+    from search.patterns import pattern_to_json
+
+    flag = _given_flag(args, _MODEL_ONLY) or ("--no-tuned" if args.no_tuned else None)
+    low = {k for k in given(args, LoweringConfig) if k != "dtype"}
+    if flag is None and low:
+        flag = "--" + sorted(low)[0].replace("_", "-")
+    if flag is None and args.proposer == "edits":
+        flag = "--proposer edits"
+    if flag:
+        raise AmkError(f"{flag} is a flag of a model's search; {args.model} is a function (FILE.py:FUNC): "
+                       "its search takes --world, --shape, --dtype, --backend, --config and the budget")
+    if args.world is None:
+        raise AmkError(f"{args.model}: give the world size with --world R")
+    dtype = getattr(args, "dtype", None) or "bf16"
+    if dtype not in ("bf16", "f16", "f32"):
+        raise AmkError(f"--dtype {dtype}: a pattern's dtype is bf16, f16 or f32")
+    path, func = parse_target(args.model)
+    cap = capture_function(args.model, args.world, args.shape or [], dtype)
+    pattern = cap.pattern
+    backend = args.backend or "sim"
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{path.stem}-{func}").strip("-")
+    out = args.out or f"amk-search/{name}-world{pattern.world}-{time.strftime('%Y%m%d-%H%M%S')}"
+    s = SearchSettings(model=f"{path.resolve()}:{func}", out=out, tp=pattern.world, backend=backend,
+                       dtype=dtype, pattern={"function": f"{path.resolve()}:{func}", "world": pattern.world,
+                                             "shapes": _param_shapes(cap), "spec": pattern_to_json(pattern)})
+    simple = {"proposer": "proposer", "minutes": "minutes", "seed": "seed", "timeout": "timeout_s",
+              "plateau": "plateau", "target_pct": "target_pct", "replay": "replay", "llm_model": "llm_model",
+              "isolation": "isolation", "llm_fallback": "llm_fallback", "llm_max_failures": "llm_max_failures",
+              "approve": "approve"}
+    for a, f in simple.items():
+        v = getattr(args, a)
+        if v is not None:
+            setattr(s, f, v)
+    if args.trials is not None:
+        s.trials = args.trials
+    elif args.minutes is not None:
+        s.trials = None
+    if args.ab_rounds is not None:
+        s.timing["rounds"] = args.ab_rounds
+    if args.ab_steps is not None:
+        s.timing["steps"] = args.ab_steps
+    if args.replay and not args.proposer:
+        s.proposer = "replay"
+    flags_ker = given(args, KernelConfig)
+    if args.config:
+        from lowering.config import collective_part
+        from ground.files import read_json
+
+        obj = read_json(args.config, "config file")
+        part = collective_part(obj, args.config)
+        from lowering.config import CollectiveConfig
+
+        CollectiveConfig.from_json(part, args.config, pattern.kind)  # refuses a knob inert for it
+        s.start = dict(part) or None
+        if isinstance(obj, dict) and isinstance(obj.get("kernel"), dict):
+            flags_ker = {**KernelConfig.from_json(obj["kernel"], f"{args.config}: kernel").to_json(), **flags_ker}
+        s.config_source = f"config: {args.config}'s collective part over the knobs' defaults"
+    if flags_ker:
+        if backend != "triton":
+            raise AmkError(f"--{next(iter(flags_ker)).replace('_', '-')} is a knob of the triton backend's kernel; "
+                           f"--backend {backend} has none (add --backend triton)")
+        s.kernel = KernelConfig.from_json(dict(flags_ker), "amk search").to_json()
+    s.check()
+    return s
+
+
+def _param_shapes(cap: Any) -> dict[str, list[int]]:
+    """The ``--shape`` of each tensor parameter, as the function takes it (for the ``amk dist``
+    line that uses the best config)."""
+    return {op.param: list(cap.operand_shapes()[k]) for k, op in cap.operands.items()}
+
+
 def _settings_from_args(args: argparse.Namespace) -> Any:
+    from amk.commands import is_function_arg
     from search.loop import SearchSettings
 
     if not args.model:
         raise AmkError("amk search needs MODEL (or --resume DIR)")
+    if is_function_arg(args.model):
+        return _pattern_settings(args)
+    if args.world is not None or args.shape:
+        raise AmkError(f"--{'world' if args.world is not None else 'shape'} is a flag of a function's search "
+                       f"(amk search FILE.py:FUNC --world R --shape ...); {args.model} is a model (use --tp R)")
     tp = args.tp if args.tp is not None else 1  # --tp 0 is an error, not the default
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", args.model).strip("-")
     out = args.out or f"amk-search/{name}-tp{tp}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -351,7 +466,7 @@ def run(args: argparse.Namespace) -> int:
         from lowering.config import KernelConfig, LoweringConfig
         from lowering.knobs import given
 
-        if args.config or given(args, LoweringConfig) or given(args, KernelConfig):
+        if args.config or given(args, LoweringConfig) or given(args, KernelConfig) or args.world or args.shape:
             raise AmkError("--resume DIR reuses the search's settings: --config and the knob flags "
                            "cannot change them")
         if args.model:
@@ -375,7 +490,9 @@ def run(args: argparse.Namespace) -> int:
     search.console = view.console  # warnings (proposer fallbacks, ...) even with --quiet
     if search.s.config_source and not search.records:
         view.console.print(search.s.config_source, markup=False, highlight=False, soft_wrap=True)
-    view.console.print(f"amk search {search.s.model} --tp {search.s.tp} --backend "
+    what = (f"{search.pattern.kind} of {search.s.model} --world {search.s.tp}" if search.s.pattern
+            else f"{search.s.model} --tp {search.s.tp}")
+    view.console.print(f"amk search {what} --backend "
                        f"{search.s.backend}: {search.space.size()} candidates over knobs "
                        f"{', '.join(search.space.names)}; "
                        f"{'predicted (cost model)' if search.s.backend == 'sim' else 'measured'}"
