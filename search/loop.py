@@ -495,8 +495,12 @@ class Search:
 
     def _make_proposer(self, llm_client: Any):
         if self.s.proposer == "optuna":
-            p = OptunaProposer(self.space, self.out / "study.journal",
-                               seed=self.s.seed + len(self.records))
+            try:
+                p = OptunaProposer(self.space, self.out / "study.journal",
+                                   seed=self.s.seed + len(self.records))
+            except ImportError as e:  # a core dependency, absent from a bare GPU image
+                raise AmkError(f"--proposer optuna needs the optuna package ({e}): pip install optuna, "
+                               "or use --proposer replay / llm") from None
             p.sync(self.records)
             return p
         if self.s.edit_mode:

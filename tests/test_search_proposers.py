@@ -6,6 +6,7 @@ it, malformed answers are skipped, and the API key never reaches a file."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -260,3 +261,23 @@ def test_llm_search_never_writes_the_key(monkeypatch, tmp_path):
     for f in Path(tmp_path / "s").rglob("*"):
         if f.is_file():
             assert SECRET.encode() not in f.read_bytes(), f
+
+
+def test_missing_optuna_is_one_line(tmp_path):
+    """A machine without optuna (a bare GPU image) gets one line naming the package, exit 2."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "optuna.py").write_text("raise ImportError('No module named optuna')\n")
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=f"{shadow}{os.pathsep}{root}")
+    r = subprocess.run([sys.executable, "-m", "amk", "search", "config:tiny-llama", "--trials", "1",
+                        "--out", str(tmp_path / "s")], cwd=root, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 2, r.stderr
+    lines = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+    assert lines and "--proposer optuna needs the optuna package" in lines[0]
+    assert "Traceback" not in r.stderr
