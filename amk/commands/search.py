@@ -193,22 +193,7 @@ def _pattern_settings(args: argparse.Namespace) -> Any:
     s = SearchSettings(model=f"{path.resolve()}:{func}", out=out, tp=pattern.world, backend=backend,
                        dtype=dtype, pattern={"function": f"{path.resolve()}:{func}", "world": pattern.world,
                                              "shapes": _param_shapes(cap), "spec": pattern_to_json(pattern)})
-    simple = {"proposer": "proposer", "minutes": "minutes", "seed": "seed", "timeout": "timeout_s",
-              "plateau": "plateau", "target_pct": "target_pct", "replay": "replay", "llm_model": "llm_model",
-              "isolation": "isolation", "llm_fallback": "llm_fallback", "llm_max_failures": "llm_max_failures",
-              "approve": "approve"}
-    for a, f in simple.items():
-        v = getattr(args, a)
-        if v is not None:
-            setattr(s, f, v)
-    if args.trials is not None:
-        s.trials = args.trials
-    elif args.minutes is not None:
-        s.trials = None
-    if args.ab_rounds is not None:
-        s.timing["rounds"] = args.ab_rounds
-    if args.ab_steps is not None:
-        s.timing["steps"] = args.ab_steps
+    _shared_flags(s, args)
     if args.replay and not args.proposer:
         s.proposer = "replay"
     flags_ker = given(args, KernelConfig)
@@ -234,6 +219,30 @@ def _pattern_settings(args: argparse.Namespace) -> Any:
     return s
 
 
+# flag attribute -> SearchSettings field, for the flags a model's and a function's search share
+_SHARED = {"proposer": "proposer", "minutes": "minutes", "seed": "seed", "timeout": "timeout_s",
+           "plateau": "plateau", "target_pct": "target_pct", "replay": "replay", "llm_model": "llm_model",
+           "isolation": "isolation", "llm_fallback": "llm_fallback", "llm_max_failures": "llm_max_failures",
+           "approve": "approve"}
+
+
+def _shared_flags(s: Any, args: argparse.Namespace, **more: str) -> None:
+    """Set on settings ``s`` every given flag of ``_SHARED`` and ``more`` (attribute -> field),
+    the trial budget (``--trials``; ``--minutes`` alone lifts it) and the A/B rounds and steps."""
+    for a, f in {**_SHARED, **more}.items():
+        v = getattr(args, a)
+        if v is not None:
+            setattr(s, f, v)
+    if args.trials is not None:
+        s.trials = args.trials
+    elif args.minutes is not None:
+        s.trials = None
+    if args.ab_rounds is not None:
+        s.timing["rounds"] = args.ab_rounds
+    if args.ab_steps is not None:
+        s.timing["steps"] = args.ab_steps
+
+
 def _param_shapes(cap: Any) -> dict[str, list[int]]:
     """The ``--shape`` of each tensor parameter, as the function takes it (for the ``amk dist``
     line that uses the best config)."""
@@ -255,25 +264,8 @@ def _settings_from_args(args: argparse.Namespace) -> Any:
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", args.model).strip("-")
     out = args.out or f"amk-search/{name}-tp{tp}-{time.strftime('%Y%m%d-%H%M%S')}"
     s = SearchSettings(model=args.model, out=out, tp=tp)
-    simple = {"backend": "backend", "proposer": "proposer", "minutes": "minutes",
-              "seed": "seed", "positions": "positions",
-              "seq_len": "seq_len", "timeout": "timeout_s", "plateau": "plateau",
-              "target_pct": "target_pct", "replay": "replay", "llm_model": "llm_model",
-              "isolation": "isolation", "max_workers": "max_workers",
-              "llm_fallback": "llm_fallback", "llm_max_failures": "llm_max_failures",
-              "approve": "approve", "profile": "profile"}
-    for a, f in simple.items():
-        v = getattr(args, a)
-        if v is not None:
-            setattr(s, f, v)
-    if args.trials is not None:
-        s.trials = args.trials
-    elif args.minutes is not None:
-        s.trials = None
-    if args.ab_rounds is not None:
-        s.timing["rounds"] = args.ab_rounds
-    if args.ab_steps is not None:
-        s.timing["steps"] = args.ab_steps
+    _shared_flags(s, args, backend="backend", positions="positions", seq_len="seq_len",
+                  max_workers="max_workers", profile="profile")
     if args.audit_kernels:
         s.timing["audit_prefixes"] = [x for x in args.audit_kernels.split(",") if x]
     if args.edits:
