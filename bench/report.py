@@ -66,7 +66,8 @@ BASELINE_NAMES = {
 }
 MODE_NAME = re.compile(r"^(hf_(?:tp_)?compiled_graph)\[(.+)\]$")
 MODEL_NAMES = {"llama-3.2-1b": "Llama-3.2-1B", "llama-3.1-8b": "Llama-3.1-8B",
-               "smollm2-135m": "SmolLM2-135M", "qwen2.5-0.5b": "Qwen2.5-0.5B"}
+               "smollm2-135m": "SmolLM2-135M", "smollm2-360m": "SmolLM2-360M",
+               "smollm2-1.7b": "SmolLM2-1.7B", "qwen2.5-0.5b": "Qwen2.5-0.5B"}
 
 INTRO = """\
 # Benchmarks
@@ -481,23 +482,28 @@ def render_dist(rel: str, rep: dict) -> list[str]:
     return lines
 
 
-def render_quant(rel: str, rep: dict) -> list[str]:
-    """One table of a bench/quant.py report: each row's median ms, % of its roofline and
-    verdict, and the per-format distance to the bf16 model."""
-    lines = [f"### {gpu_label(rep.get('device', ''))}, {model_label(rep.get('model', '?'))}, "
-             f"`bench/results/{rel}`", ""]
-    if rep.get("partial"):
-        lines += ["The run was cut off by the device call's time limit after the rows below; the "
-                  "rest were not measured.", ""]
-    lines += ["| method | weights | ms/token | % of its roofline | correct |", "|---|---|---|---|---|"]
-    for r in rep["rows"]:
-        ok = "yes" if r.get("correct") else "no"
-        pct = r.get("roofline_pct")
-        pct_cell = "-" if pct is None else f"{pct:.1f}%"
-        lines.append(f"| {r['method']} | {r['weights']} | {fmt_ms(r.get('latency_ms_median'))} | {pct_cell} | {ok} |")
-    for fmt, d in sorted((rep.get("distance") or {}).items()):
-        lines += ["", f"{fmt} against bf16: greedy agreement {d.get('greedy_match', 0):.3f} over "
-                      f"{d.get('tokens')} tokens, perplexity ratio {d.get('ppl_ratio', float('nan')):.4f}."]
+def render_quant(reports: list[tuple[str, dict]]) -> list[str]:
+    """One table of the bench/quant.py reports ``(rel path, report)``: each row's median ms, %
+    of its roofline and verdict; then a line per report with its file, whether the run was cut
+    off, and each format's distance to the bf16 model."""
+    lines = ["| GPU, shape | method | weights | ms/token | % of its roofline | correct |",
+             "|---|---|---|---|---|---|"]
+    for _, rep in reports:
+        where = f"{gpu_label(rep.get('device', ''))}, {model_label(rep.get('model', '?'))}"
+        for r in rep["rows"]:
+            ok = "yes" if r.get("correct") else "no"
+            pct = r.get("roofline_pct")
+            pct_cell = "-" if pct is None else f"{pct:.1f}%"
+            lines.append(f"| {where} | {r['method']} | {r['weights']} | {fmt_ms(r.get('latency_ms_median'))} "
+                         f"| {pct_cell} | {ok} |")
+    lines.append("")
+    for rel, rep in reports:
+        parts = ["cut off by the device call's time limit after its rows; the rest were not measured"] \
+            if rep.get("partial") else []
+        parts += [f"{fmt} against bf16: greedy agreement {d.get('greedy_match', 0):.3f} over {d.get('tokens')} "
+                  f"tokens, perplexity ratio {d.get('ppl_ratio', float('nan')):.4f}"
+                  for fmt, d in sorted((rep.get("distance") or {}).items())]
+        lines.append(f"- `bench/results/{rel}`" + (": " + "; ".join(parts) if parts else "") + ".")
     return lines
 
 
@@ -533,8 +539,8 @@ def render(results_dir: Path = RESULTS) -> str:
     quant = load_other(results_dir, "quant-", "distance")
     if quant:
         lines += ["## Quantized weights (`bench/quant.py`)", ""]
-        for rel, rep, _ in sorted(quant, key=lambda t: (t[2], t[0]), reverse=True):
-            lines += render_quant(rel, rep) + [""]
+        lines += render_quant([(rel, rep) for rel, rep, _ in
+                               sorted(quant, key=lambda t: (t[2], t[0]), reverse=True)]) + [""]
     lines += [f"{ONCE} Measured once in its call; see \"How `amk bench` measures\" above."]
     return "\n".join(lines) + "\n"
 

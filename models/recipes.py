@@ -139,6 +139,14 @@ def _smollm2_360m():
                   eos_token_id=2, pad_token_id=2, initializer_range=0.02)
 
 
+def _smollm2_1_7b():
+    return _llama(vocab_size=49152, hidden_size=2048, intermediate_size=8192,
+                  num_hidden_layers=24, num_attention_heads=32, num_key_value_heads=32,
+                  head_dim=64, max_position_embeddings=8192, rms_norm_eps=1e-5,
+                  rope_theta=130000.0, tie_word_embeddings=True, bos_token_id=1,
+                  eos_token_id=2, pad_token_id=2, initializer_range=0.02)
+
+
 def _tiny_llama():
     # 3 query heads sharing 1 KV head, llama3 RoPE scaling, untied LM head.
     return _llama(vocab_size=512, hidden_size=96, intermediate_size=256, num_hidden_layers=2,
@@ -175,6 +183,7 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in [
     Recipe("qwen2.5-0.5b", "Qwen2.5-0.5B shapes (24 layers, 896 hidden, 14/2 heads)", _qwen2_5_0_5b),
     Recipe("smollm2-135m", "SmolLM2-135M shapes (30 layers, 576 hidden, 9/3 heads)", _smollm2_135m),
     Recipe("smollm2-360m", "SmolLM2-360M shapes (32 layers, 960 hidden, 15/5 heads)", _smollm2_360m),
+    Recipe("smollm2-1.7b", "SmolLM2-1.7B shapes (24 layers, 2048 hidden, 32/32 heads)", _smollm2_1_7b),
     Recipe("tiny-llama", "test model: 2 layers, 96 hidden, 3/1 heads, llama3 RoPE", _tiny_llama),
     Recipe("tiny-qwen2", "test model: 2 layers, 96 hidden, 6/2 heads, qkv bias", _tiny_qwen2),
     Recipe("tiny-qwen3", "test model: 2 layers, 64 hidden, 6/2 heads x 16, q/k norm", _tiny_qwen3),
