@@ -404,7 +404,7 @@ def _evaluate_triton(req: dict[str, Any], res: dict[str, Any], times: dict[str, 
     with tempfile.TemporaryDirectory(prefix="amk-pattern-") as d:
         rq, rs = str(Path(d) / "request.json"), str(Path(d) / "result.json")
         atomic_write_json(rq, req)
-        # a session of their own: a timeout kills the launcher and every rank
+        # start_new_session: a timeout kills the launcher and every rank with one killpg
         p = subprocess.Popen(rank_command(world, rq, rs), cwd=root, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
