@@ -193,6 +193,20 @@ def ab_interleaved(run_a: Callable[[], Any], run_b: Callable[[], Any], timer: Ti
         rounds=rounds, order=order, raw=per)
 
 
+def measured_ab(run_a: Callable[[], Any], run_b: Callable[[], Any], timer: Timer, timing: dict[str, Any],
+                with_incumbent: bool) -> dict[str, Any]:
+    """A trial's measured ``timing`` result: ``ab_interleaved`` of incumbent ``run_a`` and
+    candidate ``run_b`` with a request's ``timing`` parameters (``rounds`` 7, ``steps`` 20,
+    ``warmup`` 3, ``min_gain`` 0.01 where absent) as ``{"source": "measured", "median_ms",
+    "spread_ms", "incumbent_ms" (None without an incumbent: A was the candidate itself),
+    "ab"}``."""
+    ab = ab_interleaved(run_a, run_b, timer, rounds=int(timing.get("rounds", 7)),
+                        steps=int(timing.get("steps", 20)), warmup=int(timing.get("warmup", 3)),
+                        min_gain=float(timing.get("min_gain", 0.01)))
+    return {"source": "measured", "median_ms": ab.b_ms, "spread_ms": ab.b_spread_ms,
+            "incumbent_ms": ab.a_ms if with_incumbent else None, "ab": ab.to_json()}
+
+
 def foreign_kernels(kernel_names: Sequence[str], allowed: Sequence[str]) -> list[str]:
     """The names in ``kernel_names`` (GPU kernels seen in a timed step) that do not start
     with one of the ``allowed`` prefixes: anything but our megakernel (and the tiny copy

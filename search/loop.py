@@ -546,7 +546,8 @@ class Search:
     # -- the cost model in the parent (ranking, LLM summaries) -------------------------
     def _lower(self, config: dict[str, Any]):
         if self.s.pattern:
-            from search.patterns import lower_candidate, make_target
+            from search.patterns import lower_candidate
+            from search.trial import make_target
 
             return lower_candidate(self.pattern, self.space.lowering_config(config),
                                    make_target(self.target_json()))[0]
@@ -576,13 +577,9 @@ class Search:
             from search.worker import program_summary
 
             try:
-                prog = self._lower(config)
-                if self.s.pattern:
-                    from search.patterns import program_summary as pattern_summary
-
-                    self._sum_cache[cid] = pattern_summary(prog)
-                else:
-                    self._sum_cache[cid] = program_summary(prog, self.s.seq_len)
+                # a pattern's program has no KV cache: one token of context, as its trials
+                self._sum_cache[cid] = program_summary(self._lower(config),
+                                                       1 if self.s.pattern else self.s.seq_len)
             except AmkError as err:
                 self._sum_cache[cid] = {"error": str(err)}
         return self._sum_cache[cid]

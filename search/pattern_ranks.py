@@ -104,9 +104,9 @@ def _slowest_rank(ctx: Any, timer: Callable) -> Callable:
 def run_ranks(req: dict[str, Any], ctx: Any, make: Callable[..., Any], timer: Callable) -> dict[str, Any]:
     """The trial on this rank (module docstring); every rank returns the same result dict."""
     from lowering.config import KernelConfig
-    from search.evaluator import ab_interleaved
-    from search.patterns import (compare, correctness_fields, lower_candidate, make_target, pattern_from_json,
-                                 seeded_inputs)
+    from search.evaluator import measured_ab
+    from search.patterns import compare, correctness_fields, lower_candidate, pattern_from_json, seeded_inputs
+    from search.trial import make_target
 
     res: dict[str, Any] = {"status": "fail", "stage": "lower", "reason": ""}
     errors: list[str] = []
@@ -155,21 +155,16 @@ def run_ranks(req: dict[str, Any], ctx: Any, make: Callable[..., Any], timer: Ca
             runners.append(a)
             agreed("incumbent", lambda: a.run(inputs[ctx.rank]))
         agreed("capture", lambda: [r.capture() for r in runners])
-        tp = req.get("timing") or {}
-        ab = agreed("timing", lambda: ab_interleaved(
-            a.replay, b.replay, _slowest_rank(ctx, timer), rounds=int(tp.get("rounds", 7)),
-            steps=int(tp.get("steps", 20)), warmup=int(tp.get("warmup", 3)),
-            min_gain=float(tp.get("min_gain", 0.01))))
+        timing = agreed("timing", lambda: measured_ab(a.replay, b.replay, _slowest_rank(ctx, timer),
+                                                      req.get("timing") or {}, inc is not None))
         agreed("timing", lambda: [r.check() for r in runners])
         again = _gathered(ctx, compare([b.output()], [ref], pattern.dtype))
         if not again["ok"]:  # the replayed output, after the timed rounds
             res["correctness"] = correctness_fields(again)
             res.update(stage="correctness", reason=f"correctness after the timed replays: {res['correctness']['why']}")
             return res
-        res.update(status="ok", stage="done", timing={
-            "source": "measured", "median_ms": ab.b_ms, "spread_ms": ab.b_spread_ms,
-            "incumbent_ms": ab.a_ms if inc is not None else None, "ab": ab.to_json()},
-            program={"workers": prog.workers, "tasks": len(prog.tasks)})
+        res.update(status="ok", stage="done", timing=timing,
+                   program={"workers": prog.workers, "tasks": len(prog.tasks)})
         return res
     except _Stop:
         res["reason"] = f"{res['stage']}: " + "; ".join(errors)
@@ -201,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with open(argv[0], encoding="utf-8") as f:
         req = json.load(f)
-    from search.patterns import resolve_hook
+    from search.trial import resolve_hook
 
     hooks = req.get("hooks") or {}
     make = resolve_hook(hooks.get("rank_runner"))

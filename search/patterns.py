@@ -227,46 +227,6 @@ def floor_ms(pattern: Any, hbm_bw: float = DEFAULT_HBM_BW, flops: float = DEFAUL
 
 
 # ----------------------------------------------------------------------------- one trial
-def resolve_hook(name: str | None) -> Any:
-    """The object a hook's dotted name ``module:attr`` names (None for no name)."""
-    if not name:
-        return None
-    import importlib
-
-    mod, _, attr = name.partition(":")
-    return getattr(importlib.import_module(mod), attr)
-
-
-def make_target(d: dict[str, Any]) -> Any:
-    """The ir.program.Target of a request's ``target`` fields."""
-    from ir.program import Target
-
-    return Target(**{k: v for k, v in d.items() if k in ("name", "sms", "max_workers", "backend")})
-
-
-def program_summary(program: Any) -> dict[str, Any]:
-    """Stats, the schedule's fingerprint, per-op task counts and the cost model's estimate."""
-    from collections import Counter
-
-    from lowering.costmodel import estimate
-    from search.space import program_fingerprint
-
-    est = estimate(program)
-    return {**program.stats(), "fingerprint": program_fingerprint(program),
-            "ops": dict(sorted(Counter(t.op for t in program.tasks).items())),
-            "predicted_latency_ms": est.predicted_latency_s * 1e3,
-            "cost_model_roofline_ms": est.roofline_s * 1e3}
-
-
-def time_predicted(program: Any, predict: Any = None) -> dict[str, Any]:
-    """The cost model's predicted time of one epoch of ``program`` (deterministic: no spread);
-    ``predict``: a test's ``(program, seq_len) -> ms`` instead."""
-    from lowering.costmodel import estimate
-
-    ms = float(predict(program, 1)) if predict is not None else estimate(program).predicted_latency_s * 1e3
-    return {"source": "predicted", "median_ms": ms, "spread_ms": 0.0, "incumbent_ms": None}
-
-
 def lower_candidate(pattern: Any, config: dict[str, Any], target: Any) -> tuple[Any, Any]:
     """(program, binding) of ``pattern`` lowered with the collective knobs ``config`` (a dict)
     for ``target``. AmkError for a value the lowering refuses."""
@@ -275,11 +235,6 @@ def lower_candidate(pattern: Any, config: dict[str, Any], target: Any) -> tuple[
 
     cfg = CollectiveConfig.from_json(dict(config), "candidate config", combinations=False)
     return lower_pattern(pattern, cfg, target)
-
-
-def verdict_json(verdict: Any) -> dict[str, Any]:
-    return {"ok": verdict.ok, "classes": sorted(verdict.classes),
-            "errors": [f.to_json() for f in verdict.errors[:5]], "n_errors": len(verdict.errors)}
 
 
 def evaluate(req: dict[str, Any]) -> dict[str, Any]:
@@ -295,6 +250,8 @@ def evaluate(req: dict[str, Any]) -> dict[str, Any]:
     times: dict[str, float] = {}
     res: dict[str, Any] = {"status": "fail", "stage": "setup", "reason": "", "times": times,
                            "restart_worker": False}
+    from search.trial import make_target, program_summary, resolve_hook, time_sim, validate_stage
+
     hooks = req.get("hooks") or {}
     backend = req["backend"]
     try:
@@ -308,17 +265,9 @@ def evaluate(req: dict[str, Any]) -> dict[str, Any]:
             res.update(status="rejected", reason=f"lowering refused the config: {err}"[:400])
             return res
         times["lower_s"] = time.perf_counter() - t
-        res["program"] = program_summary(program)
+        res["program"] = program_summary(program, 1)
         res["stage"] = "validate"
-        from validator import validate
-
-        t = time.perf_counter()
-        verdict = validate(program, backend=backend)
-        times["validate_s"] = time.perf_counter() - t
-        res["verdict"] = verdict_json(verdict)
-        if not verdict.ok:
-            res.update(status="rejected", reason=f"validator: {', '.join(sorted(verdict.classes))} "
-                       f"({len(verdict.errors)} errors; first: {verdict.errors[0].message})"[:400])
+        if not validate_stage(program, backend, res, times):
             return res
         res["floor_ms"] = floor_ms(pattern)
         if backend == "triton":
@@ -338,7 +287,7 @@ def evaluate(req: dict[str, Any]) -> dict[str, Any]:
             res.update(status="fail", reason=f"correctness: {res['correctness']['why']}"[:400])
             return res
         res["stage"] = "timing"
-        timing = time_predicted(program, resolve_hook(hooks.get("predict")))
+        timing = time_sim(program, {"seq_len": 1}, resolve_hook(hooks.get("predict")))
         res["timing"] = timing
         return _finish(res)
     except AmkError as err:

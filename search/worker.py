@@ -35,26 +35,18 @@ statistics), ``floor_ms``, ``times`` (seconds per stage), ``restart_worker``, ``
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import os
 import sys
 import time
 import traceback
-from collections import Counter as _Counter
 from typing import Any, Callable
 
 from ground.errors import AmkError
+from search.trial import make_target, program_summary, resolve_hook, time_sim, validate_stage  # noqa: F401
 
 _CACHE: dict[tuple, Any] = {}
-
-
-def _resolve_hook(name: str | None) -> Any:
-    if not name:
-        return None
-    mod, _, attr = name.partition(":")
-    return getattr(importlib.import_module(mod), attr)
 
 
 class ModelContext:
@@ -90,13 +82,6 @@ class ModelContext:
         return out.logits[0].float()
 
 
-def make_target(d: dict[str, Any]) -> Any:
-    from ir.program import Target
-
-    return Target(**{k: v for k, v in d.items() if k in ("name", "sms", "max_workers",
-                                                         "backend")})
-
-
 def lower_config(graph: Any, ranks: int, config: dict[str, Any], target: Any) -> Any:
     """Lower ``graph`` with a lowering-config dict. Raises AmkError for a config the lowering
     refuses (bad value, too many workers for the target, ...)."""
@@ -106,25 +91,6 @@ def lower_config(graph: Any, ranks: int, config: dict[str, Any], target: Any) ->
     # a candidate may set a knob another one leaves without effect: the same program
     cfg = LoweringConfig.from_json(dict(config), source="candidate config", combinations=False)
     return lower(graph, ranks, config=cfg, target=target)
-
-
-def program_summary(program: Any, seq_len: int) -> dict[str, Any]:
-    """Stats, the schedule's fingerprint, per-op task counts, tasks per worker (max/min),
-    collective groups and the cost-model estimate."""
-    from lowering.costmodel import estimate
-
-    per_worker = _Counter((t.rank, t.worker) for t in program.tasks)
-    loads = [per_worker.get((r, w), 0) for r in range(program.ranks)
-             for w in range(program.workers)]
-    est = estimate(program, seq_len=seq_len)
-    from search.space import program_fingerprint
-
-    return {**program.stats(), "fingerprint": program_fingerprint(program), "ops": dict(sorted(_Counter(t.op for t in program.tasks).items())),
-            "tasks_per_worker_max": max(loads, default=0),
-            "tasks_per_worker_min": min(loads, default=0),
-            "collective_groups": len({t.group for t in program.tasks if t.group}),
-            "predicted_latency_ms": est.predicted_latency_s * 1e3,
-            "cost_model_roofline_ms": est.roofline_s * 1e3}
 
 
 # -- correctness gate -----------------------------------------------------------------
@@ -289,7 +255,7 @@ def time_triton(program: Any, inc_program: Any | None, ctx: ModelContext, req: d
     the kernel knobs differ."""
     import torch
 
-    from search.evaluator import ab_interleaved
+    from search.evaluator import measured_ab
 
     tp = req.get("timing", {})
     pos = max(0, int(req.get("seq_len", 128)) - 1)
@@ -319,25 +285,7 @@ def time_triton(program: Any, inc_program: Any | None, ctx: ModelContext, req: d
         if foreign:
             raise AmkError(f"kernels other than {list(prefixes)} run inside the timed step: "
                            f"{foreign[:5]}")
-    ab = ab_interleaved(run_a, run_b, timer, rounds=int(tp.get("rounds", 7)),
-                        steps=int(tp.get("steps", 20)), warmup=int(tp.get("warmup", 3)),
-                        min_gain=float(tp.get("min_gain", 0.01)))
-    return {"source": "measured", "median_ms": ab.b_ms, "spread_ms": ab.b_spread_ms,
-            "incumbent_ms": ab.a_ms if inc_program is not None else None,
-            "ab": ab.to_json()}
-
-
-def time_sim(program: Any, req: dict[str, Any], predict: Callable[..., float] | None
-             ) -> dict[str, Any]:
-    """The cost model's prediction (deterministic: no spread)."""
-    from lowering.costmodel import estimate
-
-    seq_len = int(req.get("seq_len", 128))
-    if predict is not None:
-        ms = float(predict(program, seq_len))
-    else:
-        ms = estimate(program, seq_len=seq_len).predicted_latency_s * 1e3
-    return {"source": "predicted", "median_ms": ms, "spread_ms": 0.0, "incumbent_ms": None}
+    return measured_ab(run_a, run_b, timer, tp, inc_program is not None)
 
 
 def profile_ops(program: Any, ctx: ModelContext, req: dict[str, Any], kernel: dict[str, Any],
@@ -413,23 +361,7 @@ def evaluate(req: dict[str, Any]) -> dict[str, Any]:
         res["program"] = program_summary(program, seq_len)
         # 2. validate: a rejected program never reaches a backend
         res["stage"] = "validate"
-        from validator import validate
-
-        t = time.perf_counter()
-        verdict = validate(program, backend=backend)
-        times["validate_s"] = time.perf_counter() - t
-        res["verdict"] = {"ok": verdict.ok, "classes": sorted(verdict.classes),
-                          "errors": [f.to_json() for f in verdict.errors[:5]],
-                          "n_errors": len(verdict.errors)}
-        if not verdict.ok:
-            first = verdict.errors[0]
-            res.update(status="rejected", reason=f"validator: {', '.join(sorted(verdict.classes))}"
-                       f" ({len(verdict.errors)} errors; first: {first.message})"[:400])
-            # one witness per error class (the cycle of a deadlock, the racing pair, ...)
-            res["verdict"]["witnesses"] = {e["class"]: {"message": e["message"][:400],
-                                                        "tasks": list(e["tasks"])[:20],
-                                                        "witness": e["witness"]}
-                                           for e in reversed([f.to_json() for f in verdict.errors])}
+        if not validate_stage(program, backend, res, times):
             return res
         if req.get("profile_only"):  # the incumbent's profile: no gate, no timing
             res["stage"] = "profile"
@@ -447,10 +379,10 @@ def evaluate(req: dict[str, Any]) -> dict[str, Any]:
         res["floor_ms"] = floor
         # 3. correctness gate
         res["stage"] = "correctness"
-        maker = _resolve_hook(hooks.get("executor_factory")) or default_executor_factory
+        maker = resolve_hook(hooks.get("executor_factory")) or default_executor_factory
         kernel = req.get("kernel") or {}
         inc_kernel = req["incumbent_kernel"] if req.get("incumbent_kernel") is not None else kernel
-        factory = _resolve_hook(hooks.get("executor")) or maker(backend, kernel)
+        factory = resolve_hook(hooks.get("executor")) or maker(backend, kernel)
         t = time.perf_counter()
         gate = correctness_gate(program, ctx, req, factory)
         times["gate_s"] = time.perf_counter() - t
@@ -462,9 +394,9 @@ def evaluate(req: dict[str, Any]) -> dict[str, Any]:
         res["stage"] = "timing"
         t = time.perf_counter()
         if backend == "sim":
-            timing = time_sim(program, req, _resolve_hook(hooks.get("predict")))
+            timing = time_sim(program, req, resolve_hook(hooks.get("predict")))
         else:
-            timer_hook = _resolve_hook(hooks.get("timer"))
+            timer_hook = resolve_hook(hooks.get("timer"))
             if timer_hook is not None:
                 timer = timer_hook()
             else:
@@ -483,7 +415,7 @@ def evaluate(req: dict[str, Any]) -> dict[str, Any]:
 
                     inc = apply_edits(inc, parse_edits(req["incumbent_edits"], "the incumbent's edits"))
                 # the incumbent runs with its own kernel knobs, not the candidate's
-                inc_factory = _resolve_hook(hooks.get("executor")) or maker(backend, inc_kernel)
+                inc_factory = resolve_hook(hooks.get("executor")) or maker(backend, inc_kernel)
             timing = time_triton(program, inc, ctx, req, factory, timer, inc_factory)
         times["timing_s"] = time.perf_counter() - t
         res["timing"] = timing
