@@ -443,21 +443,17 @@ class Rank:
         on a side stream, as torch.cuda.graphs asks), replayed per call."""
         if self.dev.type != "cuda":
             return {"unavailable": "CUDA graphs need a GPU"}
-        try:
-            side = torch.cuda.Stream(self.dev)
-            side.wait_stream(torch.cuda.current_stream(self.dev))
-            with torch.cuda.stream(side):
-                for _ in range(3):
-                    original(name, ins)
-            torch.cuda.current_stream(self.dev).wait_stream(side)
+        from amk.baselines import capture_graph, warm_up_on_side_stream
+
+        outs: list[torch.Tensor] = []
+        try:  # this rank's device is current (DistContext), as the helpers' streams assume
+            warm_up_on_side_stream(lambda: original(name, ins))
             self.sync()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                out = original(name, ins)
+            graph = capture_graph(lambda: outs.append(original(name, ins)))
         except Exception as e:  # a torch or NCCL without collective capture
             return {"unavailable": "graph capture failed: " + _why(e)}
         graph.replay()
-        res = self.verdict(out, ref)
+        res = self.verdict(outs[-1], ref)
         return dict(res, repeats_ms=self.timed(graph.replay))
 
     def symm_mem(self, name: str, ins: dict, ref: torch.Tensor) -> dict:
