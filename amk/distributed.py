@@ -44,11 +44,12 @@ BACKENDS = ("sim", "triton")
 
 
 # ----------------------------------------------------------------------------- config
-def load_config(config: Any, pattern: str | None = None) -> tuple[Any, Any]:
+def load_config(config: Any, pattern: str | None = None, source: str | None = None) -> tuple[Any, Any]:
     """(CollectiveConfig, KernelConfig or None) from ``config``: None (defaults), a
     CollectiveConfig, a dict of collective knobs or of parts (``{"collective": {...},
     "kernel": {...}}``), or a config file path (docs/lowering.md). ``pattern`` (a pattern
-    kind) also refuses knobs that do nothing for it. Raises AmkError naming the field."""
+    kind) also refuses knobs that do nothing for it; ``source`` names a dict's file in the
+    messages. Raises AmkError naming the field."""
     from lowering.config import CollectiveConfig, KernelConfig, collective_part
 
     kernel = None
@@ -61,7 +62,7 @@ def load_config(config: Any, pattern: str | None = None) -> tuple[Any, Any]:
 
         obj, source = read_json(config, "config file"), str(config)
     elif isinstance(config, dict):
-        obj, source = config, "config"
+        obj, source = config, source or "config"
     else:
         raise AmkError(f"config must be None, a CollectiveConfig, a dict or a file path, got {type(config).__name__}")
     if isinstance(obj, dict) and isinstance(obj.get("kernel"), dict):

@@ -130,18 +130,18 @@ def load_function(path: Path, func: str) -> Any:
     return fn
 
 
-def capture_function(target: str, world: str | int, shape_items: list[str], dtype: str) -> Any:
-    """``FILE.py:FUNC`` captured at world size ``world`` with the ``--shape`` items (rank-local
-    ``NAME=DIMS``) and ``dtype``: the models.capture.Captured (the pattern, its operands, where
-    each step is). AmkError (exit code 2) for a bad argument, a missing shape or a function
-    amk dist does not lower (the op and its file:line)."""
+def capture_function(path: Path, func: str, world: str | int, shape_items: list[str], dtype: str) -> Any:
+    """Function ``func`` of ``path`` (``parse_target``'s pair) captured at world size ``world``
+    with the ``--shape`` items (rank-local ``NAME=DIMS``) and ``dtype``: the
+    models.capture.Captured (the pattern, its operands, where each step is). AmkError (exit
+    code 2) for a bad argument, a missing shape or a function amk dist does not lower (the op
+    and its file:line)."""
     from models.capture import capture
 
-    path, func = parse_target(target)
     world = parse_world(str(world))
     shapes = parse_shapes(shape_items)
     if not shapes:
-        raise AmkError(f"{target}: give the rank-local shape of each tensor parameter with --shape NAME=DIMS, "
+        raise AmkError(f"{path}:{func}: give the rank-local shape of each tensor parameter with --shape NAME=DIMS, "
                        "e.g. --shape x=64,128")
     return capture(load_function(path, func), world, shapes, dtype)
 

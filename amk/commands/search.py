@@ -185,7 +185,7 @@ def _pattern_settings(args: argparse.Namespace) -> Any:
     if dtype not in ("bf16", "f16", "f32"):
         raise AmkError(f"--dtype {dtype}: a pattern's dtype is bf16, f16 or f32")
     path, func = parse_target(args.model)
-    cap = capture_function(args.model, args.world, args.shape or [], dtype)
+    cap = capture_function(path, func, args.world, args.shape or [], dtype)
     pattern = cap.pattern
     backend = args.backend or "sim"
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{path.stem}-{func}").strip("-")
@@ -198,17 +198,17 @@ def _pattern_settings(args: argparse.Namespace) -> Any:
         s.proposer = "replay"
     flags_ker = given(args, KernelConfig)
     if args.config:
-        from lowering.config import collective_part
+        from amk.distributed import load_config
         from ground.files import read_json
+        from lowering.config import collective_part
 
         obj = read_json(args.config, "config file")
-        part = collective_part(obj, args.config)
-        from lowering.config import CollectiveConfig
-
-        CollectiveConfig.from_json(part, args.config, pattern.kind)  # refuses a knob inert for it
-        s.start = dict(part) or None
-        if isinstance(obj, dict) and isinstance(obj.get("kernel"), dict):
-            flags_ker = {**KernelConfig.from_json(obj["kernel"], f"{args.config}: kernel").to_json(), **flags_ker}
+        # amk dist's reading of the file (a knob inert for the pattern is refused); the start is
+        # the knobs the file gives, not their defaults
+        kernel = load_config(obj, pattern.kind, source=args.config)[1]
+        s.start = dict(collective_part(obj, args.config)) or None
+        if kernel is not None:
+            flags_ker = {**kernel.to_json(), **flags_ker}
         s.config_source = f"config: {args.config}'s collective part over the knobs' defaults"
     if flags_ker:
         if backend != "triton":
