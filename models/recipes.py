@@ -123,28 +123,28 @@ def _qwen2_5_0_5b():
                   bos_token_id=151643, eos_token_id=151643, initializer_range=0.02)
 
 
+def _smollm2(**shape):
+    # what the SmolLM2 family's published configs share: vocabulary, context, norm, tied head,
+    # special tokens, head dim
+    return _llama(**{**dict(vocab_size=49152, head_dim=64, max_position_embeddings=8192,
+                            rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True,
+                            bos_token_id=1, eos_token_id=2, pad_token_id=2,
+                            initializer_range=0.02), **shape})
+
+
 def _smollm2_135m():
-    return _llama(vocab_size=49152, hidden_size=576, intermediate_size=1536,
-                  num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
-                  head_dim=64, max_position_embeddings=8192, rms_norm_eps=1e-5,
-                  rope_theta=100000.0, tie_word_embeddings=True, bos_token_id=1,
-                  eos_token_id=2, pad_token_id=2, initializer_range=0.02)
+    return _smollm2(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                    num_attention_heads=9, num_key_value_heads=3)
 
 
 def _smollm2_360m():
-    return _llama(vocab_size=49152, hidden_size=960, intermediate_size=2560,
-                  num_hidden_layers=32, num_attention_heads=15, num_key_value_heads=5,
-                  head_dim=64, max_position_embeddings=8192, rms_norm_eps=1e-5,
-                  rope_theta=100000.0, tie_word_embeddings=True, bos_token_id=1,
-                  eos_token_id=2, pad_token_id=2, initializer_range=0.02)
+    return _smollm2(hidden_size=960, intermediate_size=2560, num_hidden_layers=32,
+                    num_attention_heads=15, num_key_value_heads=5)
 
 
 def _smollm2_1_7b():
-    return _llama(vocab_size=49152, hidden_size=2048, intermediate_size=8192,
-                  num_hidden_layers=24, num_attention_heads=32, num_key_value_heads=32,
-                  head_dim=64, max_position_embeddings=8192, rms_norm_eps=1e-5,
-                  rope_theta=130000.0, tie_word_embeddings=True, bos_token_id=1,
-                  eos_token_id=2, pad_token_id=2, initializer_range=0.02)
+    return _smollm2(hidden_size=2048, intermediate_size=8192, num_hidden_layers=24,
+                    num_attention_heads=32, num_key_value_heads=32, rope_theta=130000.0)
 
 
 def _tiny_llama():
