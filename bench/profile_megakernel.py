@@ -120,6 +120,11 @@ def main(argv: list[str] | None = None) -> int:
     # before its waits (ops/gemv.py t_gemv), so "decode" (waits done -> operands decoded) is ~0
     # and the decode shows in the wait time instead.
     gem = [r for r, op in enumerate(ops) if prof[r, 3] > 0]
+    out["stream"] = stream_share(tab, prof)
+    print(f"weight stream idle: {out['stream']['idle_share_mean']:.1%} of the step on the mean worker "
+          f"({out['stream']['idle_share_min']:.1%} .. {out['stream']['idle_share_max']:.1%}); "
+          f"waiting {out['stream']['wait_share_mean']:.1%}, other ops and GEMV prologues/ends "
+          f"{out['stream']['other_share_mean']:.1%}")
     if gem:
         g = prof[gem].astype(np.float64)
         parts = {"decode": g[:, 3] - g[:, 1], "prologue": g[:, 4] - g[:, 3], "stream+store": g[:, 5] - g[:, 4],
@@ -174,6 +179,33 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rank {ctx.rank}: last step span {span_us:.1f} us"
               + (f"; layer spans mean {np.mean(spans):.1f} us" if spans else ""), file=sys.stderr)
     return 0
+
+
+def stream_share(tab, prof) -> dict:
+    """How much of the step each worker's weight stream stands still.
+
+    A worker streams weights between a GEMV task's stamps 4 and 5 (prologue done -> stores
+    done, vm.PROF_W); everything else in the step (waiting for counters, other ops, GEMV
+    decode, prologue, barrier and signals, gaps between tasks) is time in which that worker
+    reads no weights. The step is the kernel's span (first stamp -> last signals done, all
+    workers). Returns the shares (fractions of the span) as mean / min / max over workers.
+    """
+    t0 = prof[:, 0].min()
+    span = float(prof[:, 2].max() - t0)
+    idle, wait, other = [], [], []
+    for w in range(tab.workers):
+        lo, hi = int(tab.qstart[w]), int(tab.qstart[w + 1])
+        p = prof[lo:hi].astype(np.float64)
+        g = p[:, 3] > 0
+        stream = float((p[g, 5] - p[g, 4]).sum())
+        waited = float((p[:, 1] - p[:, 0]).sum())
+        idle.append(1.0 - stream / span)
+        wait.append(waited / span)
+        other.append(1.0 - stream / span - waited / span)
+    a, b, c = np.array(idle), np.array(wait), np.array(other)
+    return {"span_us": span / 1e3, "idle_share_mean": float(a.mean()), "idle_share_min": float(a.min()),
+            "idle_share_max": float(a.max()), "wait_share_mean": float(b.mean()),
+            "other_share_mean": float(c.mean())}
 
 
 def stage_timeline(tab, prof, layer: int | str, quiet: bool = False) -> list[dict]:

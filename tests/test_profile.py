@@ -396,3 +396,26 @@ def test_task_durations_round_trip_every_task_id(traces):
         with pytest.raises(AmkError) as err:
             task_durations(bad, "t.json")
         assert str(err.value).startswith(f"t.json: {msg}") and "\n" not in str(err.value)
+
+
+def test_stream_share_of_the_profiling_script():
+    """bench/profile_megakernel.py's stream-idle share: per worker, the step minus its GEMV
+    stream+store time (stamps 4 -> 5), over the step (first stamp to last signals done of all
+    workers); waiting is stamps 0 -> 1 summed. Worker 0 streams 600 of a 1000 ns step and
+    waits 200; worker 1 runs two non-GEMV tasks and waits 100."""
+    import importlib.util
+    import types
+
+    spec = importlib.util.spec_from_file_location("profile_megakernel", ROOT / "bench" / "profile_megakernel.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    prof = np.zeros((3, 10), dtype=np.int64)
+    prof[0] = [0, 200, 1000, 250, 300, 900, 950, 0, 0, 0]  # a GEMV: waits, prologue, stream, end
+    prof[1] = [0, 100, 500, 0, 0, 0, 0, 0, 0, 0]
+    prof[2] = [500, 500, 1000, 0, 0, 0, 0, 0, 0, 0]
+    share = mod.stream_share(types.SimpleNamespace(workers=2, qstart=[0, 1, 3]), prof)
+    assert share["span_us"] == pytest.approx(1.0)
+    assert share["idle_share_min"] == pytest.approx(0.4) and share["idle_share_max"] == pytest.approx(1.0)
+    assert share["idle_share_mean"] == pytest.approx(0.7)
+    assert share["wait_share_mean"] == pytest.approx(0.15)
+    assert share["other_share_mean"] == pytest.approx(0.55)

@@ -470,6 +470,7 @@ def test_offline_compile_for_sm90(tmp_path, name, dtype, fuse):
     rep = json.loads(res.stdout.strip().splitlines()[-1])
     for key in ("acquire_polls", "global_timer", "release_gpu", "barrier", "vector_loads"):
         assert rep[key], (key, rep)
+    assert rep["evict_first_loads"] > 0, rep  # GEMV weights stream with an L2 evict-first policy
     if rep["regs"] is not None:
         assert rep["regs"] <= 255 and rep["local_bytes"] == 0, rep
 
@@ -537,6 +538,7 @@ def test_offline_compile_with_l2_prefetch_and_sys_waits(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     rep = json.loads(res.stdout.strip().splitlines()[-1])
     assert rep["l2_prefetch"] and rep["acquire_polls_sys"] and not rep["acquire_polls"], rep
+    assert rep["l2_prefetch_evict_first"], rep  # weight prefetches mark their lines evict-first
     if rep["regs"] is not None:
         assert rep["regs"] <= 255 and rep["local_bytes"] == 0, rep
 

@@ -495,7 +495,7 @@ k = triton.compile(ASTSource(fn, sig, constexprs=cx, attrs=attrs), target=GPUTar
                    options=dict(num_warps=warps))
 ptx = k.asm["ptx"]
 out = dict(cp_async=ptx.count("cp.async.cg.shared.global"), wait_group="cp.async.wait_group" in ptx,
-           v4=len(re.findall(r"ld\.global(\.\w+)*\.v4", ptx)), shared=int(k.metadata.shared), local=None)
+           v4=len(re.findall(r"ld\.global(\.[\w:]+)*\.v4", ptx)), shared=int(k.metadata.shared), local=None)
 tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 if os.path.exists(tool):
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:

@@ -147,13 +147,15 @@ def global_timer():
 def l2_prefetch_bytes(p, n):
     """Start an L2 prefetch of the ``n`` bytes at ``p`` (both multiples of 16; nothing when
     n <= 0): one ``cp.async.bulk.prefetch.L2.global`` (sm_90, PTX ISA
-    "cp.async.bulk.prefetch") issued by thread 0. A hint with no effect on memory contents.
-    A no-op under the interpreter."""
+    "cp.async.bulk.prefetch") issued by thread 0, with an L2 evict-first cache policy (its
+    callers prefetch weights, read once a step: ops/gemv.py ``_wload``). A hint with no
+    effect on memory contents. A no-op under the interpreter."""
     if not INTERPRET:
         if n > 0:
             tl.inline_asm_elementwise(
-                "{ .reg .pred %pf_p; .reg .u32 %pf_t; mov.u32 %pf_t, %tid.x; setp.eq.u32 %pf_p, %pf_t, 0; "
-                "@%pf_p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+                "{ .reg .pred %pf_p; .reg .u32 %pf_t; .reg .b64 %pf_c; mov.u32 %pf_t, %tid.x; setp.eq.u32 %pf_p, %pf_t, 0; "
+                "createpolicy.fractional.L2::evict_first.b64 %pf_c, 1.0; "
+                "@%pf_p cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], $2, %pf_c; mov.u32 $0, 0; }",
                 "=r,l,r", [p, n.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
 
 

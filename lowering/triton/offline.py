@@ -7,7 +7,8 @@ and ptxas), and its command line::
 (``# amk-launch: {json}``) holds the launch's constexprs, warps and register cap. Prints
 one JSON object: shared memory, registers and spills per thread (from cuobjdump when Triton
 ships it) and which PTX features the GPU run depends on (acquire polls, the global timer,
-release signals, barriers, vector loads, the weight ring's bulk copies, the gemm op's
+release signals, barriers, vector loads, the L2 evict-first weight loads and prefetches,
+the weight ring's bulk copies, the gemm op's
 tensor-core instructions: ``wgmma`` / ``mma_sync`` counts, ...). An unreadable
 source, a bad ``--constexprs`` or the interpreter left on: one line on stderr, exit code 2.
 """
@@ -81,13 +82,15 @@ def compile_offline(source: str, constexprs: dict[str, int], arch: int = 90, num
                acquire_polls="ld.acquire.gpu.global.b32" in ptx, global_timer="%globaltimer" in ptx,
                acquire_polls_sys="ld.acquire.sys.global.b32" in ptx,
                l2_prefetch="cp.async.bulk.prefetch.L2" in ptx, async_copy="cp.async" in ptx,
+               l2_prefetch_evict_first="cp.async.bulk.prefetch.L2.global.L2::cache_hint" in ptx,
+               evict_first_loads=len(re.findall(r"ld\.global\.L1::evict_first\.L2::cache_hint", ptx)),
                tma_copies=ptx.count("cp.async.bulk.tensor"),
                ring_copies=ptx.count("cp.async.bulk.shared::cluster.global"),
                ring_waits=ptx.count("mbarrier.try_wait.parity"), ring_page_loads=ptx.count("ld.shared.v4.b32 {"),
                row_prefetch="prefetch.global.L1" in ptx,
                release_gpu="gpu.release.add" in ptx, release_sys="sys.release.add" in ptx,
                relaxed_red_sys="red.relaxed.sys.global.add" in ptx,
-               barrier="bar.sync" in ptx, vector_loads=bool(re.search(r"ld\.global(\.\w+)*\.v4", ptx)),
+               barrier="bar.sync" in ptx, vector_loads=bool(re.search(r"ld\.global(\.[\w:]+)*\.v4", ptx)),
                vector_stores=bool(re.search(r"st\.global(\.\w+)*\.v4", ptx)),
                wgmma=ptx.count("wgmma.mma_async"), mma_sync=ptx.count("mma.sync"),
                regs=None, local_bytes=None)
