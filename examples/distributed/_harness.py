@@ -16,7 +16,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NoReturn
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as `torchrun examples/distributed/X.py` from a source checkout
@@ -35,9 +35,11 @@ def _parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
     return m.group(1), tuple(int(d) for d in re.split(r"[,x]", m.group(2)))
 
 
-def main(fn: Callable, shapes: Callable[[int], dict[str, tuple[int, ...]]], argv: list[str] | None = None) -> int:
-    """Run ``fn`` and ``amk.distribute(fn, ...)`` in this process of a torchrun job; the exit
-    code (module docstring). ``shapes(R)``: the default rank-local shapes at world size R."""
+def main(fn: Callable, shapes: Callable[[int], dict[str, tuple[int, ...]]], argv: list[str] | None = None) -> NoReturn:
+    """Run ``fn`` and ``amk.distribute(fn, ...)`` in this process of a torchrun job and end the
+    process with the exit code (module docstring; ``os._exit`` after the process group is
+    destroyed, so it does not return). ``shapes(R)``: the default rank-local shapes at world
+    size R."""
     gpu = torch.cuda.is_available()
     p = argparse.ArgumentParser(description=f"{fn.__name__}: the original function over torch.distributed "
                                             "against amk's fused schedule (run under torchrun)")
@@ -58,7 +60,7 @@ def main(fn: Callable, shapes: Callable[[int], dict[str, tuple[int, ...]]], argv
         torch.cuda.set_device(device)
     dist.init_process_group("cpu:gloo,cuda:nccl" if gpu else "gloo")
     try:
-        return _compare(fn, {**shapes(world), **dict(args.shape)}, args, rank, world, device)
+        code = _compare(fn, {**shapes(world), **dict(args.shape)}, args, rank, world, device)
     finally:
         # every rank leaves its last collective before any tears the group down: a gloo pair
         # destroyed under a peer still in flight aborts that peer's process at exit
@@ -66,6 +68,13 @@ def main(fn: Callable, shapes: Callable[[int], dict[str, tuple[int, ...]]], argv
             dist.barrier()
         finally:
             dist.destroy_process_group()
+    # Leave without the interpreter's teardown: with the result printed and the group gone,
+    # a C++ thread still joinable when static objects are destroyed ("terminate called
+    # without an active exception", seen now and then in CPU runs of these examples) would
+    # turn exit 0 into SIGABRT.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _compare(fn, shapes, args, rank, world, device) -> int:

@@ -23,9 +23,11 @@ from __future__ import annotations
 import os
 
 #: The megakernel's version for tuned configs (search/tunedb.py's kernel fingerprint): bump it
-#: when the generated kernel changes in speed or meaning for a given config, so tuned entries
-#: measured on the old kernel stop being used by default. Read as text, without importing
-#: this package.
+#: when the generated kernel changes what a config means or which config is fastest, so tuned
+#: entries measured on the old kernel stop being used by default. A change that speeds every
+#: config of a path alike (the L2 evict-first weight loads) leaves the entries current; their
+#: recorded ms are then upper bounds until `amk tune` measures them again. Read as text,
+#: without importing this package.
 VM_VERSION = 1
 
 
