@@ -252,13 +252,15 @@ def time_triton(program: Any, inc_program: Any | None, ctx: ModelContext, req: d
     there is no incumbent yet) at position ``seq_len - 1``. The candidate runs with
     ``executor_factory``, the incumbent with ``inc_factory`` (its own kernel knobs; default
     the candidate's factory); ``inc_program`` may be the candidate's own program when only
-    the kernel knobs differ."""
+    the kernel knobs differ. On a CUDA device each side's step is replayed from a CUDA graph
+    (``step_graph``); the result's ``step`` says which ran (``cuda-graph`` or ``executor``)."""
     import torch
 
     from search.evaluator import measured_ab
 
     tp = req.get("timing", {})
     pos = max(0, int(req.get("seq_len", 128)) - 1)
+    graphs = []
 
     def prepared(prog, factory=executor_factory):
         ex = factory(prog, ctx.init_fn, seed=0, policy="in_order")
@@ -270,6 +272,10 @@ def time_triton(program: Any, inc_program: Any | None, ctx: ModelContext, req: d
         def step():
             ex.step(state["e"])
             state["e"] += 1
+        g = step_graph(ex, step)
+        if g is not None:
+            graphs.append(g)
+            return ex, g.replay
         return ex, step
 
     _, run_b = prepared(program)
@@ -285,7 +291,28 @@ def time_triton(program: Any, inc_program: Any | None, ctx: ModelContext, req: d
         if foreign:
             raise AmkError(f"kernels other than {list(prefixes)} run inside the timed step: "
                            f"{foreign[:5]}")
-    return measured_ab(run_a, run_b, timer, tp, inc_program is not None)
+    res = measured_ab(run_a, run_b, timer, tp, inc_program is not None)
+    for g in graphs:  # a replay that timed out or failed a task raises here, naming it
+        g.check()
+    res["step"] = "cuda-graph" if graphs else "executor"
+    return res
+
+
+def step_graph(ex: Any, step: Callable[[], None]) -> Any | None:
+    """``ex``'s epoch captured in a CUDA graph (lowering/triton/graph.py ``StepGraph``) after
+    one ``step()`` (which compiles the kernel), or None where there is no CUDA graph to take:
+    an executor that is not the compiled Triton one on a CUDA device (the interpreter, the
+    sim, a test's hook). A replay is one launch with no host round trip, as ``amk bench``
+    times the step; the executor's ``step`` reads the error records after every launch,
+    whose host round trip made the per-step timing noisier than the gap between close
+    configs (docs/experiments.md, the Llama-3.2-1B re-tune)."""
+    dev = getattr(ex, "device", None)
+    if getattr(dev, "type", None) != "cuda" or not hasattr(ex, "compiled"):
+        return None
+    from lowering.triton.graph import StepGraph
+
+    step()
+    return StepGraph(ex)
 
 
 def profile_ops(program: Any, ctx: ModelContext, req: dict[str, Any], kernel: dict[str, Any],

@@ -177,6 +177,29 @@ def test_measured_timing_below_floor_is_rejected_on_triton_path():
     res = worker.evaluate(request(backend="triton", hooks=hooks, hbm_bw=3.0e12))
     assert res["status"] == "ok", res["reason"]
     assert res["timing"]["source"] == "measured" and res["timing"]["ab"]["rounds"] == 2
+    assert res["timing"]["step"] == "executor"  # no CUDA graph for a sim executor
+
+
+def test_step_graph_only_for_a_compiled_cuda_executor():
+    """worker.step_graph captures nothing (and runs no step) for an executor that is not the
+    compiled Triton one on a CUDA device: it returns None and the A/B runs ``step``."""
+    from types import SimpleNamespace
+
+    import torch
+
+    ran = []
+    for ex in (SimpleNamespace(device=torch.device("cpu"), compiled=None), SimpleNamespace()):
+        assert worker.step_graph(ex, lambda: ran.append(1)) is None
+    assert not ran
+
+
+@pytest.mark.gpu
+def test_triton_timing_replays_a_cuda_graph():
+    """On a GPU the A/B of a real megakernel (tiny-llama, 2 co-located ranks) replays each
+    side from a CUDA graph, checks the replays' error records and stays above the floor."""
+    res = worker.evaluate(request(backend="triton"))
+    assert res["status"] == "ok", res.get("reason")
+    assert res["timing"]["step"] == "cuda-graph" and res["timing"]["median_ms"] > 0
 
 
 @pytest.mark.parametrize("hook,what", [
