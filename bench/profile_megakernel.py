@@ -116,15 +116,15 @@ def main(argv: list[str] | None = None) -> int:
         out["ops"][op] = {"tasks": d["n"], "op_us_mean": float(a.mean()),
                           "op_us_p90": float(np.percentile(a, 90)), "op_us_sum": float(a.sum()),
                           "wait_us_mean": float(wt.mean())}
-    # GEMV tasks: where the op time goes (stamps 3-6, vm.PROF_W). A GEMV decodes its operands
-    # before its waits (ops/gemv.py t_gemv), so "decode" (waits done -> operands decoded) is ~0
-    # and the decode shows in the wait time instead.
-    gem = [r for r, op in enumerate(ops) if prof[r, 3] > 0]
     out["stream"] = stream_share(tab, prof)
     print(f"weight stream idle: {out['stream']['idle_share_mean']:.1%} of the step on the mean worker "
           f"({out['stream']['idle_share_min']:.1%} .. {out['stream']['idle_share_max']:.1%}); "
           f"waiting {out['stream']['wait_share_mean']:.1%}, other ops and GEMV prologues/ends "
           f"{out['stream']['other_share_mean']:.1%}")
+    # GEMV tasks: where the op time goes (stamps 3-6, vm.PROF_W). A GEMV decodes its operands
+    # before its waits (ops/gemv.py t_gemv), so "decode" (waits done -> operands decoded) is ~0
+    # and the decode shows in the wait time instead.
+    gem = [r for r, op in enumerate(ops) if prof[r, 3] > 0]
     if gem:
         g = prof[gem].astype(np.float64)
         parts = {"decode": g[:, 3] - g[:, 1], "prologue": g[:, 4] - g[:, 3], "stream+store": g[:, 5] - g[:, 4],

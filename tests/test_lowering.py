@@ -464,7 +464,7 @@ BENCH_CONFIGS = sorted((Path(__file__).resolve().parents[1] / "bench" / "configs
 
 @pytest.mark.parametrize("path", BENCH_CONFIGS, ids=[p.stem for p in BENCH_CONFIGS])
 def test_shipped_bench_configs_lower_and_validate(path):
-    # the knob files the README and the session scripts pass to `amk bench --config`: each must
+    # the knob files the README and the bench suites pass to `amk bench --config`: each must
     # load and give a validator-clean program at the rank count its name says (-tpR, else 1)
     m = re.search(r"-tp(\d+)", path.stem)
     cfg = LoweringConfig.from_file(str(path)).replace(workers=8, max_seq=32)

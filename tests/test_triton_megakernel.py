@@ -566,7 +566,7 @@ def test_device_triton_streams_gemv_weights_in_16_byte_loads(tmp_path, x_stage, 
     """With the GPU machines' Triton (3.6; this machine's may differ), the megakernel's GEMV
     loops load weights and x as 16-byte vectors (LDG.E.128), not 2 bytes at a time: 3.6
     dropped the bare tl.multiple_of hints on table offsets and every GEMV ran on scalar
-    loads until ops.aligned restated them (sixth session). Fused bf16 tiny Llama, 16 x 128
+    loads until ops.aligned restated them (docs/experiments.md, 2026-11-21). Fused bf16 tiny Llama, 16 x 128
     blocks unrolled 8 times at 8 warps, compiled offline for sm_90; with ``w_preload`` the
     block loaded before the waits must not spill either."""
     from lowering.triton.runtime import Blocks

@@ -671,7 +671,7 @@ def test_megakernel_unroll_compiles_for_sm90(tmp_path):
     src = TritonExecutor(prog, init, check=False).emit_source(tmp_path / "kernel.py")
     base = {"GEMV_N": 16, "GEMV_K": 512, "GEMV_UNROLL": 2, "ATT_D": 64}
     bcast = _offline(_COMPILE_MEGAKERNEL, src, json.dumps({**base, "ATT_T": 32, "ATT_Q": 4}), 8)
-    # the fourth session's best flags: 16 x 128 blocks unrolled 8 times, no row prefetch
+    # the best flags of 2026-11-21 (docs/experiments.md): 16 x 128 blocks unrolled 8 times, no row prefetch
     u8 = _offline(_COMPILE_MEGAKERNEL, src, json.dumps({**base, "GEMV_K": 128, "GEMV_UNROLL": 8,
                                                         "ROW_PREFETCH": False}), 8)
     for rep in (bcast, u8):
