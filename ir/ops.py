@@ -44,6 +44,10 @@ rope_attention_kv
                 what rope_append writes there) instead of the caches, which it reads at
                 0 .. pos-1 only; the cache append may then run after the attention
                                                                ins (q, k, v, kc, vc, pos, inv_freq)
+attention_combine
+                o[h] = sum_c e^(m_c,h - M_h) acc_c,h / sum_c e^(m_c,h - M_h) l_c,h with
+                M_h = max_c m_c,h: the ``parts`` partial records of split-KV attention
+                (see "Split-KV attention") merged     ins (p[parts, Hq, head_dim+2] f32)
 gemm            y = a @ b (+ r)                                ins (a[M,K], b[K,N], r[M,N]?)
                                                                outs (y[M,N])
 copy            y = x (dtype cast between float dtypes allowed)
@@ -68,6 +72,16 @@ per-row scales ``scale[N]`` (f32), and computes ``y = scale * (W @ x)`` (W conve
 the scale applied once per row after the dot product) and then the op's bias / residual. A
 weight of a float dtype takes no scale. ``OpSpec.scaled`` marks these ops; ``scale_index``
 says whether a task has the scale operand.
+
+**Split-KV attention.** ``attention``, ``rope_attention`` and ``rope_attention_kv`` take the
+optional params ``parts`` (P >= 1) and ``part`` (0 <= c < P), flash-decoding's split of the
+positions over several tasks (Dao et al., "Flash-Decoding for long-context inference", 2023).
+With P >= 2 the task attends to positions ``[floor(c n / P), floor((c + 1) n / P))`` of the
+``n = pos + 1`` positions only, and its output is not o but one f32 *partial record* of
+``head_dim + 2`` elements per query head: ``(sum_t e^(s_t - m) v_t, m, sum_t e^(s_t - m))``
+over its positions t, with ``s_t`` the scaled score and ``m`` the largest of them; a part with
+no position (n < P) writes ``(0, -inf, 0)``. ``attention_combine`` merges the P records of
+each head into o (param ``parts``). P = 1 is the unsplit op.
 
 **gemm shapes.** A ``gemm`` operand is a row-major region like any other (a row block of an
 ``[M, K]`` buffer, a column block ``w[0:K, c0:c1]`` of a weight, ...), and its check sees
@@ -338,7 +352,8 @@ def _check_attention(ins, ind, outs, outd, p):
     g = dk[0]
     if hq % g:
         errs.append(f"attention: {hq} query heads do not split over {g} kv heads")
-    if _n(outs[0]) != _n(q):
+    errs += _split_kv_errors(p, hq, hd, _n(outs[0]), outd[0] if outd else None)
+    if _kv_parts(p) == 1 and _n(outs[0]) != _n(q):
         errs.append(f"attention: output has {_n(outs[0])} elements, q has {_n(q)}")
     if _n(pos) != 1:
         errs.append(f"attention: pos must hold 1 element, got {pos}")
@@ -346,6 +361,51 @@ def _check_attention(ins, ind, outs, outd, p):
     if not isinstance(sc, (int, float)) or sc <= 0:
         errs.append(f"attention: param scale must be positive, got {sc!r}")
     return errs
+
+
+def _kv_parts(p) -> int:
+    """The ``parts`` param of an attention task (1 when absent or malformed: the check
+    reports a malformed one)."""
+    v = p.get("parts", 1)
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else 1
+
+
+def _split_kv_errors(p, hq: int, hd: int, n_out: int, out_dtype: str | None) -> list[str]:
+    """The split-KV params of an attention task (module doc, "Split-KV attention"): ``parts``
+    >= 1, ``part`` in [0, parts) (both or neither), and with parts >= 2 an f32 output of
+    hq * (head_dim + 2) elements (one partial record per query head)."""
+    if "parts" not in p and "part" not in p:
+        return []
+    P, c = p.get("parts"), p.get("part")
+    if not (isinstance(P, int) and not isinstance(P, bool) and P >= 1):
+        return [f"attention: param parts must be an int >= 1, got {P!r}"]
+    if not (isinstance(c, int) and not isinstance(c, bool) and 0 <= c < P):
+        return [f"attention: param part must be an int in [0, {P}), got {c!r}"]
+    if P == 1:
+        return []
+    errs = []
+    if out_dtype is not None and out_dtype != "f32":
+        errs.append(f"attention: a split-KV part (parts={P}) writes f32 partial records, the output is {out_dtype}")
+    if n_out != hq * (hd + 2):
+        errs.append(f"attention: a split-KV part writes {hq} query heads x (head_dim + 2) = "
+                    f"{hq * (hd + 2)} elements, the output has {n_out}")
+    return errs
+
+
+def _check_attention_combine(ins, ind, outs, outd, p):
+    hd, P = p.get("head_dim"), p.get("parts")
+    if not isinstance(hd, int) or isinstance(hd, bool) or hd <= 0:
+        return [f"attention_combine: param head_dim must be a positive int, got {hd!r}"]
+    if not isinstance(P, int) or isinstance(P, bool) or P < 1:
+        return [f"attention_combine: param parts must be a positive int, got {P!r}"]
+    n = _n(outs[0])
+    if n % hd:
+        return [f"attention_combine: output has {n} elements, not a multiple of head_dim={hd}"]
+    want = P * (n // hd) * (hd + 2)
+    if _n(ins[0]) != want:
+        return [f"attention_combine: {P} parts of {n // hd} query heads x (head_dim + 2) are {want} "
+                f"elements, the partials region has {_n(ins[0])}"]
+    return []
 
 
 def _check_same_numel(name: str):
@@ -583,6 +643,9 @@ def _check_rope_attention_kv(ins, ind, outs, outd, p):
     return errs
 
 
+#: The optional split-KV params of the attention ops (module doc, "Split-KV attention").
+SPLIT_KV = {"parts": int, "part": int}
+
 OPS: dict[str, OpSpec] = {
     s.name: s
     for s in [
@@ -596,7 +659,8 @@ OPS: dict[str, OpSpec] = {
         _spec("kv_append", "compute", ("k", "v", "pos"), ("kc", "vc"), (F, F, I32), (F, F),
               params={"head_dim": int}, check=_check_kv_append),
         _spec("attention", "compute", ("q", "kc", "vc", "pos"), ("o",), (F, F, F, I32), (F,),
-              params={"head_dim": int, "scale": float}, check=_check_attention),
+              params={"head_dim": int, "scale": float}, optional_params=SPLIT_KV,
+              check=_check_attention),
         _spec("silu_mul", "compute", ("g", "u"), ("y",), (F, F), (F,),
               check=_check_same_numel("silu_mul")),
         _spec("add", "compute", ("a", "b"), ("y",), (F, F), (F,), check=_check_same_numel("add")),
@@ -618,10 +682,12 @@ OPS: dict[str, OpSpec] = {
               (F, F, F32, I32), (F, F), params={"head_dim": int}, check=_check_rope_append),
         _spec("rope_attention", "compute", ("q", "kc", "vc", "pos", "inv_freq"), ("o",),
               (F, F, F, I32, F32), (F,), params={"head_dim": int, "scale": float},
-              check=_check_rope_attention),
+              optional_params=SPLIT_KV, check=_check_rope_attention),
         _spec("rope_attention_kv", "compute", ("q", "k", "v", "kc", "vc", "pos", "inv_freq"), ("o",),
               (F, F, F, F, F, I32, F32), (F,), params={"head_dim": int, "scale": float},
-              check=_check_rope_attention_kv),
+              optional_params=SPLIT_KV, check=_check_rope_attention_kv),
+        _spec("attention_combine", "compute", ("p",), ("o",), (F32,), (F,),
+              params={"head_dim": int, "parts": int}, check=_check_attention_combine),
         _spec("gemm", "compute", ("a", "b"), ("y",), (F, F), (F,), optional_ins=("r",),
               optional_in_dtypes=(F,), check=_check_gemm),
         _spec("copy", "compute", ("x",), ("y",), (ANY,), (ANY,), check=_check_same_numel("copy")),

@@ -130,6 +130,11 @@ class LoweringConfig(_Knobs):
     attn_split: int = knob(1, "Attention tasks per KV head: its query heads split into this many "
                            "contiguous groups, each one task on its own worker (capped at the group size).",
                            lo=1)
+    attn_kv_split: int = knob(1, "Attention tasks per query-head group along the positions (flash-decoding's "
+                              "split-KV): each attends to a contiguous share of the positions 0..pos on its own "
+                              "worker and writes a partial record (sum, max, sum of exponentials); one "
+                              "attention_combine task per group merges them. More parallel work for the "
+                              "~100 workers idle during attention, one hand-off more.", lo=1, hi=16)  # ops/attention.py MAX_KV_PARTS
     tile_qkv: int = knob(0, "Rows per q/k/v tile (q, k and v are one narrow stage: a tile that fits it "
                          "in one round of workers trades a second task for a longer first one).",
                          lo=1, zero="tile")

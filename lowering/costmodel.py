@@ -62,7 +62,8 @@ def task_bytes(task: Task, buffers: dict[str, Buffer], seq_len: int) -> int:
     ``embed`` reads one table row (not the whole declared table region); ``kv_append`` and
     ``rope_append`` write one row per KV head of each cache; ``attention``,
     ``rope_attention`` and ``rope_attention_kv`` read ``seq_len`` rows of each cache region
-    (the last one also its current k and v); sync tasks move nothing;
+    (the last one also its current k and v), a split-KV part (param ``parts``) its share of
+    them, rounded up; sync tasks move nothing;
     every other op moves its whole regions (the fused GEMVs: their vectors, weight tile
     and residual; a norm_gemv tile re-reads the whole normalised input, which it does).
     Small operands (pos, inv_freq) of the cache ops are not counted.
@@ -75,6 +76,7 @@ def task_bytes(task: Task, buffers: dict[str, Buffer], seq_len: int) -> int:
         return 2 * row * DTYPE_BYTES.get(buffers[task.outs[0].buffer].dtype, 4)
     if op in ("kv_append", "attention", "rope_append", "rope_attention", "rope_attention_kv"):
         append = op in ("kv_append", "rope_append")
+        parts = max(1, int(task.params.get("parts", 1)))
         total = 0
         spec = OPS[op]
         regs = dict(zip(spec.ins + spec.outs, (*task.ins, *task.outs)))
@@ -84,7 +86,7 @@ def task_bytes(task: Task, buffers: dict[str, Buffer], seq_len: int) -> int:
             shape = reg.shape()
             s = shape[-2] if len(shape) >= 2 else 1
             per_row = _region_bytes(reg, buffers) // max(s, 1)
-            total += per_row * (1 if append else max(1, min(seq_len, s)))
+            total += per_row * (1 if append else -(-max(1, min(seq_len, s)) // parts))
         for reg in vectors:
             total += _region_bytes(reg, buffers)
         return total

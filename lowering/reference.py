@@ -85,6 +85,15 @@ rope_attention_kv
                 as rope_attention, with row pos of the caches replaced by rope(k) rounded
                 to kc's dtype and v rounded to vc's dtype (what rope_append stores there).
                 Equal bit for bit to rope_append -> rope_attention.
+                With the params ``parts`` P >= 2 and ``part`` c (split-KV, ir/ops.py), the
+                three attention ops attend to positions [floor(c n / P), floor((c+1) n / P))
+                of the n = pos + 1 only and write, per query head, the f32 partial record
+                (e @ v, m, sum(e)) with s the scaled scores of those positions, m = max(s),
+                e = exp(s - m); (0, -inf, 0) when the part has no position.
+attention_combine
+                per query head h: M = max_c m_c; w_c = exp(m_c - M) (0 for m_c = -inf);
+                o_h = (sum_c w_c acc_c) / (sum_c w_c l_c) over the ``parts`` records (c in
+                index order), rounded once to o's dtype.
 gemm            y = a @ b (+ r): a viewed as [M, K], b as [K, N], r and y as [M, N], the
                 dims from the element counts (ir.ops.gemm_dims: K^2 = numel(a) numel(b) /
                 numel(y)); fp32 matmul, r added in fp32, one rounding to y's dtype.
@@ -321,10 +330,12 @@ def _rope_append(p, ins, outs):
 
 
 def _attention_f32(q, kc, vc, pos_t, hd: int, scale: float, op: str,
-                   cur: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                   cur: tuple[torch.Tensor, torch.Tensor] | None = None,
+                   parts: tuple[int, int] | None = None) -> torch.Tensor:
     """fp32 decode GQA attention (see the module table); returns [numel(q)] (head-major).
     ``cur`` = (k, v) fp32 [G * hd] each: the keys and values of position ``pos`` in place of
-    the caches' row pos (rope_attention_kv), which is then never read."""
+    the caches' row pos (rope_attention_kv), which is then never read. ``parts`` = (P, c):
+    split-KV part c of P, whose [Hq * (hd + 2)] partial records it returns instead."""
     pos = _index(pos_t, op, "pos")
     kc, vc = _cache(kc, hd, op, "k cache"), _cache(vc, hd, op, "v cache")
     s = kc.shape[-2]
@@ -349,14 +360,44 @@ def _attention_f32(q, kc, vc, pos_t, hd: int, scale: float, op: str,
     if hq % g:
         raise ReferenceOpError(f"{op}: {hq} query heads do not split over {g} kv heads")
     qh = _f32(q).reshape(g, hq // g, hd)  # head h -> kv head h // (hq // g)
+    if parts is not None:
+        P, c = parts
+        n = k.shape[1]
+        k, v = k[:, c * n // P:(c + 1) * n // P], v[:, c * n // P:(c + 1) * n // P]
+        if k.shape[1] == 0:  # an empty part: (0, -inf, 0) per head
+            rec = torch.zeros(hq, hd + 2, dtype=torch.float32)
+            rec[:, hd] = float("-inf")
+            return rec.reshape(-1)
+        scores = torch.matmul(qh, k.transpose(1, 2)) * scale  # [G, Hq/G, L_c]
+        m = scores.amax(dim=-1, keepdim=True)
+        e = torch.exp(scores - m)
+        return torch.cat([torch.matmul(e, v), m, e.sum(dim=-1, keepdim=True)], dim=-1).reshape(-1)
     scores = torch.matmul(qh, k.transpose(1, 2)) * scale  # [G, Hq/G, L]
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
     return torch.matmul(probs, v).reshape(-1)
 
 
+def _kv_parts(p: dict) -> tuple[int, int] | None:
+    """(parts, part) of a split-KV attention task with parts >= 2 (ir/ops.py), else None."""
+    P = int(p.get("parts", 1))
+    return (P, int(p.get("part", 0))) if P > 1 else None
+
+
+def _attention_combine(p, ins, outs):
+    hd, P = int(p["head_dim"]), int(p["parts"])
+    rec = _f32(ins[0]).reshape(P, -1, hd + 2)  # [P, Hq, D + 2]
+    m = rec[:, :, hd]
+    big = m.amax(dim=0)  # at least one part of each head holds a position
+    w = torch.where(torch.isinf(m) & (m < 0), torch.zeros_like(m), torch.exp(m - big))
+    num = (w[:, :, None] * rec[:, :, :hd]).sum(dim=0)
+    den = (w * rec[:, :, hd + 1]).sum(dim=0)
+    _store(outs[0], (num / den[:, None]).reshape(-1), "attention_combine")
+
+
 def _attention(p, ins, outs):
     q, kc, vc, pos_t = ins
-    o = _attention_f32(q, kc, vc, pos_t, int(p["head_dim"]), float(p["scale"]), "attention")
+    o = _attention_f32(q, kc, vc, pos_t, int(p["head_dim"]), float(p["scale"]), "attention",
+                       parts=_kv_parts(p))
     _store(outs[0], o, "attention")
 
 
@@ -364,7 +405,7 @@ def _rope_attention(p, ins, outs):
     q, kc, vc, pos_t, inv_freq = ins
     hd = int(p["head_dim"])
     qr = _round_to(_rope_f32(q, inv_freq, pos_t, hd, "rope_attention"), q.dtype)  # as rope's store
-    o = _attention_f32(qr, kc, vc, pos_t, hd, float(p["scale"]), "rope_attention")
+    o = _attention_f32(qr, kc, vc, pos_t, hd, float(p["scale"]), "rope_attention", parts=_kv_parts(p))
     _store(outs[0], o, "rope_attention")
 
 
@@ -375,7 +416,7 @@ def _rope_attention_kv(p, ins, outs):
     # what rope_append would have stored in row pos of each cache
     kr = _round_to(_rope_f32(k, inv_freq, pos_t, hd, op), kc.dtype)
     vr = _round_to(_f32(v), vc.dtype)
-    o = _attention_f32(qr, kc, vc, pos_t, hd, float(p["scale"]), op, cur=(kr, vr))
+    o = _attention_f32(qr, kc, vc, pos_t, hd, float(p["scale"]), op, cur=(kr, vr), parts=_kv_parts(p))
     _store(outs[0], o, op)
 
 
@@ -482,6 +523,7 @@ IMPLS: dict[str, OpFn] = {
     "rope_append": _rope_append,
     "rope_attention": _rope_attention,
     "rope_attention_kv": _rope_attention_kv,
+    "attention_combine": _attention_combine,
     "gemm": _gemm,
     "copy": _copy,
     "put": _copy,

@@ -276,7 +276,7 @@ def space_from_knob_specs(specs: Sequence[Any], fixed: dict[str, Any]) -> Search
 # (POLICIES, ALLREDUCE_ALGOS); integer ranges are derived from the model and target by
 # ``space_for``; each knob's description is its declaration's (lowering.knobs). A field missing
 # here is an error (tests/test_search_space.py), so a new knob cannot be silently left out.
-SEARCHABLE = ("tile", "workers", "policy", "allreduce", "fuse", "wave", "attn_split", "tile_qkv",
+SEARCHABLE = ("tile", "workers", "policy", "allreduce", "fuse", "wave", "attn_split", "attn_kv_split", "tile_qkv",
               "tile_gate_up", "tile_lm_head", "tile_reduce", "late_append", "fuse_reduce")
 # Fixed for a whole search: they change what is computed or how much can be decoded, not
 # how the step is scheduled (the user picks them with --dtype / --max-seq / --weights /
@@ -315,6 +315,7 @@ def space_for(spec: Any, ranks: int, max_workers: int, fixed: dict[str, Any] | N
     default tile and below the stage's rows on one rank. tile_qkv: 0 and QKV_TILE_CHOICES
     other than the default tile and below the most query rows of one rank. attn_split: 1, 2, 4, ... below the most query heads one rank
     holds of one KV head, and that count itself (one query head per task); 1 without GQA.
+    attn_kv_split: 1, 2, 4, 8 (flash-decoding's split-KV: parts per query-head group).
     tile_reduce (ranks > 1 only): 0 and REDUCE_TILE_CHOICES above the default tile and below
     the hidden size.
     ``fixed``: values of the non-searchable fields (defaults: the lowering's). Raises
@@ -378,6 +379,9 @@ def space_for(spec: Any, ranks: int, max_workers: int, fixed: dict[str, Any] | N
             grp = max([hi - lo for r, s in enumerate(part.shards) for g in range(*s.kv_heads)
                        for lo, hi in [part.kv_group_heads(r, g)]] or [1])
             vals = sorted({s for s in (1, 2, 4, 8, 16) if s < grp} | {1, grp})
+            knobs.append(Knob(name, tuple(vals), d, True, knob_named(cls, name).help))
+        elif name == "attn_kv_split":
+            vals = sorted({1, 2, 4, 8, d})
             knobs.append(Knob(name, tuple(vals), d, True, knob_named(cls, name).help))
         elif name == "tile_reduce":
             vals = sorted({0, d} | {t for t in REDUCE_TILE_CHOICES if default.tile < t < int(spec.hidden)})

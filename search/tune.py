@@ -632,6 +632,8 @@ class Tuner:
         ab = {k: v for k, v in (timing.get("ab") or {}).items() if k != "raw"}
         if ab:
             row["ab"] = ab
+        if timing.get("step"):  # the worker's timer: "cuda-graph" replays or "executor" steps
+            row["timing_step"] = timing["step"]
         if inc is None:
             row.update(status="KEEP", reason="the first correct candidate", gain=None)
         elif source == "predicted":
@@ -824,7 +826,7 @@ class Tuner:
             "timing_source": src,
             "timing_note": ("the sim's latency is the cost model's PREDICTION (lowering/costmodel.py), "
                             "not a measurement" if src == "predicted" else
-                            "measured: interleaved A/B of one executor step per token (CUDA events)"
+                            "measured: interleaved A/B of " + _step_timer(trials) + " per token (CUDA events)"
                             + (f"; the {self.s.tp} ranks run co-located on one GPU in the evaluation worker"
                                if self.s.tp > 1 else "")),
             "gpu": self.s.gpu, "trials": self.trials, "rows": len(trials), "by_status": by_status,
@@ -844,6 +846,18 @@ class Tuner:
             "use": self.bench_command() if inc is not None else None,
             "out": str(self.out),
         }
+
+
+def _step_timer(trials: list[dict[str, Any]]) -> str:
+    """What the trials' A/B timing replayed (search/worker.py): a CUDA-graph replay of one
+    megakernel step, one executor step with its host round trip, or both across a resumed
+    run; the executor's wording when the rows do not say (runs recorded before the field)."""
+    steps = {r.get("timing_step") for r in trials if r.get("timing_step")}
+    if steps == {"cuda-graph"}:
+        return "CUDA-graph replays of one megakernel step"
+    if "cuda-graph" in steps:
+        return "CUDA-graph replays or executor steps (see each trial's timing_step)"
+    return "one executor step"
 
 
 def _reason_class(reason: str) -> str:

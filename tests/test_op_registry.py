@@ -46,6 +46,7 @@ BUFFERS = {
     "vc": ("kv_cache", "f32", (2, 4, 8)), "am": ("activation", "f32", (2,)), "pairs": ("activation", "f32", (2, 2)),
     "next": ("io_output", "i32", (1,)), "dst": ("activation", "f32", (16,)),
     "B": ("weight", "f32", (16, 8)), "Y": ("activation", "f32", (2, 8)),
+    "rec": ("activation", "f32", (3, 4, 10)),
 }
 _KC, _VC = "kc[0:2, 0:4, 0:8]", "vc[0:2, 0:4, 0:8]"
 _ATT = {"head_dim": 8, "scale": 0.35}
@@ -71,6 +72,7 @@ SAMPLES: dict[str, tuple[list[str], list[str], dict]] = {
     "rope_append": (["x[0:16]", "u[0:16]", "inv[0:4]", "pos[0:1]"], [_KC, _VC], {"head_dim": 8}),
     "rope_attention": (["q[0:32]", _KC, _VC, "pos[0:1]", "inv[0:4]"], ["o[0:32]"], _ATT),
     "rope_attention_kv": (["q[0:32]", "x[0:16]", "u[0:16]", _KC, _VC, "pos[0:1]", "inv[0:4]"], ["o[0:32]"], _ATT),
+    "attention_combine": (["rec[0:3, 0:4, 0:10]"], ["o[0:32]"], {"head_dim": 8, "parts": 3}),
     "gemm": (["P[0:2, 0:16]", "B[0:16, 0:8]"], ["Y[0:2, 0:8]"], {}),
     "copy": (["x[0:16]"], ["y[0:16]"], {}),
     "put": (["x[0:16]"], ["dst@1[0:16]"], {}),
@@ -195,11 +197,14 @@ def test_the_registry_holds_every_op_of_its_families_once():
 @pytest.mark.parametrize("op", sorted(REGISTRY))
 def test_registry_entry_agrees_with_the_op_spec(op):
     """Views cover every role of the OpSpec (optional inputs included); the row's params are
-    the spec's, int or float as declared; a GEMV's weight is the spec's ``w`` role."""
+    the spec's (optional ones with the default the row stores when a task omits them), int
+    or float as declared; a GEMV's weight is the spec's ``w`` role."""
     spec, e = OPS[op], REGISTRY[op]
     assert len(e.views) == spec.max_ins + len(spec.outs)
     assert set(e.views) <= {"flat", "matrix", "partials", "cache"}
-    assert {n: k for n, k in e.params} == {n: "i" if t is int else "f" for n, t in spec.params.items()}
+    declared = {**spec.params, **{n: t for n, t in spec.optional_params.items() if n in e.param_defaults}}
+    assert {n: k for n, k in e.params} == {n: "i" if t is int else "f" for n, t in declared.items()}
+    assert set(e.param_defaults) <= set(spec.optional_params)
     assert len(e.params) <= L.N_PARAMS
     assert e.in_place in ("", "same", "residual") and (e.in_place != "residual" or e.gemv is not None)
     if e.gemv is not None:

@@ -139,7 +139,7 @@ def test_knobs_are_ranked_by_the_share_of_their_family():
     gemv_first = rank_knobs(sp, {"gemv": 0.8, "attention": 0.1, "comm": 0.05, "schedule": 0.05})
     assert sp.knob(gemv_first[0][0]).family == "gemv"
     attn_first = rank_knobs(sp, {"gemv": 0.1, "attention": 0.7, "comm": 0.1, "schedule": 0.1})
-    assert [n for n, _ in attn_first[:3]] == ["attn_split", "late_append", "attention_block"]
+    assert [n for n, _ in attn_first[:4]] == ["attn_split", "attn_kv_split", "late_append", "attention_block"]
     comm_first = rank_knobs(sp, {"gemv": 0.1, "attention": 0.1, "comm": 0.7, "schedule": 0.1})
     assert {n for n, _ in comm_first[:3]} <= {"allreduce", "tile_reduce", "fuse_reduce", "lean_release",
                                                "coalesce_signals"}
@@ -404,7 +404,7 @@ def test_the_in_kernel_profile_ranks_the_knobs(tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "t" / "trials.jsonl").read_text().splitlines()]
     assert [r["kind"] for r in rows][:2] == ["warm", "profile"]
     moved = [r["note"].split(":")[0] for r in rows if r.get("kind") == "neighbour"]
-    assert moved and set(moved) <= {"attn_split", "late_append", "attention_block"}, moved
+    assert moved and set(moved) <= {"attn_split", "attn_kv_split", "late_append", "attention_block"}, moved
 
 
 @pytest.mark.parametrize("correct", [True, False])
@@ -458,3 +458,14 @@ def test_a_model_with_a_qk_norm_never_gets_late_append():
     assert sp.screen(cand) is None and any(x.startswith("late_append") for x in dropped)
     llama = TuneSpace(_spec("tiny-llama"), 1, 132, dtype="f32")
     assert "late_append" in llama.names and llama.screen(d) is None
+
+
+def test_the_report_names_the_step_timer():
+    """The summary's timing note says what the A/B replayed: CUDA graphs of one megakernel
+    step (the worker on a GPU), executor steps, or a mix across a resumed run."""
+    from search.tune import _step_timer
+
+    assert _step_timer([{"timing_step": "cuda-graph"}, {}]) == "CUDA-graph replays of one megakernel step"
+    assert _step_timer([{"timing_step": "executor"}]) == "one executor step"
+    assert _step_timer([]) == "one executor step"
+    assert "each trial's timing_step" in _step_timer([{"timing_step": "cuda-graph"}, {"timing_step": "executor"}])

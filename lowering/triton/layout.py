@@ -71,7 +71,7 @@ in its ``OpLowering.views``:
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from ground.errors import AmkError
@@ -403,7 +403,8 @@ class OpLowering:
     * ``views``: the view of each operand role (``flat``, ``matrix`` or ``cache``), the
       op's ins (optional ins included) then its outs; mirror outputs take the first output's.
     * ``params``: the params stored in the row's param fields, in slot order, as
-      (name, ``"i"`` for an int or ``"f"`` for a float).
+      (name, ``"i"`` for an int or ``"f"`` for a float); ``param_defaults``: the value stored
+      for each of them that is an optional param of the op (ir/ops.py) when a task omits it.
     * ``flags``: the variant's layout flags (FlagsFn); None: the op has none. May raise
       TableError for an operand layout the kernel cannot run.
     * ``check``: op-specific agreement of the descriptors with the IR's interpretation
@@ -434,6 +435,7 @@ class OpLowering:
     decoder: Callable
     call: Callable[[Variant], str]
     params: tuple[tuple[str, str], ...] = ()
+    param_defaults: dict[str, int | float] = field(default_factory=dict, compare=False)
     flags: FlagsFn | None = None
     check: CheckFn | None = None
     in_place: str = ""

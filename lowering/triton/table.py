@@ -218,7 +218,7 @@ def _check_task(task: Task, program: ScheduleProgram, bufs: dict[str, Buffer], r
             raise TableError(f"{where}: output {i} ({b.name}) is {b.dtype}; {task.op} "
                              f"produces {spec.dtypes_for_out(i)}")
     for name, kind in entry.params:
-        v = task.params.get(name)
+        v = task.params.get(name, entry.param_defaults.get(name))
         ok = isinstance(v, int) and not isinstance(v, bool) if kind == "i" else \
             isinstance(v, (int, float)) and not isinstance(v, bool)
         if not ok:
@@ -489,7 +489,7 @@ class _TableBuilder:
                 row[F_FLAGS] |= FLAG_W_CONST
             row[F_PFO], row[F_PFN] = _prefetch_range(descs[wi], row, wi, DTYPE_BYTES[wbuf.dtype], self.layout, wbuf)
         for j, (name, kind) in enumerate(entry.params):
-            v = t.params[name]
+            v = t.params.get(name, entry.param_defaults.get(name))
             row[F_P0 + j] = int(v) if kind == "i" else f32_bits(v)
         if entry.dims is not None:
             for k, d in entry.dims(t, descs).items():

@@ -10,7 +10,8 @@ rule, the decoder's call in the generated kernel):
 module          IR ops
 ==============  ==========================================================================
 gemv.py         gemv, norm_gemv, gemv_res, swiglu_gemv, reduce_norm_gemv
-attention.py    rope, kv_append, rope_append, attention, rope_attention, rope_attention_kv
+attention.py    rope, kv_append, rope_append, attention, rope_attention, rope_attention_kv,
+                attention_combine
 norm.py         embed, rmsnorm, silu_mul, add
 reduce.py       reduce, argmax, argmax_combine
 gemm.py         gemm

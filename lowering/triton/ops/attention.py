@@ -1,5 +1,5 @@
 """The attention family: ``rope``, ``kv_append``, ``rope_append``, ``attention``,
-``rope_attention``, ``rope_attention_kv``.
+``rope_attention``, ``rope_attention_kv``, ``attention_combine``.
 
 RoPE is HF's rotate-half convention (LlamaRotaryEmbedding, apply_rotary_pos_emb): angle
 ``float(pos) * inv_freq[j]`` in fp32, cos / sin from libdevice on the GPU (accurate for large
@@ -127,7 +127,7 @@ def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, v
               f, f_n1, f_n2, f_s0, f_s1, f_s2, ROPE: tl.constexpr,
               BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, KV_ALIGN: tl.constexpr = 0,
               k=None, k_n1=1, k_n2=1, k_s0=0, k_s1=0, k_s2=1, v=None, v_n1=1, v_n2=1, v_s0=0, v_s1=0, v_s2=1,
-              KV_NEW: tl.constexpr = False):
+              KV_NEW: tl.constexpr = False, PARTIAL: tl.constexpr = False, parts=1, part=0):
     """Decode GQA attention over cache positions 0..pos (inclusive), fp32:
     for query head h < HQ (q is [HQ, D]) and g = h // (HQ / G):
     o[h] = softmax(q[h] . kc[g, :pos+1]^T * scale) @ vc[g, :pos+1].
@@ -150,7 +150,11 @@ def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, v
     arithmetic instead of adding up over the context (the same values, bit-identical).
     ``KV_ALIGN`` (0 or elements per 16 bytes): the caches have unit head-dim stride and
     ``kc``, ``vc``, their head and position strides are multiples of it (the table's
-    ``kvaligned`` flag), so the loads are 16-byte vectors."""
+    ``kvaligned`` flag), so the loads are 16-byte vectors.
+
+    ``PARTIAL`` (split-KV, ir/ops.py): part ``part`` of ``parts`` attends to positions
+    [part * T // parts, (part + 1) * T // parts) of the T = pos + 1 only and stores, per query
+    head, the f32 record (acc, m, l) of head_dim + 2 elements instead of acc / l."""
     grp = HQ // G
     T = pos + 1
     qh = tl.arange(0, BLOCK_Q)
@@ -167,6 +171,14 @@ def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, v
         TC = pos  # cache rows read; row pos comes from k and v
     else:
         TC = T
+    if PARTIAL:
+        lo = (part * T) // parts
+        hi = ((part + 1) * T) // parts
+        TE = tl.minimum(TC, hi)  # cache rows this part reads: [lo, TE)
+    else:
+        lo = 0
+        hi = T
+        TE = TC
     for g in range(0, G):
         qi = (g * grp + qh)[:, None] * D + dd[None, :]
         qmask = qm[:, None] & dm[None, :]
@@ -194,11 +206,11 @@ def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, v
         kb = kc + g * kc_g
         vb = vc + g * vc_g
         # V issued with K (before the score reductions' barriers): one round trip, not two
-        tn = tl.arange(0, BLOCK_T)
-        knext, vnext = _kv_block(kb, kc_t, kc_d, vb, vc_t, vc_d, tn, dd, (tn < TC)[:, None] & dm[None, :], KV_ALIGN)
-        for t0 in range(0, T, BLOCK_T):
+        tn = lo + tl.arange(0, BLOCK_T)
+        knext, vnext = _kv_block(kb, kc_t, kc_d, vb, vc_t, vc_d, tn, dd, (tn < TE)[:, None] & dm[None, :], KV_ALIGN)
+        for t0 in range(lo, hi, BLOCK_T):
             t = t0 + tl.arange(0, BLOCK_T)
-            tm = t < T
+            tm = t < hi
             kt = knext.to(tl.float32)
             vt = vnext.to(tl.float32)
             if KV_NEW:
@@ -206,7 +218,7 @@ def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, v
                 kt = tl.where(cur, knew[None, :], kt)
                 vt = tl.where(cur, vnew[None, :], vt)
             tn = t + BLOCK_T  # the next block's loads (all masked off after the last: no traffic)
-            knext, vnext = _kv_block(kb, kc_t, kc_d, vb, vc_t, vc_d, tn, dd, (tn < TC)[:, None] & dm[None, :],
+            knext, vnext = _kv_block(kb, kc_t, kc_d, vb, vc_t, vc_d, tn, dd, (tn < TE)[:, None] & dm[None, :],
                                      KV_ALIGN)
             sc = tl.sum(qv[:, None, :] * kt[None, :, :], axis=2) * scale  # [BQ, BT]
             sc = tl.where(tm[None, :], sc, float("-inf"))
@@ -216,8 +228,43 @@ def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, v
             l_i = l_i * alpha + tl.sum(pr, axis=1)
             acc = acc * alpha[:, None] + tl.sum(pr[:, :, None] * vt[None, :, :], axis=1)
             m_i = m_new
-        out = acc / l_i[:, None]
-        store(o + flat_off(qi, o_n1, o_n2, o_s0, o_s1, o_s2), out, qmask)
+        if PARTIAL:  # the head's record: acc[0:D], then m, then l
+            ri = (g * grp + qh) * (D + 2)
+            store(o + flat_off(ri[:, None] + dd[None, :], o_n1, o_n2, o_s0, o_s1, o_s2), acc, qmask)
+            store(o + flat_off(ri + D, o_n1, o_n2, o_s0, o_s1, o_s2), m_i, qm)
+            store(o + flat_off(ri + D + 1, o_n1, o_n2, o_s0, o_s1, o_s2), l_i, qm)
+        else:
+            out = acc / l_i[:, None]
+            store(o + flat_off(qi, o_n1, o_n2, o_s0, o_s1, o_s2), out, qmask)
+
+
+#: Most split-KV parts attention_combine merges (its BLOCK_P; lowering.config caps
+#: attn_kv_split at this).
+MAX_KV_PARTS = tl.constexpr(16)
+
+
+@device
+def attention_combine(p, p_n1, p_n2, p_s0, p_s1, p_s2, o, o_n1, o_n2, o_s0, o_s1, o_s2, HQ, D, P,
+                      BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr):
+    """o[h] = sum_c w_c acc_c / sum_c w_c l_c, w_c = exp(m_c - max_c m_c), for query head
+    h < HQ over the P <= BLOCK_P split-KV records (acc[D], m, l) of p ([P, HQ, D + 2] f32,
+    flat); an empty part's m = -inf weighs 0. The P records of a head are loaded at once (one
+    round trip, not P) and reduced as a tree (fp32; the reference sums in index order)."""
+    R = D + 2
+    dd = tl.arange(0, BLOCK_D)
+    dm = dd < D
+    cc = tl.arange(0, BLOCK_P)
+    cm = cc < P
+    for h in range(0, HQ):
+        base = (cc * HQ + h) * R
+        m = tl.load(p + flat_off(base + D, p_n1, p_n2, p_s0, p_s1, p_s2), mask=cm, other=float("-inf"))
+        lc = tl.load(p + flat_off(base + D + 1, p_n1, p_n2, p_s0, p_s1, p_s2), mask=cm, other=0)
+        a = tl.load(p + flat_off(base[:, None] + dd[None, :], p_n1, p_n2, p_s0, p_s1, p_s2),
+                    mask=cm[:, None] & dm[None, :], other=0)
+        w = tl.exp(m - tl.max(m, axis=0))
+        num = tl.sum(w[:, None] * a, axis=0)
+        den = tl.sum(w * lc, axis=0)
+        store(o + flat_off(h * D + dd, o_n1, o_n2, o_s0, o_s1, o_s2), num / den, dm)
 
 
 # ---------------------------------------------------------------- row decoders
@@ -281,11 +328,11 @@ def t_attention(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DQ: tl.constexpr, D
                 DVC: tl.constexpr, DP: tl.constexpr, DF: tl.constexpr, DO: tl.constexpr, ROPE: tl.constexpr,
                 BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, KV_ALIGN: tl.constexpr = 0,
                 DK: tl.constexpr = None, DV: tl.constexpr = None,
-                KV_NEW: tl.constexpr = False):
+                KV_NEW: tl.constexpr = False, PARTIAL: tl.constexpr = False):
     """attention (q, kc, vc, pos, o) or, with ROPE, rope_attention (q, kc, vc, pos,
     inv_freq, o) or, with ROPE and KV_NEW, rope_attention_kv (q, k, v, kc, vc, pos, inv_freq,
     o; DK, DV: the dtypes of k and v). ``KV_ALIGN``: the table's ``kvaligned`` flag
-    (attention)."""
+    (attention); ``PARTIAL``: its ``partial`` flag (a split-KV part: params parts, part)."""
     qo, qn0, qn1, qn2, qs0, qs1, qs2 = operand(row, 0, slot)
     if KV_NEW:
         CI: tl.constexpr = 3  # the caches follow q, k, v
@@ -326,9 +373,23 @@ def t_attention(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DQ: tl.constexpr, D
                   arena_ptr(A_BF16, A_F16, A_F32, A_I32, DO) + oo, on1, on2, os0, os1, os2,
                   hq, cg, cd, param_f(row, 1), fp, fn1, fn2, fs0, fs1, fs2, ROPE,
                   BLOCK_T, BLOCK_D, BLOCK_Q, KV_ALIGN,
-                  kp, kn1, kn2, ks0, ks1, ks2, vp, vn1, vn2, vs0, vs1, vs2, KV_NEW)
+                  kp, kn1, kn2, ks0, ks1, ks2, vp, vn1, vn2, vs0, vs1, vs2, KV_NEW,
+                  PARTIAL, param_i(row, 2), param_i(row, 3))
         st = status_ok()
     return st
+
+
+@device
+def t_attention_combine(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DP: tl.constexpr, DO: tl.constexpr,
+                        BLOCK_D: tl.constexpr):
+    """attention_combine (p, o; params head_dim, parts)."""
+    po, pn0, pn1, pn2, ps0, ps1, ps2 = operand(row, 0, slot)
+    oo, on0, on1, on2, os0, os1, os2 = operand(row, 1, slot)
+    hd = param_i(row, 0)
+    attention_combine(arena_ptr(A_BF16, A_F16, A_F32, A_I32, DP) + po, pn1, pn2, ps0, ps1, ps2,
+                      arena_ptr(A_BF16, A_F16, A_F32, A_I32, DO) + oo, on1, on2, os0, os1, os2,
+                      (on0 * on1 * on2) // hd, hd, param_i(row, 1), BLOCK_D, MAX_KV_PARTS)
+    return status_ok()
 
 
 # ---------------------------------------------------------------- table encoding and dispatch
@@ -352,26 +413,35 @@ def _call_attention(v: Variant) -> str:
     d = tl_dtypes(v)
     kva = 16 // DTYPE_BYTES[v.dtypes[1]] if v.flag("kvaligned") else 0
     rope = v.op == "rope_attention"
+    tail = ", None, None, False, True" if v.flag("partial") else ""
     return (f"t_attention({DECODER_ARGS}, {d[0]}, {d[1]}, {d[2]}, {d[3]}, {d[4]}, {d[5] if rope else d[4]}, "
-            f"{rope}, ATT_T, ATT_D, ATT_Q, {kva})")
+            f"{rope}, ATT_T, ATT_D, ATT_Q, {kva}{tail})")
 
 
 def _call_attention_kv(v: Variant) -> str:  # q, k, v, kc, vc, pos, inv_freq, o
     d = tl_dtypes(v)
     kva = 16 // DTYPE_BYTES[v.dtypes[3]] if v.flag("kvaligned") else 0
+    tail = ", True" if v.flag("partial") else ""
     return (f"t_attention({DECODER_ARGS}, {d[0]}, {d[3]}, {d[4]}, {d[5]}, {d[6]}, {d[7]}, "
-            f"True, ATT_T, ATT_D, ATT_Q, {kva}, {d[1]}, {d[2]}, True)")
+            f"True, ATT_T, ATT_D, ATT_Q, {kva}, {d[1]}, {d[2]}, True{tail})")
+
+
+_call_attention_combine = plain_call("t_attention_combine", "ATT_D")
 
 
 def _flags_attention(task, dtypes, descs, slots) -> dict[str, bool]:
     """``kvaligned``: the K and V caches ([G, T, D]) have unit head-dim stride and every row
     starts on a 16-byte boundary, so the kernel loads them as 16-byte vectors (attention's
-    KV_ALIGN)."""
+    KV_ALIGN). ``partial`` (set only when on, so unsplit variants are unchanged): a split-KV
+    part (params parts >= 2), which stores partial records (attention's PARTIAL)."""
     ci = _kc(task)
     vec = 16 // DTYPE_BYTES[dtypes[ci]]
-    return {"kvaligned": DTYPE_BYTES[dtypes[ci]] == DTYPE_BYTES[dtypes[ci + 1]] and all(
+    flags = {"kvaligned": DTYPE_BYTES[dtypes[ci]] == DTYPE_BYTES[dtypes[ci + 1]] and all(
         d.s[2] == 1 and d.s[1] % vec == 0 and d.s[0] % vec == 0 and L.starts_aligned(d, vec, slots)
         for d in descs[ci:ci + 2])}
+    if int(task.params.get("parts", 1)) > 1:
+        flags["partial"] = True
+    return flags
 
 
 def _check(task, descs, where) -> None:
@@ -403,6 +473,18 @@ def _check(task, descs, where) -> None:
                     raise TableError(f"{where}: caches hold {g} heads, current k / v has {d.numel} elements")
 
 
+def _check_combine(task, descs, where) -> None:
+    """At most MAX_KV_PARTS parts (the kernel's BLOCK_P)."""
+    if int(task.params["parts"]) > MAX_KV_PARTS.value:
+        raise TableError(f"{where}: attention_combine of {task.params['parts']} parts; the triton backend "
+                         f"merges at most {MAX_KV_PARTS.value}")
+
+
+def _dims_combine(task, descs) -> dict[str, int]:
+    """attention_combine's head_dim (ATT_D covers it)."""
+    return {"head_dim": int(task.params["head_dim"]), "group": 1}
+
+
 def _dims(task, descs) -> dict[str, int]:
     """The head_dim and the GQA group (query heads per kv head) the kernel's attention
     blocks must cover (ATT_D, ATT_Q)."""
@@ -411,7 +493,8 @@ def _dims(task, descs) -> dict[str, int]:
 
 
 _HD = (("head_dim", "i"),)
-_HD_SCALE = (("head_dim", "i"), ("scale", "f"))
+_HD_SCALE = (("head_dim", "i"), ("scale", "f"), ("parts", "i"), ("part", "i"))
+_SPLIT_KV_DEFAULTS = {"parts": 1, "part": 0}
 
 LOWERINGS = (
     OpLowering("rope", ("flat", "flat", "flat", "flat"), t_rope, _call_rope, params=_HD, in_place="same"),
@@ -420,9 +503,14 @@ LOWERINGS = (
     OpLowering("rope_append", ("flat", "flat", "flat", "flat", "cache", "cache"), t_kv_append, _call_rope_append,
                params=_HD, check=_check),
     OpLowering("attention", ("flat", "cache", "cache", "flat", "flat"), t_attention, _call_attention,
-               params=_HD_SCALE, flags=_flags_attention, check=_check, dims=_dims),
+               params=_HD_SCALE, param_defaults=_SPLIT_KV_DEFAULTS, flags=_flags_attention, check=_check,
+               dims=_dims),
     OpLowering("rope_attention", ("flat", "cache", "cache", "flat", "flat", "flat"), t_attention, _call_attention,
-               params=_HD_SCALE, flags=_flags_attention, check=_check, dims=_dims),
+               params=_HD_SCALE, param_defaults=_SPLIT_KV_DEFAULTS, flags=_flags_attention, check=_check,
+               dims=_dims),
     OpLowering("rope_attention_kv", ("flat", "flat", "flat", "cache", "cache", "flat", "flat", "flat"), t_attention,
-               _call_attention_kv, params=_HD_SCALE, flags=_flags_attention, check=_check, dims=_dims),
+               _call_attention_kv, params=_HD_SCALE, param_defaults=_SPLIT_KV_DEFAULTS, flags=_flags_attention,
+               check=_check, dims=_dims),
+    OpLowering("attention_combine", ("flat", "flat"), t_attention_combine, _call_attention_combine,
+               params=(("head_dim", "i"), ("parts", "i")), check=_check_combine, dims=_dims_combine),
 )
