@@ -29,6 +29,8 @@ bench/configs/*.json), not from a table of known models:
   fused all-reduce at tp 2 (4.137 -> 4.048 ms) but one-shot above (tp 4 fused was 10% slower
   before lean_release and the tp 4 best, ``llama-3.1-8b-tp4-fr.json``, is one-shot).
 * prefetch_cap 65536 on the register path outside wave mode (1B, with tile_gate_up and roll).
+* attn_kv_split left at 1: split-KV attention is 3-5% slower at the 128-token context the
+  rules are fitted to and 1.35x faster at 1024 positions (H100, 1B; docs/experiments.md).
 
 The tile is lowered until the MLP columns and vocabulary split over tp ranks at it
 (lowering.partition.check_split), so the config lowers wherever the model splits.

@@ -37,6 +37,7 @@ def test_every_step_parses_and_writes_under_out(name):
     for step in s.steps:
         ns = suite.parse_step(step)
         outs = [v for f, v in zip(step.argv, step.argv[1:]) if f in ("--out", "--json")]
+        outs += [a.split("=", 1)[1] for a in step.argv if a.startswith("--junitxml=")]  # pytest
         assert outs and all(v.startswith("{out}/") for v in outs), step.argv
         if step.argv[0] == "amk":
             assert ns.command == "bench" and ns.out.startswith("OUT/")

@@ -116,6 +116,8 @@ def kitchen_sink() -> ScheduleProgram:
     b.task("rattkv", r, 0, "rope_attention_kv",
            ins=["h.r0[0:64]", "h.r0[0:32]", "h.r0[32:64]", "kc.r0[0:2, 0:128, 0:16]", "vc.r0[0:2, 0:128, 0:16]",
                 "pos.r0[0:1]", "inv.r0[0:8]"], outs=["x.r0[0:64]"], params={"head_dim": 16, "scale": 0.25})
+    b.task("attcomb", r, 1, "attention_combine", ins=["rx[0:2, 0:1, 0:18]"], outs=["x.r0[0:16]"],
+           params={"head_dim": 16, "parts": 2})
     b.task("put", r, 0, "put", ins=["h.r0[0:64]"], outs=["rx@2[2*s:2*s+1, 0:1, 0:64]"],
            signals=["c.r2+=1"], group="ar.l0")
     b.task("q", r, 0, "quiet")

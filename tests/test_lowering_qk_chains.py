@@ -161,13 +161,15 @@ def test_split_chains_give_the_one_chain_results_bit_for_bit(monkeypatch, R, dty
 
 def test_one_chain_form_is_the_former_lowering(one_chain):
     """With split_qk_chains off, the qwen3 fingerprint cases hash to the values recorded
-    before the split: the cost-model baseline below is the real former schedule."""
+    before the split: the cost-model baseline below is the real former schedule. (Re-recorded
+    when the config line gained ``attn_kv_split=1``; without it the text hashes to the first
+    values, 10ee73a5... and 140e630e....)"""
     from tests import lowering_fingerprints as F
 
     former = {"config:tiny-qwen3 tp1 attn_split=2,fuse=True,late_append=True":
-              "10ee73a5f156b4621e53b9cabd64df2515275ae2fea1814aade98dc8f6075fde",
+              "a9efad436a9dda0aba1004a0f2340bccde7be08715631a7f6776d75a510538b1",
               "config:tiny-qwen3 tp2 allreduce=fused,fuse=True,fuse_reduce=True":
-              "140e630ebc2278b0c4b5e0aa17785c59e8e309bfc4359e1ed417a6d1404dcb3c"}
+              "3a98ef9310f5d4f533c4b1fc15e71c8de42937fc80f0e35360705195885c324e"}
     for m, tp, c in F.CASES:
         if F.case_key(m, tp, c) in former:
             assert F.fingerprint(m, tp, c) == former[F.case_key(m, tp, c)]
