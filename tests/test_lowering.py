@@ -469,3 +469,27 @@ def test_shipped_bench_configs_lower_and_validate(path):
     m = re.search(r"-tp(\d+)", path.stem)
     cfg = LoweringConfig.from_file(str(path)).replace(workers=8, max_seq=32)
     _validate(lower(graph_of("tiny-llama", layers=2), int(m.group(1)) if m else 1, config=cfg))
+
+
+@pytest.mark.parametrize("R", [1, 2])
+def test_each_lm_head_argmax_runs_on_a_worker_of_its_chunk(R, monkeypatch):
+    """Each LM-head argmax is queued on a worker that ran one of its chunk's tiles, after that
+    worker's tiles, so the chunks' argmaxes spread over workers instead of stacking on the few
+    least-loaded ones (docs/lowering.md, "Vocabulary-parallel argmax")."""
+    import lowering.lower as L
+
+    monkeypatch.setattr(L, "ARGMAX_CHUNK", 64)  # several chunks on a tiny vocabulary
+    prog = lower(graph_of("tiny-llama"), R, config=LoweringConfig(max_seq=32, tile=16, workers=12, fuse=True,
+                                                                 wave=True))
+    queues: dict[tuple[int, int], list] = {}
+    for t in prog.tasks:
+        queues.setdefault((t.rank, t.worker), []).append(t)
+    for r in range(R):
+        ams = [t for t in prog.tasks if t.op == "argmax" and t.rank == r]
+        assert len(ams) > 2 and len({t.worker for t in ams}) == len(ams)
+        for am in ams:
+            chunk = am.id.split(".")[2]  # lm.argmax.k{j}.r{r}
+            q = queues[(r, am.worker)]
+            mine = [i for i, t in enumerate(q) if t.id.startswith(f"lm.{chunk}.")]
+            assert mine and max(mine) < q.index(am), (am.id, [t.id for t in q])
+    _validate(prog)

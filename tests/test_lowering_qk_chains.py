@@ -162,14 +162,14 @@ def test_split_chains_give_the_one_chain_results_bit_for_bit(monkeypatch, R, dty
 def test_one_chain_form_is_the_former_lowering(one_chain):
     """With split_qk_chains off, the qwen3 fingerprint cases hash to the values recorded
     before the split: the cost-model baseline below is the real former schedule. (Re-recorded
-    when the config line gained ``attn_kv_split=1``; without it the text hashes to the first
-    values, 10ee73a5... and 140e630e....)"""
+    when the config line gained ``attn_kv_split=1`` and when each LM-head argmax moved onto a
+    worker of its chunk's tiles; the attention chains are as first recorded.)"""
     from tests import lowering_fingerprints as F
 
     former = {"config:tiny-qwen3 tp1 attn_split=2,fuse=True,late_append=True":
-              "a9efad436a9dda0aba1004a0f2340bccde7be08715631a7f6776d75a510538b1",
+              "c907b16066a80c913738b4732923588399a681c7a3d6005a94bf50c7e64eb45b",
               "config:tiny-qwen3 tp2 allreduce=fused,fuse=True,fuse_reduce=True":
-              "3a98ef9310f5d4f533c4b1fc15e71c8de42937fc80f0e35360705195885c324e"}
+              "402522aee6dea7fe9dbf0390eeff878351a52c04318baaf53db758ef7b88e497"}
     for m, tp, c in F.CASES:
         if F.case_key(m, tp, c) in former:
             assert F.fingerprint(m, tp, c) == former[F.case_key(m, tp, c)]
