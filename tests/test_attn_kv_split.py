@@ -180,3 +180,19 @@ def test_the_knob_is_capped_at_what_the_combine_merges():
     from lowering.triton.ops.attention import MAX_KV_PARTS
 
     assert knob_named(LoweringConfig, "attn_kv_split").hi == MAX_KV_PARTS.value
+
+
+def test_a_combine_without_its_wait_is_a_race():
+    """The validator rejects a split-KV schedule whose combine does not wait for its parts,
+    naming the race on the partial records."""
+    import dataclasses
+
+    from validator.validate import validate
+
+    prog = lower(graph_of("tiny-llama"), 1, config=LoweringConfig(max_seq=32, workers=6, fuse=True, late_append=True,
+                                                                  attn_split=2, attn_kv_split=3))
+    i = next(k for k, t in enumerate(prog.tasks) if t.op == "attention_combine")
+    prog.tasks[i] = dataclasses.replace(prog.tasks[i], waits=())
+    v = validate(prog)
+    assert not v.ok and "ReadWriteRace" in v.classes
+    assert any(prog.tasks[i].id in f.tasks and f.buffers[0].startswith("ap.") for f in v.errors)

@@ -146,7 +146,10 @@ def test_runs_trials_schedule_trace_verdict(served):
 
 def test_edit_editor_validates_and_saves_only_accepted(served):
     root, srv = served
-    bad = [{"op": "move", "task": "lm.combine.r0", "worker": 3}]
+    # the combine shares the argmax's worker and waits for nothing: on another worker it races
+    base = json.loads((root / "edits" / "base" / "schedule.json").read_text())
+    w = next(t["worker"] for t in base["tasks"] if t["id"] == "lm.argmax.k0.r0")
+    bad = [{"op": "move", "task": "lm.combine.r0", "worker": (w + 1) % base["workers"]}]
     code, out = srv.post("/api/edit/validate", {"schedule": "edits/base/schedule.json", "edits": bad, "save": "x"})
     assert code == 200 and out["ok"] is False and out["saved"] is None
     assert "ReadWriteRace" in out["verdict"]["classes"] and "lm.combine.r0" in out["highlight"]["tasks"]
