@@ -225,6 +225,8 @@ def stage_timeline(tab, prof, layer: int | str, quiet: bool = False) -> list[dic
                 key = "head"  # the LM-head GEMV tiles of every argmax chunk
             if len(parts) > 3 and parts[2] in ("w", "put", "red", "ag", "rs", "add"):
                 key += "." + parts[2]  # the GEMV, put, reduce, gather parts of a row-parallel stage
+            elif key == "attn" and parts[-1] == "combine":
+                key = "attn.combine"  # split-KV: the combines apart from the part tasks
             groups.setdefault(key, []).append(row)
     if not groups:
         return []

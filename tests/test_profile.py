@@ -419,3 +419,23 @@ def test_stream_share_of_the_profiling_script():
     assert share["idle_share_mean"] == pytest.approx(0.7)
     assert share["wait_share_mean"] == pytest.approx(0.15)
     assert share["other_share_mean"] == pytest.approx(0.55)
+
+
+def test_the_stage_timeline_shows_split_kv_combines_apart():
+    """bench/profile_megakernel.py's stage timeline groups a layer's split-KV parts under
+    ``attn`` and their combines under ``attn.combine``, with the hand-off between them."""
+    import importlib.util
+    import types
+
+    spec = importlib.util.spec_from_file_location("profile_megakernel", ROOT / "bench" / "profile_megakernel.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    ids = ["l1.q.t0.r0", "l1.attn.kv0.s0.r0.p0", "l1.attn.kv0.s0.r0.p1", "l1.attn.kv0.s0.r0.combine",
+           "l1.attn.w.t0.r0"]
+    prof = np.zeros((5, 10), dtype=np.int64)
+    for k, (start, end) in enumerate([(0, 1000), (2000, 5000), (2100, 5500), (6500, 7000), (8000, 9000)]):
+        prof[k, 1], prof[k, 2] = start, end
+    tab = types.SimpleNamespace(task_ids=ids, task_ranks=[0] * 5)
+    rows = {d["stage"]: d for d in mod.stage_timeline(tab, prof, 1, quiet=True)}
+    assert list(rows) == ["q", "attn", "attn.combine", "attn.w"]
+    assert rows["attn"]["tasks"] == 2 and rows["attn.combine"]["handoff_us"] == pytest.approx(1.0)
