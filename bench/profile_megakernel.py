@@ -75,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     resolved = resolve_model(args.model, dtype="fp32" if cfg.dtype == "f32" else "bf16",
                              device=dev if ctx is not None else None)
     target = cuda_target(props)
-    session = pipeline.Session.build(args.model, args.tp, cfg, target, resolved=resolved)
-    dec = session.decoder("triton", backend_options={
+    built = pipeline.Session.build(args.model, args.tp, cfg, target, resolved=resolved)
+    dec = built.decoder("triton", backend_options={
         **kernel_options(full.kernel), "profile": True, **({"dist": ctx} if ctx is not None else {})})
     ex = dec.ex
     tok = 1
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                            "stream_us_per_page": float((r[:, 5] - r[:, 4]).sum() / pages / 1e3)}
             print("weight ring: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
                                               for k, v in out["ring"].items()))
-    n_layers = session.graph.spec.layers
+    n_layers = built.graph.spec.layers
     out["stages"] = stage_timeline(tab, prof, args.layer if args.layer is not None else n_layers // 2)
     if args.all_layers:
         out["stages_mean"], out["layer_span_us"] = layers_mean(tab, prof, n_layers)
@@ -164,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         from ground.files import atomic_write_text
         from lowering.trace import build_trace, check_trace
 
-        times = prof_times(session.program, prof, list(tab.task_ids), list(tab.task_ranks) or [0] * tab.n_tasks)
-        trace = build_trace(session.program, times, clock="gpu", seq_len=args.steps,
+        times = prof_times(built.program, prof, list(tab.task_ids), list(tab.task_ranks) or [0] * tab.n_tasks)
+        trace = build_trace(built.program, times, clock="gpu", seq_len=args.steps,
                             meta={"model": args.model, "device": props.name, "steps_run": args.steps,
                                   "kernel": full.kernel.to_json(), "source": "bench/profile_megakernel.py"})
         problems = check_trace(trace)

@@ -32,7 +32,7 @@ for every tiny recipe x R in 1..4 x several configs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from ground.errors import AmkError
 from ir.program import (
@@ -128,14 +128,20 @@ class _Emitter:
         return name
 
     # -- placement ---------------------------------------------------------------------
-    def place(self, rank: int, cost: int, ready: Sequence[Ready] = (), least_loaded: bool = False) -> int:
+    def place(self, rank: int, cost: int, ready: Sequence[Ready] = (), least_loaded: bool = False,
+              among: Iterable[int] | None = None) -> int:
         """Worker for the next unit of work (one tile or one fused chain) on ``rank``.
         ``ready``: the values the work waits for; work with the same ``ready`` is one stage
         (it can all run at once), which the ``stage`` policy balances by itself.
         ``least_loaded``: the worker with the fewest bytes so far whatever the policy (work
-        off the critical path, placed into a worker's slack)."""
+        off the critical path, placed into a worker's slack). ``among`` (when not empty): the
+        one of these workers with the fewest bytes so far, whatever the policy: work that
+        belongs beside its producers (a lone task placed by the policy goes to the rank's
+        least-loaded workers, which then run a series of such tasks one after another)."""
         loads = self.load[rank]
-        if least_loaded or self.cfg.policy == "balanced":  # least bytes so far, lowest index on ties
+        if among:
+            w = min(among, key=lambda i: (loads[i], i))
+        elif least_loaded or self.cfg.policy == "balanced":  # least bytes so far, lowest index on ties
             w = min(range(self.W), key=lambda i: (loads[i], i))
         elif self.cfg.policy == "round_robin":
             w = self.cursor[rank] % self.W
@@ -557,7 +563,7 @@ class _Lowerer:
         """Rank r's ``attn_split`` attention tasks of KV head g (local index j): each reads its
         query heads' rows of ``qr``, cache head j of ``kc``/``vc`` and the position, writes the
         same rows of ``a``, waits on ``rdy`` and signals ``ca``. Returns how many it emitted."""
-        e, D, S = self.e, self.D, self.S
+        D, S = self.D, self.S
         h0 = self.part.shards[r].q_heads[0]
         groups = self.attn_head_groups(r, g)
         head = (_r(j, j + 1), _r(0, S), _r(0, D))
@@ -669,9 +675,9 @@ class _Lowerer:
         differences in load, so the same few workers stayed least loaded and ran a layer's
         combines one after another (H100, Llama-3.2-1B: about +14 us a layer)."""
         e = self.e
-        for tid, r, w, cins, couts, P, cp, ca in self.pending_combines:
+        for tid, r, last, cins, couts, P, cp, ca in self.pending_combines:
             crdy = [self.ready(cp, P)]
-            e.load[r][w] += e.cost("attention_combine", cins, couts) + TASK_FIXED_BYTES
+            w = e.place(r, e.cost("attention_combine", cins, couts), crdy, among=(last,))
             e.task(f"{tid}.combine", r, w, "attention_combine", cins, couts, {"head_dim": self.D, "parts": P},
                    ready=crdy, signals=[ca])
         self.pending_combines.clear()
@@ -1055,12 +1061,7 @@ class _Lowerer:
             for j, a, b, c, n in chunks:
                 src = [Region(logits, r, (_r(a, b),))]
                 dst = [prow(r, off[r] + j, off[r] + j + 1)]
-                tiles = e.signal_workers.get(c)
-                if tiles:
-                    w = min(tiles, key=lambda i: (e.load[r][i], i))
-                    e.load[r][w] += e.cost("argmax", src, dst) + TASK_FIXED_BYTES
-                else:
-                    w = e.place(r, e.cost("argmax", src, dst), [self.ready(c, n)])
+                w = e.place(r, e.cost("argmax", src, dst), [self.ready(c, n)], among=e.signal_workers.get(c))
                 e.task(f"lm.argmax.k{j}.r{r}", r, w, "argmax", src, dst, {"offset": int(v0 + a)},
                        ready=[self.ready(c, n)], signals=[done], group="am" if R > 1 else None)
                 last_worker[r] = w

@@ -18,7 +18,7 @@ from lowering.lower import lower
 from lowering.reference import apply_op
 from lowering.sim import SimExecutor
 from tests.test_lowering import _validate, graph_of
-from tests.test_triton_megakernel import TOKENS, _has_validator, cpu_only, gpu, lowered, run_decode
+from tests.test_triton_megakernel import TOKENS, _has_validator, cpu_only, decodes_alike, gpu, lowered, run_decode
 
 ATT = ("attention", "rope_attention", "rope_attention_kv")
 
@@ -129,9 +129,7 @@ def test_split_kv_on_the_megakernel_matches_the_sim(late):
                             attn_split=2, attn_kv_split=3)
     ex = TritonExecutor(prog, init, check=_has_validator())
     sim = SimExecutor(prog, init, check=False, policy="in_order")
-    for (lg, nt), (ls, ns) in zip(run_decode(ex, TOKENS[:4]), run_decode(sim, TOKENS[:4])):
-        torch.testing.assert_close(lg, ls, rtol=2e-2, atol=2e-2)
-        assert nt == ns
+    decodes_alike(ex, sim, TOKENS[:4], rtol=2e-2, atol=2e-2)
 
 
 @gpu
@@ -147,9 +145,7 @@ def test_gpu_split_kv_matches_the_sim(late):
     ex = TritonExecutor(prog, init, check=_has_validator(), num_warps=8,
                         blocks=Blocks(gemv_n=16, gemv_k=128, gemv_unroll=8))
     sim = SimExecutor(prog, init, check=False, policy="random", seed=1)
-    for (lg, nt), (ls, ns) in zip(run_decode(ex, TOKENS), run_decode(sim, TOKENS)):
-        torch.testing.assert_close(lg, ls, rtol=2e-2, atol=2e-2)
-        assert nt == ns
+    decodes_alike(ex, sim, TOKENS, rtol=2e-2, atol=2e-2)
 
 
 @pytest.mark.skipif(not os.environ.get("AMK_DEVICE_TRITON"),

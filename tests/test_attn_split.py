@@ -13,7 +13,7 @@ from lowering.config import LoweringConfig
 from lowering.lower import lower
 from lowering.sim import SimExecutor
 from tests.test_lowering import _validate, graph_of
-from tests.test_triton_megakernel import TOKENS, _has_validator, cpu_only, gpu, lowered, run_decode
+from tests.test_triton_megakernel import TOKENS, _has_validator, cpu_only, decodes_alike, gpu, lowered, run_decode
 
 
 @pytest.mark.parametrize("name,R", [("tiny-llama", 1), ("tiny-qwen2", 2), ("tiny-qwen3", 3)])
@@ -78,9 +78,7 @@ def test_split_attention_on_the_megakernel_matches_the_sim():
     prog, init, _ = lowered("tiny-llama", workers=4, dtype="bf16", fuse=True, attn_split=3)
     ex = TritonExecutor(prog, init, check=_has_validator())
     sim = SimExecutor(prog, init, check=False, policy="in_order")
-    for (lg, nt), (ls, ns) in zip(run_decode(ex, TOKENS[:3]), run_decode(sim, TOKENS[:3])):
-        torch.testing.assert_close(lg, ls, rtol=2e-2, atol=2e-2)
-        assert nt == ns
+    decodes_alike(ex, sim, TOKENS[:3], rtol=2e-2, atol=2e-2)
 
 
 @gpu
@@ -95,6 +93,4 @@ def test_gpu_split_attention_matches_the_sim():
                         blocks=Blocks(gemv_n=16, gemv_k=128, gemv_unroll=8))
     assert not ex.linear
     sim = SimExecutor(prog, init, check=False, policy="random", seed=1)
-    for (lg, nt), (ls, ns) in zip(run_decode(ex, TOKENS), run_decode(sim, TOKENS)):
-        torch.testing.assert_close(lg, ls, rtol=2e-2, atol=2e-2)
-        assert nt == ns
+    decodes_alike(ex, sim, TOKENS, rtol=2e-2, atol=2e-2)

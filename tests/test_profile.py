@@ -260,7 +260,7 @@ def test_gpu_trace_glue_with_a_stand_in_kernel(monkeypatch):
                 self.ex._prof[row * vm.PROF_W:row * vm.PROF_W + 3] = torch.tensor([base, base + 100, base + 900])
             return tok
 
-    class Session:
+    class Built:  # stands in for what amk.pipeline builds
         program = prog
 
         def decoder(self, backend, backend_options):
@@ -271,7 +271,7 @@ def test_gpu_trace_glue_with_a_stand_in_kernel(monkeypatch):
         name = "Stand-in GPU"
 
     _stand_in_cuda(monkeypatch, Props)
-    trace = gpu_trace(Session(), KernelConfig(), 4, meta={"model": "stand-in"})
+    trace = gpu_trace(Built(), KernelConfig(), 4, meta={"model": "stand-in"})
     assert seen["backend"] == "triton" and seen["options"]["profile"] is True and seen["steps"] == [0, 1, 2, 3]
     assert check_trace(trace) == []
     o = trace["otherData"]
@@ -331,7 +331,7 @@ def test_gpu_trace_gathers_the_ranks_of_a_multi_gpu_run(monkeypatch):
         def step(self, tok, pos):
             return tok
 
-    class Session:
+    class Built:  # stands in for what amk.pipeline builds
         program = prog
 
         def decoder(self, backend, backend_options):
@@ -350,7 +350,7 @@ def test_gpu_trace_gathers_the_ranks_of_a_multi_gpu_run(monkeypatch):
 
     ctx = Ctx()
     _stand_in_cuda(monkeypatch, Props)
-    trace = gpu_trace(Session(), KernelConfig(), 2, ctx=ctx)
+    trace = gpu_trace(Built(), KernelConfig(), 2, ctx=ctx)
     assert check_trace(trace) == []
     o = trace["otherData"]
     assert o["devices"] == ["GPU0", "GPU1"] and "globaltimer" in o["clock_sync"]

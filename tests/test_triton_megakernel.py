@@ -392,6 +392,14 @@ def run_decode(ex, tokens):
     return out
 
 
+def decodes_alike(ex, ref, tokens, **tol) -> None:
+    """``ex`` and ``ref`` fed ``tokens`` (run_decode) give close logits (torch.testing
+    .assert_close with ``tol``) and the same next token at every step."""
+    for (lg, nt), (ls, ns) in zip(run_decode(ex, tokens), run_decode(ref, tokens)):
+        torch.testing.assert_close(lg, ls, **tol)
+        assert nt == ns
+
+
 TOKENS = [5, 17, 33, 2, 9]
 
 
@@ -632,9 +640,7 @@ def test_gpu_gemv_tma_matches_sim(dtype):
     sim = SimExecutor(prog, init, check=False, policy="random", seed=2)
     tokens = TOKENS + [11, 3, 40, 7, 1, 100, 23]
     tol = dict(rtol=1e-4, atol=5e-5) if dtype == "f32" else dict(rtol=2e-2, atol=2e-2)
-    for (lg, nt), (ls, ns) in zip(run_decode(ex, tokens), run_decode(sim, tokens)):
-        torch.testing.assert_close(lg, ls, **tol)
-        assert nt == ns
+    decodes_alike(ex, sim, tokens, **tol)
     assert "cp.async.bulk.tensor" in ex.compiled.asm["ptx"]
 
 

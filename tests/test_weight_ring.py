@@ -22,7 +22,7 @@ from lowering.triton import ring as RG
 from lowering.triton import table as T
 from lowering.triton.ops.gemv import ROLES as GEMV
 from lowering.triton.runtime import Blocks
-from tests.test_triton_megakernel import ROOT, TOKENS, cpu_only, gpu, lowered, run_decode
+from tests.test_triton_megakernel import ROOT, TOKENS, cpu_only, decodes_alike, gpu, lowered
 
 
 def test_page_order_covers_the_tile_once():
@@ -110,9 +110,7 @@ def test_ring_gemvs_match_sim_under_the_interpreter(rows, cols):
     ex = TritonExecutor(prog, init, check=False, blocks=Blocks(ring=3, ring_rows=rows, ring_cols=cols))
     assert ex.ring_pages == 3 and int(ex._sstart[-1]) > 0
     sim = SimExecutor(prog, init, check=False, policy="random", seed=2)
-    for (lg, nt), (ls, ns) in zip(run_decode(ex, TOKENS[:2]), run_decode(sim, TOKENS[:2])):
-        torch.testing.assert_close(lg, ls, rtol=2e-2, atol=2e-2)
-        assert nt == ns
+    decodes_alike(ex, sim, TOKENS[:2], rtol=2e-2, atol=2e-2)
 
 
 @pytest.mark.skipif(not os.environ.get("AMK_DEVICE_TRITON"),
@@ -148,8 +146,6 @@ def test_gpu_ring_matches_sim(rows, cols):
     ex = TritonExecutor(prog, init, check=False, num_warps=8, blocks=Blocks(ring=6, ring_rows=rows, ring_cols=cols))
     sim = SimExecutor(prog, init, check=False, policy="random", seed=2)
     tokens = TOKENS + [11, 3, 40, 7, 1, 100, 23]
-    for (lg, nt), (ls, ns) in zip(run_decode(ex, tokens), run_decode(sim, tokens)):
-        torch.testing.assert_close(lg, ls, rtol=2e-2, atol=2e-2)
-        assert nt == ns
+    decodes_alike(ex, sim, tokens, rtol=2e-2, atol=2e-2)
     assert ex.occupancy["shared"] >= RG.ring_smem(6, rows * cols * 2)
     assert "cp.async.bulk.shared" in ex.compiled.asm["ptx"]
