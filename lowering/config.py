@@ -202,11 +202,6 @@ class KernelConfig(_Knobs):
     prefetch_rows: int = knob(0, "The task-ahead L2 prefetch covers at most a tile's first N weight rows "
                               "(unlike prefetch_cap it keeps a wide tile's whole first row block).",
                               lo=1, zero="no limit", metavar="N", needs=(positive("prefetch"),))
-    wait_prefetch: int = knob(0, "While a task's first wait does not hold at once, its worker starts an L2 "
-                              "prefetch of up to BYTES of its next task's weight tile (past what the "
-                              "task-ahead prefetch covered), so the weight stream runs on through waits "
-                              "such as the attention stage's.", lo=16, multiple=16, zero="off",
-                              metavar="BYTES")
     roll: int = knob(0, "A GEMV tile of several row blocks prefetches the row block B blocks ahead into L2 "
                      "while it streams.", lo=1, hi=8, zero="off", metavar="B")
     attention_block: int = knob(32, "Decode attention: cache positions per block of its online softmax (a "

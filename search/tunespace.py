@@ -46,7 +46,6 @@ KERNEL_VALUES: dict[str, tuple[Any, ...]] = {
     "prefetch": (0, 1, 2),
     "prefetch_cap": (0, 16384, 65536),
     "prefetch_rows": (0, 32, 128),
-    "wait_prefetch": (0, 65536, 131072, 262144),
     "roll": (0, 1, 2),
     "attention_block": (16, 32, 64, 128),
     "x_chunk": (2048, 4096, 8192, 16384),
@@ -62,7 +61,7 @@ RING_VALUES = (0, 4, 8, 16)
 
 #: Knobs whose values are an order (neighbours are the adjacent values); ``gemv_block`` is
 #: two sizes at once, so every other block is its neighbour.
-ORDINAL = {"num_warps", "gemv_stages", "gemv_unroll", "prefetch", "prefetch_cap", "prefetch_rows", "wait_prefetch",
+ORDINAL = {"num_warps", "gemv_stages", "gemv_unroll", "prefetch", "prefetch_cap", "prefetch_rows",
            "roll", "attention_block", "x_chunk", "w_preload", "maxnreg", "ring", "ring_rows", "ring_cols",
            "tile", "workers", "attn_split", "attn_kv_split", "tile_qkv", "tile_gate_up", "tile_lm_head", "tile_reduce"}
 
@@ -71,8 +70,7 @@ ORDINAL = {"num_warps", "gemv_stages", "gemv_unroll", "prefetch", "prefetch_cap"
 FAMILY = {
     "tile": "gemv", "tile_qkv": "gemv", "tile_gate_up": "gemv", "tile_lm_head": "gemv", "wave": "gemv",
     "num_warps": "gemv", "gemv_block": "gemv", "gemv_stages": "gemv", "gemv_unroll": "gemv",
-    "prefetch": "gemv", "prefetch_cap": "gemv", "prefetch_rows": "gemv", "wait_prefetch": "gemv",
-    "roll": "gemv", "x_stage": "gemv",
+    "prefetch": "gemv", "prefetch_cap": "gemv", "prefetch_rows": "gemv", "roll": "gemv", "x_stage": "gemv",
     "x_reuse": "gemv", "x_chunk": "gemv", "w_preload": "gemv", "gemv_tma": "gemv", "ring": "gemv",
     "ring_rows": "gemv", "ring_cols": "gemv", "maxnreg": "gemv",
     "attn_split": "attention", "attn_kv_split": "attention", "attention_block": "attention", "late_append": "attention",

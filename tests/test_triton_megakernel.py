@@ -33,7 +33,6 @@ from lowering.triton import (
     build_layout, build_table, linearize,
 )
 from lowering.triton import table as T
-from lowering.triton.blocks import Blocks
 from lowering.triton.codegen import generate_source
 from lowering.triton.lang import interpreting
 from lowering.triton.ops.gemv import ROLES as GEMV
@@ -550,35 +549,6 @@ def test_offline_compile_with_l2_prefetch_and_sys_waits(tmp_path):
     assert rep["l2_prefetch_evict_first"], rep  # weight prefetches mark their lines evict-first
     if rep["regs"] is not None:
         assert rep["regs"] <= 255 and rep["local_bytes"] == 0, rep
-
-
-@cpu_only
-def test_offline_compile_with_wait_prefetch(tmp_path):
-    """WAIT_PF > 0 adds the wait-time L2 prefetch of the next task's tile (vm.wait_prefetch)
-    to the waits' slow path: with no task-ahead prefetch and no rolling prefetch, the
-    kernel holds bulk L2 prefetches only when it is on, and still compiles for sm_90 with no
-    spills. Blocks.wait_prefetch_skip starts it past what the task-ahead prefetch covered."""
-    assert Blocks(wait_prefetch=4096).wait_prefetch_skip == 0
-    assert Blocks(prefetch=1, prefetch_cap=16384, wait_prefetch=4096).wait_prefetch_skip == 16384
-    assert Blocks(prefetch=2, wait_prefetch=4096).wait_prefetch_skip >= 2 ** 30  # whole tiles ahead
-    assert Blocks(prefetch=1, prefetch_rows=8, wait_prefetch=4096).wait_prefetch_skip == 0
-    prog, init, _ = lowered("tiny-llama", workers=2, dtype="bf16", fuse=True)
-    ex = TritonExecutor(prog, init, check=False, blocks=Blocks(wait_prefetch=131072))
-    assert (ex._launch_kw["WAIT_PF"], ex._launch_kw["WAIT_PF_SKIP"]) == (131072, 0)
-    src = ex.emit_source(tmp_path / "kernel.py")
-    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(ROOT), TRITON_DEFAULT_FP_FUSION="1")
-    code = "import sys; from lowering.triton.offline import main; sys.exit(main(sys.argv[1:]))"
-    reps = []
-    for wpf in (0, 131072):
-        res = subprocess.run([sys.executable, "-c", code, str(src), "--arch", "90", "--constexprs",
-                              json.dumps({"PREFETCH": 0, "ROLL": 0, "WAIT_PF": wpf})], capture_output=True,
-                             text=True, env=env, cwd=ROOT, timeout=600)
-        assert res.returncode == 0, res.stderr[-3000:]
-        reps.append(json.loads(res.stdout.strip().splitlines()[-1]))
-    assert reps[0]["l2_prefetches"] == 0 and reps[1]["l2_prefetches"] >= 1, reps
-    assert reps[1]["l2_prefetch_evict_first"], reps[1]
-    if reps[1]["regs"] is not None:
-        assert reps[1]["regs"] <= 255 and reps[1]["local_bytes"] == 0, reps[1]
 
 
 def _device_triton_compile(ex, tmp_path) -> tuple[str, dict]:

@@ -27,8 +27,7 @@ class Blocks:
     executor; not a KernelConfig knob yet). The defaults are the library's (small blocks, the
     CPU tests'); ``amk`` commands build a Blocks from a KernelConfig (``from_kernel``). A
     value KernelConfig does not allow raises TritonError (exit code 2) naming the knob's flag.
-    ``ring_page``: bytes of one weight-ring page; ``wait_prefetch_skip``: where the wait-time
-    prefetch starts in a tile."""
+    ``ring_page``: bytes of one weight-ring page."""
 
     elementwise: int = 1024
     gemv_n: int = 16
@@ -51,7 +50,6 @@ class Blocks:
     w_preload: int = 0
     prefetch_cap: int = 0
     prefetch_rows: int = 0
-    wait_prefetch: int = 0
     roll: int = 0
     lean_release: bool = True
     gemv_tma: bool = False
@@ -101,17 +99,6 @@ class Blocks:
                 fit(self.gemm_k, dims.get("gemm_k", 1)))
 
     @property
-    def wait_prefetch_skip(self) -> int:
-        """Bytes at the start of a weight tile that the task-ahead prefetch (``prefetch`` D >= 1)
-        has already requested when the wait-time prefetch (``wait_prefetch``) runs, which
-        starts past them: ``prefetch_cap`` (0 = the whole tile, so 2**31 - 16: nothing is
-        left), none without the task-ahead prefetch or when ``prefetch_rows`` caps it by rows
-        (a row cap's length differs per tile; an overlap only re-requests lines in L2)."""
-        if not self.prefetch or self.prefetch_rows:
-            return 0
-        return self.prefetch_cap or (2 ** 31 - 16)
-
-    @property
     def ring_page(self) -> int:
         """Bytes of one weight-ring page (ring_rows x ring_cols bf16)."""
         return self.ring_rows * self.ring_cols * 2
@@ -119,8 +106,7 @@ class Blocks:
 
 #: KernelConfig fields that Blocks holds under the same name.
 _SAME = ("gemv_stages", "gemv_unroll", "prefetch", "row_prefetch", "elide_waits", "coalesce_signals", "maxnreg",
-         "x_stage", "x_reuse", "x_chunk", "w_preload", "prefetch_cap", "prefetch_rows", "wait_prefetch", "roll",
-         "lean_release",
+         "x_stage", "x_reuse", "x_chunk", "w_preload", "prefetch_cap", "prefetch_rows", "roll", "lean_release",
          "gemv_tma", "ring", "ring_rows", "ring_cols")
 
 

@@ -48,7 +48,7 @@ def amk_megakernel(A_BF16, A_F16, A_F32, A_I32, TASKS, WAITS, SIGS, QSTART, ERR,
                    ROLL: tl.constexpr = 0, LEAN_RELEASE: tl.constexpr = False,
                    GEMV_TMA: tl.constexpr = False, RING: tl.constexpr = 0, RING_PR: tl.constexpr = 4,
                    RING_PC: tl.constexpr = 2048, GEMM_M: tl.constexpr = 64, GEMM_N: tl.constexpr = 64,
-                   GEMM_K: tl.constexpr = 64, WAIT_PF: tl.constexpr = 0, WAIT_PF_SKIP: tl.constexpr = 0):
+                   GEMM_K: tl.constexpr = 64):
     PROF_W: tl.constexpr = {prof_w}
     w, i, end, err, epoch, slot, abort_ptr = worker_loop_prologue(ERR, EPOCH, QSTART, slots)
     XSW = XS + w.to(tl.int64) * xs_w  # this worker's GEMV f(x) scratch (X_STAGE)
@@ -81,8 +81,6 @@ def amk_megakernel(A_BF16, A_F16, A_F32, A_I32, TASKS, WAITS, SIGS, QSTART, ERR,
         if PREFETCH > 0:  # task i + PREFETCH's tile, its range in this row (table.prefetch_ahead)
             l2_prefetch(A_I32, row, True, PREFETCH_CAP)
         st = tl.full([], 0, dtype=tl.int32)
-        nrow = row + {row}  # the next task's row: its tile is prefetched while this task waits (WAIT_PF)
-        has_next = (i + 1 < end).to(tl.int32)
 {dispatch}
         if ok != 0:
             if PROFILE:
@@ -102,8 +100,7 @@ def amk_megakernel(A_BF16, A_F16, A_F32, A_I32, TASKS, WAITS, SIGS, QSTART, ERR,
 #: vm.run_waits's and the weight ring's.
 _OWN_WAITS_ARGS = ("W_PRE=W_PRELOAD, ROLL=ROLL, fl=fl, nw=nw, w0=w0, wc=wc, wn=wn, wb=wb, WAITS=WAITS, "
                    "i=i, epoch=epoch, abort_ptr=abort_ptr, timeout=timeout, SYS={sys}, "
-                   "STREAMS=STREAMS, se=se, rbase=rbase, rst=rst, RING_S=RING, RING_PR=RING_PR, RING_PC=RING_PC, "
-                   "nrow=nrow, has_next=has_next, WPF=WAIT_PF, WPF_SKIP=WAIT_PF_SKIP")
+                   "STREAMS=STREAMS, se=se, rbase=rbase, rst=rst, RING_S=RING, RING_PR=RING_PR, RING_PC=RING_PC")
 
 #: What such a decoder returns: its waits' and op's status, then the weight ring's state.
 _OWN_WAITS_OUT = "ok, st, rst"
@@ -127,7 +124,7 @@ def _dispatch(variants: list[Variant], sys_waits: bool) -> str:
     own = [(c, v) for c, v in enumerate(variants) if lowering(v.op).own_waits]
     rest = [(c, v) for c, v in enumerate(variants) if not lowering(v.op).own_waits]
     waits = ("ok = run_waits(nw, w0, wc, wn, wb, WAITS, A_I32, err, i, epoch, abort_ptr, timeout, "
-             f"{bool(sys_waits)}, nrow, has_next, WAIT_PF, WAIT_PF_SKIP)\nif ok != 0:\n    if PROFILE:\n"
+             f"{bool(sys_waits)})\nif ok != 0:\n    if PROFILE:\n"
              "        tl.store(PROF + i.to(tl.int64) * PROF_W + 1, global_timer())\n")
     waits += "\n".join(f"    {'if' if j == 0 else 'elif'} op == {c}:\n        st = {lowering(v.op).call(v)}"
                         for j, (c, v) in enumerate(rest)) or "    pass"

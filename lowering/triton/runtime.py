@@ -346,7 +346,6 @@ class TritonExecutor:
             W_PRELOAD=b.w_preload, PREFETCH_CAP=b.prefetch_cap, ROLL=b.roll, LEAN_RELEASE=bool(b.lean_release),
             GEMV_TMA=bool(b.gemv_tma), RING=self.ring_pages, RING_PR=b.ring_rows, RING_PC=b.ring_cols,
         )
-        kw["WAIT_PF"], kw["WAIT_PF_SKIP"] = (b.wait_prefetch, b.wait_prefetch_skip) if b.wait_prefetch else (0, 0)
         kw["GEMM_M"], kw["GEMM_N"], kw["GEMM_K"] = b.gemm_blocks(self.table.dims)
         if not self.interpret:
             kw["num_warps"] = self.num_warps

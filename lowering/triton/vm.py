@@ -195,22 +195,7 @@ def cta_all(p):
 
 
 @device
-def wait_prefetch(A_I32, nrow, WPF: tl.constexpr, SKIP: tl.constexpr):
-    """Start an L2 prefetch of bytes ``[SKIP, SKIP + WPF)`` of the weight tile of the task
-    whose table row is at ``nrow`` (its F_PFO / F_PFN range, clipped to the tile; nothing
-    when the tile is at most SKIP bytes). ``SKIP``: the bytes the task-ahead prefetch
-    (``PREFETCH`` with ``PREFETCH_CAP``) already requested. One bulk prefetch on thread 0
-    (lang.l2_prefetch_bytes, evict-first); weights never change during a step, so it is
-    safe before any wait holds. A no-op under the interpreter."""
-    if not INTERPRET:
-        n = tl.load(nrow + _F_PFN).to(tl.int32)
-        o = tl.load(nrow + _F_PFO)
-        l2_prefetch_bytes(A_I32 + o + SKIP // 4, tl.minimum(n - SKIP, WPF))
-
-
-@device
-def wait_counter(ctr, need, abort_ptr, abort_tag, timeout, SYS: tl.constexpr, A_I32=None, nrow=None, pf=0,
-                 WPF: tl.constexpr = 0, SKIP: tl.constexpr = 0):
+def wait_counter(ctr, need, abort_ptr, abort_tag, timeout, SYS: tl.constexpr):
     """Spin until ``*ctr - need >= 0`` (wrapping int32). Returns (value seen, kind):
     kind 0 = satisfied, 1 = timed out, 4 = another worker aborted this epoch.
     ``timeout``: ns on the GPU, number of polls under the interpreter.
@@ -220,12 +205,7 @@ def wait_counter(ctr, need, abort_ptr, abort_tag, timeout, SYS: tl.constexpr, A_
     Fast path (GPU): the first poll of every thread is voted over the CTA
     (``cta_all``); when it already satisfies the wait in all threads -- the common case
     once a worker trails its producers -- the timer, the abort word and ``cta_max`` are
-    skipped. Otherwise the watched spin loop below runs as before.
-
-    Wait-time prefetch (``WPF`` > 0 bytes, Blocks.wait_prefetch): on the slow path, when
-    ``pf`` is non-zero, the worker first starts an L2 prefetch of the next task's weight
-    tile (table row ``nrow``, wait_prefetch), so the HBM stream goes on while the worker
-    idles, e.g. through the attention stage."""
+    skipped. Otherwise the watched spin loop below runs as before."""
     v = poll_load(ctr, SYS)
     if INTERPRET:
         it = 0
@@ -236,9 +216,6 @@ def wait_counter(ctr, need, abort_ptr, abort_tag, timeout, SYS: tl.constexpr, A_
     else:
         kind = tl.full([], 0, dtype=tl.int32)
         if cta_all(((v - need) >= 0).to(tl.int32)) == 0:
-            if WPF > 0:
-                if pf != 0:
-                    wait_prefetch(A_I32, nrow, WPF, SKIP)
             t0 = global_timer()
             now = t0
             ab = abort_tag - 1
@@ -391,13 +368,10 @@ def task_header(row):
 
 
 @device
-def run_waits(nw, w0, wc, wn, wb, WAITS, A_I32, err, i, epoch, abort_ptr, timeout, SYS: tl.constexpr,
-              nrow=None, has_next=0, WPF: tl.constexpr = 0, SKIP: tl.constexpr = 0):
+def run_waits(nw, w0, wc, wn, wb, WAITS, A_I32, err, i, epoch, abort_ptr, timeout, SYS: tl.constexpr):
     """Run every wait of a row; returns 1 if they all held, 0 after recording a failure.
     The first wait comes from the row header (wc, wn, wb: need = epoch * wn + wb), the
-    others from ``WAITS``. ``WPF`` > 0: if the first wait does not hold at once and the
-    worker has a next task (``has_next``, its row at ``nrow``), prefetch up to WPF bytes of
-    its weight tile past the first SKIP into L2 while waiting (wait_counter)."""
+    others from ``WAITS``."""
     ok = tl.full([], 1, dtype=tl.int32)
     j = nw * 0
     ctr = wc
@@ -407,8 +381,7 @@ def run_waits(nw, w0, wc, wn, wb, WAITS, A_I32, err, i, epoch, abort_ptr, timeou
             wp = WAITS + (w0 + j) * _WAIT_W
             ctr = tl.load(wp)
             need = ((epoch + tl.load(wp + 2)) * tl.load(wp + 1) + tl.load(wp + 3)).to(tl.int32)
-        v, kind = wait_counter(A_I32 + ctr, need, abort_ptr, epoch + 1, timeout, SYS, A_I32, nrow,
-                               has_next * (j == 0).to(tl.int32), WPF, SKIP)
+        v, kind = wait_counter(A_I32 + ctr, need, abort_ptr, epoch + 1, timeout, SYS)
         if kind != 0:
             tl.store(err + 1, i.to(tl.int64))
             tl.store(err + 2, (w0 + j).to(tl.int64))

@@ -503,8 +503,7 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
            nw=0, w0=0, wc=0, wn=0, wb=0, WAITS=None, i=0, epoch=0, abort_ptr=None, timeout=0, SYS: tl.constexpr = False,
            MIRRORS: tl.constexpr = 0, W_TMA: tl.constexpr = False,
            RING: tl.constexpr = False, STREAMS=None, se=0, rbase=0, rst=None, RING_S: tl.constexpr = 1,
-           RING_PR: tl.constexpr = 4, RING_PC: tl.constexpr = 2048, HAS_SCALE: tl.constexpr = False,
-           nrow=None, has_next=0, WPF: tl.constexpr = 0, WPF_SKIP: tl.constexpr = 0):
+           RING_PR: tl.constexpr = 4, RING_PC: tl.constexpr = 2048, HAS_SCALE: tl.constexpr = False):
     """The row decoder of the five GEMV ops (gemv_ex; ``PRO`` the prologue, ``STAGES`` its
     weight-streaming pipeline depth, ``X_STAGE`` its f(x) staged once in the worker's
     scratch ``XS``, skipped when the row's ``FLAG_X_READY`` says an earlier task of this
@@ -527,8 +526,7 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
     ``se``, ``rbase`` and ``rst`` (the ring's state, ring.ring_state) as ring.ring_issue's,
     ``RING_S`` / ``RING_PR`` / ``RING_PC`` its pages and page shape. Returns (1 if the waits
     held else 0, op status, the ring state, unchanged without ``RING``); a page that never
-    arrived is reported as a timeout of wait -1 (vm.fail_page). ``nrow`` .. ``WPF_SKIP``: the
-    wait-time prefetch of the next task's tile (vm.run_waits). ``HAS_SCALE``: W is quantized
+    arrived is reported as a timeout of wait -1 (vm.fail_page). ``HAS_SCALE``: W is quantized
     (int8 / float8e4nv) and the operand after [b] holds its per-row fp32 scales (ir/ops.py;
     gemv_ex); never on the ring."""
     tl.static_assert(not (RING and HAS_SCALE), "the weight ring streams bf16 weights only")
@@ -595,8 +593,7 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
     else:
         w_const = 1
         wpre = 0
-    ok = run_waits(nw, w0, wc, wn, wb, WAITS, A_I32, err, i, epoch, abort_ptr, timeout, SYS, nrow, has_next,
-                   WPF, WPF_SKIP)
+    ok = run_waits(nw, w0, wc, wn, wb, WAITS, A_I32, err, i, epoch, abort_ptr, timeout, SYS)
     if ok != 0:
         if PROFILE:
             tl.store(PROF + 1, global_timer())
