@@ -143,9 +143,9 @@ class LoweringConfig(_Knobs):
     tile_lm_head: int = knob(0, "Rows per LM-head tile; the vocabulary split over ranks stays aligned "
                              "to tile.", lo=1, zero="tile")
     late_append: bool = knob(False, "Attention reads the current token's key and value straight from the "
-                             "k / v projections (rope_attention_kv) and the rank's one rope_append runs "
-                             "later, in a worker's slack: one hand-off less on the step's critical path "
-                             "(models without q/k norm).", needs=(on("fuse"),))
+                             "k / v projections (rope_attention_kv) and the rank's rope_append (one task per "
+                             "8 KV heads) runs later, in a worker's slack: one hand-off less on the step's "
+                             "critical path (models without q/k norm).", needs=(on("fuse"),))
     tile_reduce: int = knob(0, "Columns per all-reduce reduce tile (a reduce tile moves a few hundred "
                             "bytes: fewer, wider tiles cut the per-task cost).", lo=1, zero="tile",
                             multi_rank=True)

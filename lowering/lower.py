@@ -50,6 +50,10 @@ SLOT = Range(Bound(0, 1), Bound(1, 1))  # s:s+1, the current receive slot
 #: logits takes 221 us on an H200 (docs/experiments.md); chunks of 4K run in parallel, each
 #: as soon as its tiles are done.
 ARGMAX_CHUNK = 4096
+#: KV heads per late-append task (``late_append``): the kernel's rope_append handles one head
+#: after another, ~1.3 us a head on an H100, so 8 heads (~11 us, Llama-3.2-1B's whole rank)
+#: fit the slack at the end of the gate/up stage; more heads take more tasks.
+LATE_APPEND_HEADS = 8
 #: The ``balanced`` policy's per-task fixed cost in bytes: ~3 us of per-task overhead
 #: (GPU profiles, docs/experiments.md) at the ~32 GB/s share of HBM bandwidth one H200 SM has.
 TASK_FIXED_BYTES = 96 * 1024
@@ -728,9 +732,7 @@ class _Lowerer:
                                  (lo - h0) * D, (hi - h0) * D, params, ready, ca)
                     n_att += 1
             self._combines()
-            nkv, cache = sh.n_kv * D, (_r(0, sh.n_kv), _r(0, S), _r(0, D))
-            app = ([Region(k_b, r, (_r(0, nkv),)), Region(v_b, r, (_r(0, nkv),)), inv, pos],
-                   [Region(kc, r, cache), Region(vc, r, cache)], [self.ready(ca, n_att)])
+            app = (k_b, v_b, kc, vc, inv, pos, sh.n_kv, [self.ready(ca, n_att)])
             self.late_appends.append(lambda: self._late_append(i, r, *app))
             return Loc(a, r, 0, nq, (self.ready(ca, n_att),))
         ckc = e.counter(f"c.l{i}.kvc.r{r}", r) if split else None
@@ -765,14 +767,25 @@ class _Lowerer:
             self._combines()
         return Loc(a, r, 0, nq, (self.ready(ca, n_att),))
 
-    def _late_append(self, i: int, r: int, ins: list[Region], outs: list[Region], done: list[Ready]) -> None:
-        """late_append: rank r's one ``rope_append`` of all its KV heads, waiting on all of its
-        attention tasks (``done``), on the worker with the fewest bytes so far. Emitted after
-        the gate/up tiles, so it fills that worker's slack at the end of the gate/up stage
-        (one append per KV head placed by the stage policy lengthens the gate/up stage by its
-        3.8 us in an H200 profile)."""
-        w = self.e.place(r, self.e.cost("rope_append", ins, outs), done, least_loaded=True)
-        self.e.task(f"l{i}.rope_append.r{r}", r, w, "rope_append", ins, outs, {"head_dim": self.D}, ready=done)
+    def _late_append(self, i: int, r: int, k_b: str, v_b: str, kc: str, vc: str, inv: Region, pos: Region,
+                     n_kv: int, done: list[Ready]) -> None:
+        """late_append: rank r's ``rope_append`` of its ``n_kv`` KV heads (k and v rows of
+        buffers ``k_b`` / ``v_b`` into row pos of caches ``kc`` / ``vc``), waiting on all of
+        its attention tasks (``done``), each on the worker with the fewest bytes so far.
+        Emitted after the gate/up tiles, so it fills that worker's slack at the end of the
+        gate/up stage (one append per KV head placed by the stage policy lengthens the gate/up
+        stage by its 3.8 us in an H200 profile). One task per LATE_APPEND_HEADS heads: the
+        kernel appends one head after another (~1.3 us a head on an H100), and one task of
+        SmolLM2-1.7B's 32 heads took 41 us, delaying its worker's down tile by ~14 us a layer."""
+        D, S, e = self.D, self.S, self.e
+        chunks = [(a, min(a + LATE_APPEND_HEADS, n_kv)) for a in range(0, n_kv, LATE_APPEND_HEADS)]
+        for c, (a, b) in enumerate(chunks):
+            rows, cache = (_r(a * D, b * D),), (_r(a, b), _r(0, S), _r(0, D))
+            ins = [Region(k_b, r, rows), Region(v_b, r, rows), inv, pos]
+            outs = [Region(kc, r, cache), Region(vc, r, cache)]
+            w = e.place(r, e.cost("rope_append", ins, outs), done, least_loaded=True)
+            tag = f".c{c}" if len(chunks) > 1 else ""
+            e.task(f"l{i}.rope_append{tag}.r{r}", r, w, "rope_append", ins, outs, {"head_dim": D}, ready=done)
 
     def chain(self, i: int, r: int, steps: list, ready: list[Ready], counter: str) -> None:
         """Emit dependent single tasks on one worker; the last one signals ``counter``."""

@@ -41,54 +41,38 @@ def rope_cs(f, f_n1, f_n2, f_s0, f_s1, f_s2, j, m, p):
     return _cos_sin(p * fr)
 
 
-#: Elements of the [heads, BLOCK] tile the RoPE and append ops handle at once (one row when
-#: BLOCK is larger): several heads a pass, not one dependent load-store round trip per head
-#: (~1.3 us a head on an H100: a rope_append of SmolLM2-1.7B's 32 kv heads took 41 us). Not
-#: more: the megakernel's register count is the most any op needs, and a 2048-element tile
-#: raised the Llama-3.2-1B kernel from 194 to 251 registers a thread and its step by 1.3%.
-_HEAD_TILE = tl.constexpr(512)
-
-
 @device
 def rope(x, x_n1, x_n2, x_s0, x_s1, x_s2, f, f_n1, f_n2, f_s0, f_s1, f_s2, pos,
          y, y_n1, y_n2, y_s0, y_s1, y_s2, n, head_dim, BLOCK: tl.constexpr):
     """Rotate-half RoPE of each ``head_dim`` slice of x (n elements) at position ``pos``:
     a = float(pos) * inv_freq[j] (fp32), c = cos(a), s = sin(a);
     y[j] = x[j] * c - x[j + d/2] * s, y[j + d/2] = x[j + d/2] * c + x[j] * s
-    (HF apply_rotary_pos_emb; reference.py). Heads are rotated max(1, _HEAD_TILE / BLOCK) at a
-    time. In place is safe: a thread loads both halves of its elements before storing them."""
-    HB: tl.constexpr = (_HEAD_TILE + BLOCK - 1) // BLOCK
+    (HF apply_rotary_pos_emb; reference.py). In place is safe."""
     half = head_dim // 2
     p = pos.to(tl.float32)
-    nh = n // head_dim
-    for j0 in range(0, half, BLOCK):
-        j = j0 + tl.arange(0, BLOCK)
-        mj = j < half
-        c, s = rope_cs(f, f_n1, f_n2, f_s0, f_s1, f_s2, j, mj, p)
-        for h0 in range(0, nh, HB):
-            h = h0 + tl.arange(0, HB)
-            m = (h < nh)[:, None] & mj[None, :]
-            i1 = h[:, None] * head_dim + j[None, :]
+    for h in range(0, n // head_dim):
+        base = h * head_dim
+        for j0 in range(0, half, BLOCK):
+            j = j0 + tl.arange(0, BLOCK)
+            m = j < half
+            c, s = rope_cs(f, f_n1, f_n2, f_s0, f_s1, f_s2, j, m, p)
+            i1 = base + j
             i2 = i1 + half
             x1 = tl.load(x + flat_off(i1, x_n1, x_n2, x_s0, x_s1, x_s2), mask=m, other=0).to(tl.float32)
             x2 = tl.load(x + flat_off(i2, x_n1, x_n2, x_s0, x_s1, x_s2), mask=m, other=0).to(tl.float32)
-            store(y + flat_off(i1, y_n1, y_n2, y_s0, y_s1, y_s2), x1 * c[None, :] + (-x2) * s[None, :], m)
-            store(y + flat_off(i2, y_n1, y_n2, y_s0, y_s1, y_s2), x2 * c[None, :] + x1 * s[None, :], m)
+            store(y + flat_off(i1, y_n1, y_n2, y_s0, y_s1, y_s2), x1 * c + (-x2) * s, m)
+            store(y + flat_off(i2, y_n1, y_n2, y_s0, y_s1, y_s2), x2 * c + x1 * s, m)
 
 
 @device
 def _append_rows(k, k_n1, k_n2, k_s0, k_s1, k_s2, dst, d_g, d_d, G, D, BLOCK: tl.constexpr):
-    """dst[g, :] = k[g*D:(g+1)*D] for g < G (dst already points at the cache row pos),
-    max(1, _HEAD_TILE / BLOCK) heads at a time."""
-    HB: tl.constexpr = (_HEAD_TILE + BLOCK - 1) // BLOCK
-    for d0 in range(0, D, BLOCK):
-        d = d0 + tl.arange(0, BLOCK)
-        md = d < D
-        for g0 in range(0, G, HB):
-            g = g0 + tl.arange(0, HB)
-            m = (g < G)[:, None] & md[None, :]
-            kv = tl.load(k + flat_off(g[:, None] * D + d[None, :], k_n1, k_n2, k_s0, k_s1, k_s2), mask=m, other=0)
-            store(dst + (g[:, None] * d_g + d[None, :] * d_d), kv, m)
+    """dst[g, :] = k[g*D:(g+1)*D] for g < G (dst already points at the cache row pos)."""
+    for g in range(0, G):
+        for d0 in range(0, D, BLOCK):
+            d = d0 + tl.arange(0, BLOCK)
+            m = d < D
+            kv = tl.load(k + flat_off(g * D + d, k_n1, k_n2, k_s0, k_s1, k_s2), mask=m, other=0)
+            store(dst + (g * d_g + d * d_d), kv, m)
 
 
 @device
@@ -106,26 +90,22 @@ def rope_append(k, k_n1, k_n2, k_s0, k_s1, k_s2, v, v_n1, v_n2, v_s0, v_s1, v_s2
                 f, f_n1, f_n2, f_s0, f_s1, f_s2, pos,
                 kc, kc_g, kc_t, kc_d, vc, vc_g, vc_t, vc_d, G, D, BLOCK: tl.constexpr):
     """kc[g, pos, :] = rope(k[g*D:(g+1)*D], pos), vc[g, pos, :] = v[g*D:(g+1)*D] for g < G
-    (rope as in ``rope``, rounded once, to the cache dtype), max(1, _HEAD_TILE / BLOCK) heads
-    at a time. ``pos`` is range-checked by the caller; D is even."""
-    HB: tl.constexpr = (_HEAD_TILE + BLOCK - 1) // BLOCK
+    (rope as in ``rope``, rounded once, to the cache dtype). ``pos`` is range-checked by the
+    caller; D is even."""
     p = pos.to(tl.int64)
     pf = pos.to(tl.float32)
     half = D // 2
     kr = kc + p * kc_t
-    for j0 in range(0, half, BLOCK):
-        j = j0 + tl.arange(0, BLOCK)
-        mj = j < half
-        c, s = rope_cs(f, f_n1, f_n2, f_s0, f_s1, f_s2, j, mj, pf)
-        for g0 in range(0, G, HB):
-            g = g0 + tl.arange(0, HB)
-            m = (g < G)[:, None] & mj[None, :]
-            i1 = g[:, None] * D + j[None, :]
+    for g in range(0, G):
+        for j0 in range(0, half, BLOCK):
+            j = j0 + tl.arange(0, BLOCK)
+            m = j < half
+            c, s = rope_cs(f, f_n1, f_n2, f_s0, f_s1, f_s2, j, m, pf)
+            i1 = g * D + j
             x1 = tl.load(k + flat_off(i1, k_n1, k_n2, k_s0, k_s1, k_s2), mask=m, other=0).to(tl.float32)
             x2 = tl.load(k + flat_off(i1 + half, k_n1, k_n2, k_s0, k_s1, k_s2), mask=m, other=0).to(tl.float32)
-            kg = kr + g[:, None] * kc_g
-            store(kg + j[None, :] * kc_d, x1 * c[None, :] + (-x2) * s[None, :], m)
-            store(kg + (j[None, :] + half) * kc_d, x2 * c[None, :] + x1 * s[None, :], m)
+            store(kr + (g * kc_g + j * kc_d), x1 * c + (-x2) * s, m)
+            store(kr + (g * kc_g + (j + half) * kc_d), x2 * c + x1 * s, m)
     _append_rows(v, v_n1, v_n2, v_s0, v_s1, v_s2, vc + p * vc_t, vc_g, vc_d, G, D, BLOCK)
 
 

@@ -26,34 +26,13 @@ def embed(tab, t_rs, t_cs, row, y, y_n1, y_n2, y_s0, y_s1, y_s2, H, BLOCK: tl.co
         store(y + flat_off(h, y_n1, y_n2, y_s0, y_s1, y_s2), v, m)
 
 
-#: Groups of at most _GROUP_DIM elements (the per-head q/k norms of Qwen3) are normalised
-#: _GROUPS at a time as one [_GROUPS, _GROUP_DIM] tile instead of one group after another,
-#: whose dependent load-reduce-store round trips made a q_norm over 2 heads take ~5 us.
-_GROUPS = tl.constexpr(4)
-_GROUP_DIM = tl.constexpr(128)
-
-
 @device
 def rmsnorm(x, x_n1, x_n2, x_s0, x_s1, x_s2, w, w_n1, w_n2, w_s0, w_s1, w_s2,
             y, y_n1, y_n2, y_s0, y_s1, y_s2, n, dim, eps, BLOCK: tl.constexpr):
     """Per group of ``dim`` consecutive elements of x (n of them in all):
     y = w * (x * rsqrt(mean(x^2) + eps)), fp32 (HF LlamaRMSNorm; reference.py).
-    Groups of dim <= 128 (per-head norms) are done 4 at a time, larger ones one by one in
-    BLOCK chunks. In place (y == x) is safe: each element is read before it is written."""
-    ng = n // dim
-    if dim <= _GROUP_DIM:
-        d = tl.arange(0, _GROUP_DIM)
-        md = d < dim
-        wv = tl.load(w + flat_off(d, w_n1, w_n2, w_s0, w_s1, w_s2), mask=md, other=0).to(tl.float32)
-        for g0 in range(0, ng, _GROUPS):
-            g = g0 + tl.arange(0, _GROUPS)
-            m = (g < ng)[:, None] & md[None, :]
-            idx = g[:, None] * dim + d[None, :]
-            xv = tl.load(x + flat_off(idx, x_n1, x_n2, x_s0, x_s1, x_s2), mask=m, other=0).to(tl.float32)
-            r = tl.rsqrt(tl.sum(xv * xv, axis=1) / dim + eps)
-            store(y + flat_off(idx, y_n1, y_n2, y_s0, y_s1, y_s2), wv[None, :] * (xv * r[:, None]), m)
-        ng = ng * 0  # done: the loop below runs for large groups only
-    for g in range(0, ng):
+    In place (y == x) is safe: each element is read before it is written."""
+    for g in range(0, n // dim):
         base = g * dim
         acc = tl.zeros([BLOCK], dtype=tl.float32)
         for d0 in range(0, dim, BLOCK):
