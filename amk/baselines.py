@@ -286,13 +286,33 @@ def make_reference(model, prompt_ids: torch.Tensor, n_tokens: int) -> TokenRefer
     p = prompt_ids.shape[1]
     with torch.no_grad():
         lo = model(input_ids=seq).logits[0, p - 1:p - 1 + n_tokens].float()
-        ref32 = copy.deepcopy(model).float()
+        ref32 = copy.deepcopy(model).to(torch.float32)  # .float() raises for GGUF-loaded models
         hi = ref32(input_ids=seq).logits[0, p - 1:p - 1 + n_tokens].float()
         del ref32
     top2 = hi.topk(2, dim=-1).values
     margin = (top2[:, 0] - top2[:, 1]).tolist()
     noise = (lo - hi).abs().amax(dim=-1).tolist()
     return TokenReference(toks, margin, noise)
+
+
+def bf16_margins(model, prompt_ids: torch.Tensor, tokens: list[int]) -> TokenReference:
+    """A TokenReference for greedy ``tokens`` (int ids, after the prompt) of an fp32 HF
+    ``model``: per step the fp32 top-2 margin and the largest |logit| difference between a
+    bf16 copy of the model and the fp32 one (what judge_tokens' near-tie rule needs), both
+    from one forward over prompt + tokens each. ``prompt_ids``: int64 [1, P] on the model's
+    device. Casts with ``.to(dtype)``, which transformers allows for GGUF-loaded models
+    (their ``.float()`` raises)."""
+    import copy
+
+    seq = torch.cat([prompt_ids, torch.tensor([tokens], device=prompt_ids.device)], dim=1)
+    p, n = prompt_ids.shape[1], len(tokens)
+    with torch.no_grad():
+        hi = model(input_ids=seq).logits[0, p - 1:p - 1 + n].float()
+        low = copy.deepcopy(model).to(torch.bfloat16)
+        lo = low(input_ids=seq).logits[0, p - 1:p - 1 + n].float()
+        del low
+    top2 = hi.topk(2, dim=-1).values
+    return TokenReference(list(tokens), (top2[:, 0] - top2[:, 1]).tolist(), (lo - hi).abs().amax(dim=-1).tolist())
 
 
 def judge_tokens(tokens: list[int], ref: TokenReference) -> tuple[bool, int | None, str]:

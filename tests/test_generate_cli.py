@@ -88,3 +88,50 @@ def test_sampling_is_reproducible_and_seeded(capsys):
     assert runs[0]["tokens"] == runs[1]["tokens"] != runs[2]["tokens"]
     assert runs[0]["sampling"] == {"do_sample": True, "temperature": 1.5, "top_k": 50, "top_p": 0.95,
                                    "seed": 3}
+
+
+@pytest.mark.parametrize("margin,ok", [(1e-4, True), (50.0, False)])
+def test_bf16_verify_applies_the_near_tie_rule(capsys, monkeypatch, margin, ok):
+    """A bf16 schedule whose tokens depart from HF's fp32 greedy ones passes --verify (exit 0,
+    the rule's note in ``verdict``) only when HF's fp32 top-2 margin at that token is within
+    4 x its own bf16 noise there; an f32 schedule is never judged so (exit 1)."""
+    import amk.baselines as B
+    from amk import pipeline
+
+    hf = pipeline.hf_generate
+    monkeypatch.setattr(pipeline, "hf_generate",  # HF "picks" another token at new token 2
+                        lambda model, prompt, n: [t + 1 if i == 2 else t for i, t in enumerate(hf(model, prompt, n))])
+    seen = []
+
+    def margins(model, ids, tokens):
+        seen.append(next(p.dtype for p in model.parameters()))
+        return B.TokenReference(list(tokens), [margin] * len(tokens), [0.01] * len(tokens))
+    monkeypatch.setattr(B, "bf16_margins", margins)
+    rc = main(["generate", MODEL, "--prompt", "Hello", *BASE, "--dtype", "bf16", "--json", "--verify"])
+    out = json.loads(capsys.readouterr().out)
+    assert (rc == 0) == ok and out["ok"] == ok and out["match"] is False and out["first_divergence"] == 2
+    assert ("a bf16 near-tie" in out["verdict"]) == ok and "diverges at token 2" in out["verdict"]
+    assert seen == [__import__("torch").float32]  # judged against the fp32 model
+    assert main(["generate", MODEL, "--prompt", "Hello", *BASE, "--dtype", "f32", "--json", "--verify"]) == 1
+    assert "verdict" not in json.loads(capsys.readouterr().out) and len(seen) == 1
+
+
+def test_bf16_margins_of_a_model_that_refuses_float():
+    """bf16_margins gives per-token fp32 top-2 margins and bf16-vs-fp32 noise, and casts with
+    ``.to(dtype)``, which GGUF-loaded models allow (their ``.float()`` raises)."""
+    import torch
+
+    from amk.baselines import bf16_margins
+    from models.recipes import build_model
+
+    model = build_model("tiny-llama").float().eval()
+    model.float = lambda: (_ for _ in ()).throw(ValueError(".float() is not supported"))
+    ids = torch.tensor([[1, 5, 9]])
+    toks = [3, 4, 7, 2]
+    ref = bf16_margins(model, ids, toks)
+    with torch.no_grad():
+        hi = model(input_ids=torch.tensor([[1, 5, 9, *toks]])).logits[0, 2:6]
+    top2 = hi.topk(2, dim=-1).values
+    assert ref.tokens == toks and len(ref.noise) == 4
+    torch.testing.assert_close(torch.tensor(ref.margin), top2[:, 0] - top2[:, 1])
+    assert all(z > 0 for z in ref.noise)

@@ -8,17 +8,21 @@ runs the first decode step, with ``--prefill 0`` every prompt token runs a decod
 each new token is fed back until N new tokens or an EOS token (as HF generate stops). Greedy
 by default; ``--do-sample`` with ``--temperature``, ``--top-k``, ``--top-p`` and
 ``--sample-seed`` draws instead (amk/sampling.py). ``--verify`` (greedy only) runs HF
-``generate`` (greedy, same prompt ids, same max_new_tokens) and reports the first diverging
-position, or none.
+``generate`` (greedy, same prompt ids, same max_new_tokens, the model in fp32) and reports the
+first diverging position, or none. A bf16 schedule (``--dtype bf16``) that diverges is judged
+by amk bench's near-tie rule (amk/baselines.py ``judge_tokens``): accepted when HF's fp32
+top-2 margin at that token is at most 4 x the bf16-vs-fp32 logit noise of HF's own model
+there, where two correct bf16 implementations may round either way.
 
 Output: the text goes to stdout as the tokens come (``--no-stream``: at the end), the summary
 and progress to stderr. ``--json`` prints one object on stdout instead: ok, text, tokens,
 prompt_tokens, steps, seconds, ttft_ms (time to first token, prefill included),
 tokens_per_s (decode rate after the first token), prefill, sampling, and with --verify
-reference_tokens, reference_text, match (bool) and first_divergence (int or null).
+reference_tokens, reference_text, match (bool), first_divergence (int or null) and, for a bf16
+divergence, verdict (the near-tie rule's note).
 
-Exit codes: 0 success (and match, with --verify); 1 the schedule was rejected, or --verify
-found a divergence; 2 bad input.
+Exit codes: 0 success (and, with --verify, a match or a bf16 near-tie); 1 the schedule was
+rejected, or --verify found another divergence; 2 bad input.
 """
 
 from __future__ import annotations
@@ -180,6 +184,16 @@ def run(args: argparse.Namespace) -> int:
                     "reference_text": tok.decode(ref, skip_special_tokens=True),
                     "match": div is None, "first_divergence": div})
         rc = 0 if div is None else 1
+        if div is not None and cfg.dtype == "bf16" and div < min(len(new), len(ref)):
+            import torch
+
+            from amk.baselines import bf16_margins, judge_tokens
+
+            with err.status("HF fp32 and bf16 logits at the divergence (near-tie rule)"):
+                ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=resolved.model.device)
+                near, _, note = judge_tokens(new, bf16_margins(resolved.model, ids, ref))
+            out["verdict"] = note
+            rc = 0 if near else 1
     if not lead:
         return 0
     out["ok"] = rc == 0
@@ -196,7 +210,9 @@ def run(args: argparse.Namespace) -> int:
         if out["match"]:
             err.print(f"[green]verify: identical to HF greedy ({len(ref)} tokens)[/]")
         else:
-            err.print(f"[red]verify: first divergence at new token {div}: amk "
+            colour = "yellow" if rc == 0 else "red"
+            err.print(f"[{colour}]verify: first divergence at new token {div}: amk "
                       f"{new[div] if div < len(new) else None} vs HF "
-                      f"{ref[div] if div < len(ref) else None}[/]")
+                      f"{ref[div] if div < len(ref) else None}"
+                      + (f"; {escape(out['verdict'])}" if "verdict" in out else "") + f"[/]")
     return rc
