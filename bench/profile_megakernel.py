@@ -3,8 +3,11 @@
 Usage: python bench/profile_megakernel.py MODEL [--config FILE] [--workers 132] [--tile 32]
            [--num-warps 8] [--gemv-block 32x512] ... [--steps 12] [--tp R [--spawn]] [--json FILE]
            [--trace FILE]
-The knobs are ``amk bench``'s: ``--config FILE`` and the same flags (lowering.knobs), with
-one worker per SM (per co-located rank) and bf16 unless set.
+The config is the one ``amk bench`` runs (profile_config): without ``--config FILE`` or
+``--no-tuned`` the tuned entry for the model on this GPU at ``--tp``, else the cost-model
+heuristic (search/defaults.py; ``--db DIR`` as amk bench's), with the same knob flags over it
+(lowering.knobs), one worker per SM (per co-located rank) and bf16 unless set; the source line
+is printed first. Co-located ranks (``--tp R`` without ``--spawn``) take no tuned entry.
 Runs ``--steps`` decode steps with the profiling kernel (one extra global store per stamp)
 and reports, per op: task count, mean / p90 op time (op start -> signals released) and
 mean wait time (queue head -> waits satisfied), plus the step's span and the sum of op
@@ -23,9 +26,30 @@ import numpy as np
 import torch
 
 
-def main(argv: list[str] | None = None) -> int:
+def profile_config(args: argparse.Namespace, gpu, sms: int, colocated: bool = False):
+    """(AmkConfig, config source line) of a profile: what ``amk bench`` runs (amk.bench.run_config):
+    ``--config FILE`` or ``--no-tuned`` with the flags, else the tuned entry for the model on
+    ``gpu`` (search.tunedb.GpuKey) at ``--tp``, else the cost-model heuristic, the flags over it.
+    ``sms``: workers per rank by default (one per SM of a rank's share of the GPU);
+    ``colocated``: ranks share one GPU, for which no entry is tuned (the knobs' defaults).
+    AmkError (exit code 2) for a bad flag, file or entry."""
+    from amk.checks import model_spec
+    from search.defaults import command_config
+
+    tuned = not (args.config or args.no_tuned or colocated)
+    spec = model_spec(args.model)[1] if tuned else None
+    cfg, line = command_config(args, "bench/profile_megakernel.py", spec, args.tp, gpu if tuned else None,
+                               defaults={"workers": sms, "dtype": "bf16", "max_seq": max(256, args.steps)})
+    if colocated and not (args.config or args.no_tuned):
+        line = "config: the knobs' defaults (co-located ranks have no tuned entry)"
+    return cfg, line
+
+
+def parser() -> argparse.ArgumentParser:
+    """The script's command line (module doc)."""
     from lowering.config import KernelConfig, LoweringConfig
     from lowering.knobs import add_flags
+    from search.defaults import add_args as add_tuned_args
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
@@ -48,10 +72,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace", default=None, metavar="FILE",
                     help="also write the last step as a Chrome/Perfetto trace (amk profile's format, "
                          "clock gpu; docs/ui.md); not with --spawn")
+    add_tuned_args(ap)
     add_flags(ap.add_argument_group("lowering knobs (docs/lowering.md)"), LoweringConfig,
               defaults={"workers": "the SMs / the co-located ranks", "dtype": "bf16", "max_seq": "256"})
     add_flags(ap.add_argument_group("kernel knobs (docs/triton.md)"), KernelConfig)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     ctx = None
     if args.spawn and args.tp > 1:
         from amk import launch
@@ -61,7 +90,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from amk import pipeline
     from amk.bench import cuda_target
-    from lowering.config import config_from_args
     from lowering.triton import vm as MK
     from lowering.triton.blocks import kernel_options
     from models.sources import resolve_model
@@ -69,8 +97,12 @@ def main(argv: list[str] | None = None) -> int:
     dev = ctx.device if ctx is not None else torch.device("cuda")
     props = torch.cuda.get_device_properties(dev)
     sms = props.multi_processor_count // (1 if ctx is not None else args.tp)
-    full = config_from_args(args, "bench/profile_megakernel.py", ranks=args.tp,
-                            defaults={"workers": sms, "dtype": "bf16", "max_seq": max(256, args.steps)})
+    from search.tunedb import GpuKey
+
+    full, source = profile_config(args, GpuKey(str(props.name), int(props.multi_processor_count)), sms,
+                                  colocated=ctx is None and args.tp > 1)
+    if ctx is None or ctx.rank == 0:
+        print(source, flush=True)
     cfg = full.lowering
     resolved = resolve_model(args.model, dtype="fp32" if cfg.dtype == "f32" else "bf16",
                              device=dev if ctx is not None else None)

@@ -439,3 +439,29 @@ def test_the_stage_timeline_shows_split_kv_combines_apart():
     rows = {d["stage"]: d for d in mod.stage_timeline(tab, prof, 1, quiet=True)}
     assert list(rows) == ["q", "attn", "attn.combine", "attn.w"]
     assert rows["attn"]["tasks"] == 2 and rows["attn.combine"]["handoff_us"] == pytest.approx(1.0)
+
+
+def test_the_profiling_script_profiles_what_amk_bench_runs(tmp_path, monkeypatch):
+    """bench/profile_megakernel.py's config (profile_config) is amk bench's: the shipped tuned
+    entry for the model on the GPU, the knob flags over it; --config, --no-tuned and
+    co-located ranks take none."""
+    import importlib.util
+
+    from search.tunedb import GpuKey
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("AMK_TUNE_DB", raising=False)
+    spec = importlib.util.spec_from_file_location("profile_megakernel", ROOT / "bench" / "profile_megakernel.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    h100 = GpuKey("NVIDIA H100 80GB HBM3", 132)
+    shipped = json.loads((ROOT / "bench" / "configs" / "llama-3.2-1b-tuned-h100.json").read_text())
+    cfg, line = mod.profile_config(mod.parser().parse_args(["config:llama-3.2-1b", "--gemv-unroll", "4"]), h100, 132)
+    assert line.startswith("config: tuned entry") and "1e3e8b74" in line
+    assert cfg.lowering.tile_lm_head == shipped["lowering"]["tile_lm_head"] and cfg.lowering.max_seq == 256
+    assert cfg.kernel.w_preload == shipped["kernel"]["w_preload"] and cfg.kernel.gemv_unroll == 4
+    cfg, line = mod.profile_config(mod.parser().parse_args(["config:llama-3.2-1b", "--no-tuned"]), h100, 132)
+    assert "--no-tuned" in line and cfg.kernel.w_preload == 0 and cfg.lowering.workers == 132
+    cfg, line = mod.profile_config(mod.parser().parse_args(["config:llama-3.2-1b", "--tp", "2"]), h100, 66,
+                                   colocated=True)
+    assert "co-located" in line and cfg.lowering.workers == 66 and cfg.kernel.w_preload == 0
