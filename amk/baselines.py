@@ -278,41 +278,35 @@ NEAR_TIE_FACTOR = 4.0  # a divergence is a near-tie when margin <= 4 x the refer
 
 def make_reference(model, prompt_ids: torch.Tensor, n_tokens: int) -> TokenReference:
     """HF greedy tokens plus the per-step fp32 margin and bf16-vs-fp32 noise (see
-    TokenReference). ``prompt_ids``: int64 [1, P] on the model's device."""
-    import copy
-
-    toks = reference_tokens(model, prompt_ids, n_tokens)
-    seq = torch.cat([prompt_ids, torch.tensor([toks], device=prompt_ids.device)], dim=1)
-    p = prompt_ids.shape[1]
-    with torch.no_grad():
-        lo = model(input_ids=seq).logits[0, p - 1:p - 1 + n_tokens].float()
-        ref32 = copy.deepcopy(model).to(torch.float32)  # .float() raises for GGUF-loaded models
-        hi = ref32(input_ids=seq).logits[0, p - 1:p - 1 + n_tokens].float()
-        del ref32
-    top2 = hi.topk(2, dim=-1).values
-    margin = (top2[:, 0] - top2[:, 1]).tolist()
-    noise = (lo - hi).abs().amax(dim=-1).tolist()
-    return TokenReference(toks, margin, noise)
+    TokenReference) of a bf16 ``model``. ``prompt_ids``: int64 [1, P] on the model's device."""
+    return _with_margins(reference_tokens(model, prompt_ids, n_tokens), prompt_ids, model, torch.float32)
 
 
 def bf16_margins(model, prompt_ids: torch.Tensor, tokens: list[int]) -> TokenReference:
     """A TokenReference for greedy ``tokens`` (int ids, after the prompt) of an fp32 HF
     ``model``: per step the fp32 top-2 margin and the largest |logit| difference between a
-    bf16 copy of the model and the fp32 one (what judge_tokens' near-tie rule needs), both
-    from one forward over prompt + tokens each. ``prompt_ids``: int64 [1, P] on the model's
-    device. Casts with ``.to(dtype)``, which transformers allows for GGUF-loaded models
-    (their ``.float()`` raises)."""
+    bf16 copy of the model and the fp32 one (what judge_tokens' near-tie rule needs).
+    ``prompt_ids``: int64 [1, P] on the model's device."""
+    return _with_margins(list(tokens), prompt_ids, model, torch.bfloat16)
+
+
+def _with_margins(tokens: list[int], prompt_ids: torch.Tensor, model, other: torch.dtype) -> TokenReference:
+    """``tokens`` with the fp32 top-2 margin and the bf16-vs-fp32 logit noise at each step, from
+    one forward over prompt + tokens of ``model`` and one of a copy of it cast to ``other``
+    (the model's other precision of bf16 / fp32). Casts with ``.to(dtype)``, which
+    transformers allows for GGUF-loaded models (their ``.float()`` raises)."""
     import copy
 
     seq = torch.cat([prompt_ids, torch.tensor([tokens], device=prompt_ids.device)], dim=1)
     p, n = prompt_ids.shape[1], len(tokens)
     with torch.no_grad():
-        hi = model(input_ids=seq).logits[0, p - 1:p - 1 + n].float()
-        low = copy.deepcopy(model).to(torch.bfloat16)
-        lo = low(input_ids=seq).logits[0, p - 1:p - 1 + n].float()
-        del low
+        mine = model(input_ids=seq).logits[0, p - 1:p - 1 + n].float()
+        copied = copy.deepcopy(model).to(other)
+        theirs = copied(input_ids=seq).logits[0, p - 1:p - 1 + n].float()
+        del copied
+    hi, lo = (theirs, mine) if other == torch.float32 else (mine, theirs)
     top2 = hi.topk(2, dim=-1).values
-    return TokenReference(list(tokens), (top2[:, 0] - top2[:, 1]).tolist(), (lo - hi).abs().amax(dim=-1).tolist())
+    return TokenReference(tokens, (top2[:, 0] - top2[:, 1]).tolist(), (lo - hi).abs().amax(dim=-1).tolist())
 
 
 def judge_tokens(tokens: list[int], ref: TokenReference) -> tuple[bool, int | None, str]:

@@ -38,7 +38,7 @@ def profile_config(args: argparse.Namespace, gpu, sms: int, colocated: bool = Fa
 
     tuned = not (args.config or args.no_tuned or colocated)
     spec = model_spec(args.model)[1] if tuned else None
-    cfg, line = command_config(args, "bench/profile_megakernel.py", spec, args.tp, gpu if tuned else None,
+    cfg, line = command_config(args, "bench/profile_megakernel.py", spec, args.tp, gpu,
                                defaults={"workers": sms, "dtype": "bf16", "max_seq": max(256, args.steps)})
     if colocated and not (args.config or args.no_tuned):
         line = "config: the knobs' defaults (co-located ranks have no tuned entry)"
