@@ -235,8 +235,15 @@ def hf_compiled_graph(model, prompt_ids: torch.Tensor, n_tokens: int,
     ``mode``: torch.compile's mode (None: its default); the result is named by
     ``compiled_graph_name(mode)``.
     Requires CUDA. Returns the ``n_tokens`` greedy tokens after the prompt and the per-replay
-    timing of the decode steps (each replay is one whole decode step).
+    timing of the decode steps (each replay is one whole decode step); ``extra`` holds
+    ``compile_s`` (wall seconds of the warm-up before capture, torch.compile's work included)
+    and ``dynamo_graphs`` (graphs Dynamo compiled meanwhile: more than one is a recompile or a
+    graph break), what a slow compile is diagnosed from.
     """
+    import time
+
+    from torch._dynamo.utils import counters
+
     dev = prompt_ids.device
     if dev.type != "cuda":
         raise RuntimeError("the compiled CUDA-graph baseline needs a CUDA device")
@@ -247,12 +254,16 @@ def hf_compiled_graph(model, prompt_ids: torch.Tensor, n_tokens: int,
         st.body(compiled)
 
     with torch.no_grad():
+        graphs0, t0 = counters["stats"]["unique_graphs"], time.perf_counter()
         warm_up_on_side_stream(body)  # compiles
+        torch.cuda.synchronize(dev)
+        warm = {"compile_s": round(time.perf_counter() - t0, 3),
+                "dynamo_graphs": counters["stats"]["unique_graphs"] - graphs0}
         graph = capture_graph(body)
         st.feed_prompt(graph.replay)
         # Decode: each replay consumes the previous output token (copied inside the graph).
         timing = time_per_call(graph.replay, iters=n_tokens - 1, warmup=0, device=dev)
-    return BaselineResult(compiled_graph_name(mode), st.tokens(n_tokens), timing)
+    return BaselineResult(compiled_graph_name(mode), st.tokens(n_tokens), timing, extra=warm)
 
 
 @dataclass

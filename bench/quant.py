@@ -9,7 +9,10 @@ Rows: ``amk bf16`` (the unquantized megakernel), ``amk int8`` / ``amk fp8`` (``-
 ``hf bf16`` and ``torchao int8`` / ``torchao fp8`` (``quantize_`` with Int8WeightOnlyConfig /
 Float8WeightOnlyConfig on a copy of the bf16 model, then amk.baselines.hf_compiled_graph:
 a StaticCache decode step, torch.compile'd, replayed in a CUDA graph), each baseline
-measured ``--repeats`` times (default 2; the table shows every run's median). Verdicts:
+measured ``--repeats`` times (default 2; the table shows every run's median; each run records
+its warm-up seconds, compile included, and Dynamo's graph count). ``--rows`` picks the row
+kinds (amk, hf, torchao), so that one call may measure what another call had no time for.
+Verdicts:
 greedy tokens against HF generate of the model the row computes, by the near-tie rule
 (amk.baselines.judge_tokens): the bf16 model for the bf16 rows, for a quantized row the
 bf16 model with the same quantized weights dequantized (lowering.quant.quantized_copy,
@@ -37,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ground.errors import AmkError, run_main  # noqa: E402
 
 FORMATS = ("int8", "fp8")
+ROWS = ("amk", "hf", "torchao")
 NAME = "bench/quant.py"
 
 
@@ -53,7 +57,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--tokens", type=int, default=64, help="greedy tokens per decode run (default 64)")
     ap.add_argument("--prompt-len", type=int, default=8, help="seeded prompt tokens (default 8)")
     ap.add_argument("--repeats", type=int, default=2, help="runs of each baseline (default 2)")
-    ap.add_argument("--no-baselines", action="store_true", help="amk rows only")
+    ap.add_argument("--rows", default=",".join(ROWS), metavar="amk,hf,torchao",
+                    help="comma list of the row kinds to measure: amk (the megakernel), hf (bf16 "
+                         "compiled + graph), torchao (quantized compiled + graph); default all. A "
+                         "call too short for every compile can measure some kinds, the next the rest")
+    ap.add_argument("--no-baselines", action="store_true", help="amk rows only (--rows amk)")
     ap.add_argument("--json", action="store_true", help="print the result as one JSON line on stdout")
     ap.add_argument("--out", metavar="FILE", default=None, help="write the result (JSON) to FILE, atomically")
     # --weights is this script's list; --quantize-lm-head applies to each quantized row
@@ -71,6 +79,16 @@ def parse_formats(text: str) -> list[str]:
     if bad or not out or len(set(out)) != len(out):
         raise AmkError(f"--weights: expected a comma list of {', '.join(FORMATS)}, got {text!r}")
     return out
+
+
+def parse_rows(text: str, no_baselines: bool = False) -> set[str]:
+    """The row kinds of ``--rows`` (``ROWS``); ``no_baselines`` keeps only ``amk``. Raises
+    AmkError naming an unknown kind or an empty list."""
+    kinds = [k.strip() for k in text.split(",") if k.strip()]
+    bad = [k for k in kinds if k not in ROWS]
+    if bad or not kinds:
+        raise AmkError(f"--rows {text!r}: expected a comma list of {', '.join(ROWS)}")
+    return {"amk"} if no_baselines else set(kinds)
 
 
 def quant_decode_bytes(model, fmt: str | None, quantize_lm_head: bool = False) -> int:
@@ -122,7 +140,8 @@ def build_result(meta: dict, bandwidth: float, rows: list[dict], distance: dict)
 
 def measure(args: argparse.Namespace, formats: list[str], progress: Callable[[str], None],
             checkpoint: Callable[[dict], None] = lambda result: None) -> dict:
-    """Run every measurement on the GPU and return ``build_result``'s object; after each row,
+    """Run every measurement on the GPU and return ``build_result``'s object: the row kinds
+    of ``args.rows`` (parse_rows), the references and distances always; after each row,
     ``checkpoint`` receives the result so far (``partial: true``), so a run cut off by a time
     limit still leaves its finished rows."""
     import torch
@@ -136,6 +155,7 @@ def measure(args: argparse.Namespace, formats: list[str], progress: Callable[[st
     from models.sources import resolve_model
     from search.tunedb import GpuKey
 
+    kinds = parse_rows(getattr(args, "rows", ",".join(ROWS)), bool(getattr(args, "no_baselines", False)))
     qlm = bool(getattr(args, "quantize_lm_head", False))
     base_args = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "quantize_lm_head"})
     full, source = run_config(base_args, GpuKey.local())  # the bf16 config; formats set per row
@@ -153,7 +173,8 @@ def measure(args: argparse.Namespace, formats: list[str], progress: Callable[[st
     meta = {"device": props.name, "model": args.model, "command": " ".join(sys.argv),
             "python": platform.python_version(), "torch": torch.__version__,
             "torchao": _torchao_version(), "config": full.lowering.to_json(), "kernel": full.kernel.to_json(),
-            "config_source": source, "tokens": args.tokens, "repeats": args.repeats}
+            "config_source": source, "tokens": args.tokens, "repeats": args.repeats,
+            "rows": [k for k in ROWS if k in kinds]}
 
     def done(row_: dict) -> None:
         rows.append(row_)
@@ -173,22 +194,22 @@ def measure(args: argparse.Namespace, formats: list[str], progress: Callable[[st
         nbytes = quant_decode_bytes(model, fmt, qlm)
         floor = roofline_ms(nbytes, bw)
         cfg = full.lowering.replace(weights=fmt or "none", quantize_lm_head=qlm if fmt else False)
-        base = None
-        progress(f"amk {label}: lower, validate, build, check logits, decode in a CUDA graph")
-        try:
-            ours, session, ex = measure_megakernel(args.model, resolved, cfg, cuda_target(props), prompt, ref,
-                                                   args.tokens, kernel_options(full.kernel))
-            del session, ex
-            _free()
-            done(row(f"amk {label}", label, [ours.to_json()], floor, ours.correct, ours.note,
-                            {"weight_bytes": nbytes, "logit_check": ours.extra.get("logit_check")}))
-        except AmkError as err:
-            done(row(f"amk {label}", label, [{"latency_ms_median": None}], floor, False,
-                            f"failed: {err}", {"weight_bytes": nbytes}))
-        if args.no_baselines:
+        if "amk" in kinds:
+            progress(f"amk {label}: lower, validate, build, check logits, decode in a CUDA graph")
+            try:
+                ours, session, ex = measure_megakernel(args.model, resolved, cfg, cuda_target(props), prompt,
+                                                       ref, args.tokens, kernel_options(full.kernel))
+                del session, ex
+                _free()
+                done(row(f"amk {label}", label, [ours.to_json()], floor, ours.correct, ours.note,
+                         {"weight_bytes": nbytes, "logit_check": ours.extra.get("logit_check")}))
+            except AmkError as err:
+                done(row(f"amk {label}", label, [{"latency_ms_median": None}], floor, False,
+                         f"failed: {err}", {"weight_bytes": nbytes}))
+        if ("hf" if fmt is None else "torchao") not in kinds:
             continue
         name = "hf bf16" if fmt is None else f"torchao {label}"
-        runs, correct, note = [], True, ""
+        runs, correct, note, base = [], True, "", None
         try:
             base = model if fmt is None else torchao_model(model, fmt)
             for k in range(args.repeats):
@@ -196,6 +217,8 @@ def measure(args: argparse.Namespace, formats: list[str], progress: Callable[[st
                 r = judge(hf_compiled_graph(base, prompt.to(dev), args.tokens), ref)
                 runs.append(r.to_json())
                 correct, note = correct and bool(r.correct), r.note
+                progress(f"  {r.timing.median_ms:.3f} ms/token after {r.extra['compile_s']:.0f} s of warm-up "
+                         f"({r.extra['dynamo_graphs']} Dynamo graphs)")
         except Exception as err:  # keep the row, with the reason, rather than lose the run
             r = BaselineResult(name, [], None, False, f"failed: {type(err).__name__}: {err}")
             runs.append(r.to_json())
@@ -251,6 +274,7 @@ def main(argv: list[str] | None = None, measure_fn: Callable | None = None) -> i
     when every row is correct, 1 otherwise; AmkError (exit 2) for bad input or no GPU."""
     args = parser().parse_args(argv)
     formats = parse_formats(args.formats)
+    parse_rows(args.rows, args.no_baselines)
     if args.tokens < 4 or args.repeats < 1 or args.prompt_len < 1:
         raise AmkError("--tokens must be >= 4, --repeats and --prompt-len >= 1")
     if measure_fn is None:

@@ -16,6 +16,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 import quant as bq  # noqa: E402
+from ground.errors import AmkError  # noqa: E402
 
 
 def _script(*args: str) -> subprocess.CompletedProcess:
@@ -26,12 +27,22 @@ def _script(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("args,needle", [(["config:tiny-llama"], "needs a CUDA GPU"),
                                          (["config:tiny-llama", "--weights", "int4"], "--weights"),
-                                         (["config:tiny-llama", "--tokens", "2"], "--tokens")])
+                                         (["config:tiny-llama", "--tokens", "2"], "--tokens"),
+                                         (["config:tiny-llama", "--rows", "amk,vllm"], "--rows")])
 def test_refuses_in_one_line(args, needle):
     r = _script(*args)
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0] and lines[0].startswith("bench/quant.py: error:"), r.stderr
+
+
+def test_rows_pick_the_row_kinds():
+    assert bq.parse_rows("torchao") == {"torchao"}
+    assert bq.parse_rows(" amk , hf ") == {"amk", "hf"}
+    assert bq.parse_rows("amk,hf,torchao", no_baselines=True) == {"amk"}
+    for bad in ("", ",", "amk,int8"):
+        with pytest.raises(AmkError, match="--rows"):
+            bq.parse_rows(bad)
 
 
 def test_quantized_decode_bytes():
