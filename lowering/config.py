@@ -153,6 +153,12 @@ class LoweringConfig(_Knobs):
                              "and the residual themselves (reduce_norm_gemv) and wait on the partials, not "
                              "on the reduce stage: one hand-off less per all-reduce.",
                              needs=(on("fuse"), one_of("allreduce", ("oneshot", "fused"))), multi_rank=True)
+    down_split_k: int = knob(1, "Down-projection tiles cut along K (the MLP's columns) into this many chunks, "
+                             "each chunk's tiles waiting only on the gate/up tiles of its columns and "
+                             "writing a partial that the next RMSNorm + GEMV tiles sum with the residual "
+                             "(reduce_norm_gemv): the down stage starts before the gate/up stage ends and "
+                             "spreads its long K = MLP rows over more workers.", lo=1, hi=8,
+                             needs=(on("fuse"),), single_rank=True)
 
 
 def _gemv_block(value: str) -> tuple[int, int] | None:

@@ -76,7 +76,8 @@ class Knob:
     ``lo`` .. ``hi``, a power of two when ``pow2``, a multiple of ``multiple``). ``zero``: what
     0 means when it is allowed below ``lo`` or outside ``pow2`` (``off``, ``tile``, ...).
     ``check``: a further rule of the value alone (returns the problem or None). ``needs``: the
-    conditions under which the knob acts; ``multi_rank``: it acts only at more than one rank.
+    conditions under which the knob acts; ``multi_rank``: it acts only at more than one rank;
+    ``single_rank``: only at one rank.
     ``metavar``: the flag's value in --help; ``values``: the allowed values in words, where
     ``check`` holds the rule."""
 
@@ -93,6 +94,7 @@ class Knob:
     check: Callable[[Any], str | None] | None = None
     needs: tuple[Need, ...] = ()
     multi_rank: bool = False
+    single_rank: bool = False
     metavar: str | None = None
     values: str = ""
 
@@ -227,6 +229,8 @@ def inert(obj: Any, ranks: int | None = None) -> Iterator[tuple[Knob, str]]:
         else:
             if k.multi_rank and ranks == 1:
                 yield k, f"{k.flag} {show(v)} does nothing at one rank (--tp 1): set {k.flag} {off}"
+            elif k.single_rank and ranks is not None and ranks > 1:
+                yield k, f"{k.flag} {show(v)} does nothing at {ranks} ranks (it acts at --tp 1): set {k.flag} {off}"
 
 
 def check_inert(obj: Any, source: str, ranks: int | None = None) -> None:
@@ -281,7 +285,8 @@ def markdown_table(cls: type) -> str:
     (the one description) and what it needs to act."""
     rows = ["| field | flag | default | values | what it does |", "|---|---|---|---|---|"]
     for k in knobs_of(cls):
-        needs = [n.text for n in k.needs] + (["--tp > 1"] if k.multi_rank else [])
+        needs = ([n.text for n in k.needs] + (["--tp > 1"] if k.multi_rank else [])
+                 + (["--tp 1"] if k.single_rank else []))
         text = k.help + (f" Acts only with {', '.join(f'`{n}`' for n in needs)}." if needs else "")
         allowed = k.allowed()
         rows.append(f"| `{k.name}` | `{k.flag}` | `{show(k.default)}` | {allowed} | {text} |")

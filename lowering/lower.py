@@ -200,13 +200,24 @@ class Prologue:
     """The input of a GEMV tile together with the op that fuses its producer into the tile:
     ``gemv`` (ins: x), ``norm_gemv`` (ins: x, norm weight; params eps), ``reduce_norm_gemv``
     (ins: partials, residual, norm weight; params eps) or ``swiglu_gemv`` (ins: gate, up).
-    ``length``: K, the elements the tile multiplies (like Loc.length)."""
+    ``length``: K, the elements the tile multiplies (like Loc.length). ``chunks``: where the
+    producer signals per column chunk (down_split_k), each chunk's ``(k0, k1, ready)``; a
+    consumer of the whole waits on ``ready`` (every chunk's)."""
 
     op: str
     ins: tuple[Region, ...]
     ready: tuple[Ready, ...]
     length: int
     params: dict
+    chunks: tuple[tuple[int, int, tuple[Ready, ...]], ...] = ()
+
+    def chunk(self, k0: int, k1: int, ready: tuple[Ready, ...]) -> "Prologue":
+        """This input restricted to its elements [k0, k1) (each operand's last axis sliced),
+        ready once ``ready`` holds."""
+        ins = tuple(Region(g.buffer, g.rank, g.ranges[:-1] + (_r(g.ranges[-1].start.const + k0,
+                                                                    g.ranges[-1].start.const + k1),))
+                    for g in self.ins)
+        return Prologue(self.op, ins, ready, k1 - k0, dict(self.params))
 
 
 def _prologue(x: Loc | Prologue) -> Prologue:
@@ -263,6 +274,8 @@ class _Lowerer:
         config = dict(cfg.to_json())
         if not is_quantized(cfg.weights):  # unquantized programs keep their config line
             config.pop("weights"), config.pop("quantize_lm_head")
+        if cfg.down_split_k == 1:  # likewise for programs without split-K down tiles
+            config.pop("down_split_k")
         config["model"] = graph.name
         name = f"{graph.name}-tp{ranks}-w{cfg.workers}"
         self.e = _Emitter(name, ranks, cfg, target, config)
@@ -276,6 +289,8 @@ class _Lowerer:
         self.S = cfg.max_seq
         #: late_append: the KV appends of the current layer, emitted after its gate/up tiles
         self.late_appends: list[Callable[[], None]] = []
+        #: down_split_k where it acts (one rank, fused ops), else 1
+        self.down_split = cfg.down_split_k if ranks == 1 and cfg.fuse else 1
         self.pending_combines: list[tuple] = []  # _attend's split-KV combines, emitted by _combines
 
     # -- helpers -------------------------------------------------------------------------
@@ -382,7 +397,8 @@ class _Lowerer:
             _expect(x[r].length == H, f"{name}: norm dim {H} but the input has {x[r].length}")
             w = self.weight(f"w.{name}", r, op.weights["w"].key, (H,))
             nw = Region(w, r, (_r(0, H),))
-            if self.cfg.fuse_reduce and x[r].sum_of is not None:
+            # at one rank only down_split_k's partials have a sum_of: always summed here
+            if x[r].sum_of is not None and (self.cfg.fuse_reduce or self.R == 1):
                 part, resid, ready = x[r].sum_of
                 out[r] = Prologue("reduce_norm_gemv", (part, resid, nw), ready, H, dict(eps))
             else:
@@ -817,32 +833,44 @@ class _Lowerer:
                                   ((c0, c1), (0, H)))
             gb, ub = self.act(f"g.l{i}", r, n), self.act(f"u.l{i}", r, n)
             mb = None if self.cfg.fuse else self.act(f"m.l{i}", r, n)
-            cm = e.counter(f"c.l{i}.act.r{r}", r)
-            nt = 0
+            wave = mb is None and self.cfg.wave
+            col_tiles = list(tiles(0, n, self.stage_tile(2 * n if wave else n, self.cfg.tile_gate_up)))
+            # down_split_k: tile j signals its column chunk's counter (chunks of whole tiles)
+            nchunks = min(self.down_split, len(col_tiles)) if mb is None else 1
+            chunk_of = [j * nchunks // len(col_tiles) for j in range(len(col_tiles))]
+            cms = ([e.counter(f"c.l{i}.act.k{c}.r{r}", r) for c in range(nchunks)] if nchunks > 1
+                   else [e.counter(f"c.l{i}.act.r{r}", r)])
+            signals = [0] * nchunks
             src = _prologue(hn[r])
 
             def step(tag: str, wb: str, yb: str, a: int, b: int, t: int) -> tuple:
                 return (src.op, list(src.ins) + [Region(wb, r, (_r(a, b), _r(0, H)))] + self.scale_in(wb, r, a, b),
                         [Region(yb, r, (_r(a, b),))], dict(src.params), f"{tag}.t{t}")
 
-            if mb is None and self.cfg.wave:  # gate and up tiles apart, one wave over 2n rows
+            if wave:  # gate and up tiles apart, one wave over 2n rows
                 for tag, wb, yb in (("gate", wg, gb), ("up", wu, ub)):
-                    for j, (a, b) in enumerate(tiles(0, n, self.stage_tile(2 * n, self.cfg.tile_gate_up))):
-                        self.chain(i, r, [step(tag, wb, yb, a, b, j)], list(src.ready), cm)
-                        nt += 1
+                    for j, (a, b) in enumerate(col_tiles):
+                        self.chain(i, r, [step(tag, wb, yb, a, b, j)], list(src.ready), cms[chunk_of[j]])
+                        signals[chunk_of[j]] += 1
             else:
-                for a, b in tiles(0, n, self.stage_tile(n, self.cfg.tile_gate_up)):  # gate + up tile per worker
-                    steps = [step(tag, wb, yb, a, b, nt) for tag, wb, yb in (("gate", wg, gb), ("up", wu, ub))]
+                for j, (a, b) in enumerate(col_tiles):  # gate + up tile per worker
+                    steps = [step(tag, wb, yb, a, b, j) for tag, wb, yb in (("gate", wg, gb), ("up", wu, ub))]
                     if mb is not None:
                         steps.append(("silu_mul", [Region(gb, r, (_r(a, b),)), Region(ub, r, (_r(a, b),))],
-                                      [Region(mb, r, (_r(a, b),))], {}, f"silu.t{nt}"))
-                    self.chain(i, r, steps, list(src.ready), cm)
-                    nt += 1
+                                      [Region(mb, r, (_r(a, b),))], {}, f"silu.t{j}"))
+                    self.chain(i, r, steps, list(src.ready), cms[chunk_of[j]])
+                    signals[chunk_of[j]] += 1
+            readies = [self.ready(c, k) for c, k in zip(cms, signals)]
             if mb is None:
+                chunks = ()
+                if nchunks > 1:
+                    bounds = [(min(a for (a, _), c in zip(col_tiles, chunk_of) if c == k),
+                               max(b for (_, b), c in zip(col_tiles, chunk_of) if c == k)) for k in range(nchunks)]
+                    chunks = tuple((k0, k1, (rd,)) for (k0, k1), rd in zip(bounds, readies))
                 out[r] = Prologue("swiglu_gemv", (Region(gb, r, (_r(0, n),)), Region(ub, r, (_r(0, n),))),
-                                  (self.ready(cm, nt),), n, {})
+                                  tuple(readies), n, {}, chunks)
             else:
-                out[r] = Loc(mb, r, 0, n, (self.ready(cm, nt),))
+                out[r] = Loc(mb, r, 0, n, tuple(readies))
         return out
 
     # -- row-parallel linear + all-reduce + residual ---------------------------------------
@@ -852,6 +880,8 @@ class _Lowerer:
         and the matching slice of x). Returns the result, replicated on every rank."""
         e, H = self.e, self.H
         contrib = [r for r in range(self.R) if r in xin]
+        if self.R == 1 and isinstance(xin.get(0), Prologue) and xin[0].chunks:
+            return self._row_split_k(site, op, xin[0], resid[0])
         wbuf = {}
         for r in contrib:
             c0, c1 = cols_of(r)
@@ -887,6 +917,34 @@ class _Lowerer:
         n = self.gemv_tiles(f"{site}.w", r, xin[r], wbuf[r], k, (0, H),
                             lambda a, b: Region(part, r, (_r(a, b),)), None, cnt, fuse=fuse)
         return {r: Loc(out, r, 0, H, (self.ready(cnt, n),))}
+
+    def _row_split_k(self, site: str, op: GraphOp, x: Prologue, resid: Loc) -> dict[int, Loc]:
+        """R = 1, ``x`` produced in column chunks (down_split_k): per chunk, GEMV tiles over
+        W[:, k0:k1] (its own weight buffer) that wait only on that chunk and write partial
+        row c of ``kp.<site>`` [chunks, H]; then reduce tiles sum the partials and the
+        residual into the result, whose ``sum_of`` lets the next RMSNorm + GEMV tiles sum them
+        themselves (norm_in) instead of waiting on the reduce tiles."""
+        e, H, r = self.e, self.H, 0
+        S = len(x.chunks)
+        kp = e.buffer(f"kp.{site}.r{r}", "activation", self.dt, (S, H), r)
+        ready = []
+        for c, (k0, k1, rdy) in enumerate(x.chunks):
+            wb = self.gemv_weight(f"w.{site}.k{c}", r, op.weights["w"].key, (H, k1 - k0), ((0, H), (k0, k1)))
+            cnt = e.counter(f"c.{site}.part.k{c}.r{r}", r)
+            n = self.gemv_tiles(f"{site}.k{c}", r, x.chunk(k0, k1, rdy), wb, k1 - k0, (0, H),
+                                lambda a, b, c=c: Region(kp, r, (_r(c, c + 1), _r(a, b))), None, cnt)
+            ready.append(self.ready(cnt, n))
+        out = self.act(f"{site}.out", r, H)
+        cnt = e.counter(f"c.{site}.red.r{r}", r)
+        rdy = [*resid.ready, *ready]
+        cols = tiles(0, H, self.cfg.tile)
+        for n, (a, b) in enumerate(cols):
+            ins = [Region(kp, r, (_r(0, S), _r(a, b))), resid.region(a, b)]
+            outs = [Region(out, r, (_r(a, b),))]
+            w = e.place(r, e.cost("reduce", ins, outs), rdy)
+            e.task(f"{site}.red.t{n}.r{r}", r, w, "reduce", ins, outs, ready=rdy, signals=[cnt])
+        return {r: Loc(out, r, 0, H, (self.ready(cnt, len(cols)),),
+                       sum_of=(Region(kp, r, (_r(0, S), _r(0, H))), resid.region(), tuple(rdy)))}
 
     def _partials(self, site: str, xin, wbuf, contrib, buf: str, idx: dict[int, int],
                   arrive: dict[tuple[int, int], str] | None = None) -> tuple[dict[int, Ready], dict[int, int]]:

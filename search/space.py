@@ -277,7 +277,7 @@ def space_from_knob_specs(specs: Sequence[Any], fixed: dict[str, Any]) -> Search
 # ``space_for``; each knob's description is its declaration's (lowering.knobs). A field missing
 # here is an error (tests/test_search_space.py), so a new knob cannot be silently left out.
 SEARCHABLE = ("tile", "workers", "policy", "allreduce", "fuse", "wave", "attn_split", "attn_kv_split", "tile_qkv",
-              "tile_gate_up", "tile_lm_head", "tile_reduce", "late_append", "fuse_reduce")
+              "tile_gate_up", "tile_lm_head", "tile_reduce", "late_append", "fuse_reduce", "down_split_k")
 # Fixed for a whole search: they change what is computed or how much can be decoded, not
 # how the step is scheduled (the user picks them with --dtype / --max-seq / --weights /
 # --quantize-lm-head or --config).
@@ -317,7 +317,7 @@ def space_for(spec: Any, ranks: int, max_workers: int, fixed: dict[str, Any] | N
     holds of one KV head, and that count itself (one query head per task); 1 without GQA.
     attn_kv_split: 1, 2, 4, 8 (flash-decoding's split-KV: parts per query-head group).
     tile_reduce (ranks > 1 only): 0 and REDUCE_TILE_CHOICES above the default tile and below
-    the hidden size.
+    the hidden size. down_split_k (ranks 1 only): 1, 2, 4.
     ``fixed``: values of the non-searchable fields (defaults: the lowering's). Raises
     SpaceError if LoweringConfig has a field this module does not classify.
     """
@@ -387,6 +387,9 @@ def space_for(spec: Any, ranks: int, max_workers: int, fixed: dict[str, Any] | N
             vals = sorted({0, d} | {t for t in REDUCE_TILE_CHOICES if default.tile < t < int(spec.hidden)})
             if ranks > 1 and len(vals) > 1:
                 knobs.append(Knob(name, tuple(vals), d, True, knob_named(cls, name).help))
+        elif name == "down_split_k":
+            if ranks == 1:  # it acts at one rank only
+                knobs.append(Knob(name, (1, 2, 4), d, True, knob_named(cls, name).help))
         elif name == "fuse_reduce":
             if ranks > 1:  # R = 1 has no all-reduce
                 knobs.append(Knob(name, (False, True), d, False, knob_named(cls, name).help))

@@ -198,7 +198,7 @@ def kernel_fingerprint(config: dict[str, Any] | None = None) -> str:
             if named is None or k.name in named:
                 decl.append([cls.__name__, k.name, repr(k.default), k.kind.__name__, [repr(c) for c in k.choices],
                              k.lo, k.hi, k.pow2, k.multiple, k.zero, k.values, k.multi_rank,
-                             [n.text for n in k.needs]])
+                             [n.text for n in k.needs]] + (["single_rank"] if k.single_rank else []))
         if named is not None:
             decl += [[cls.__name__, n, "gone"] for n in sorted(named - {k.name for k in knobs_of(cls)})]
     text = json.dumps({"knobs": decl, "vm_version": _vm_version()}, sort_keys=True)

@@ -63,10 +63,10 @@ def test_every_knob_value_changes_the_program(model, ranks):
         prints = {}
         # wave only matters when tile is finer than a wave of workers, and the stage policy
         # only where whole-step totals would unbalance a stage (several tiles per worker):
-        # test them at the finest tile
-        fine = k.name in ("wave", "policy")
+        # test them at the finest tile (down_split_k too: its chunks are whole gate/up tiles)
+        fine = k.name in ("wave", "policy", "down_split_k")
         at = {**base, "tile": min(sp.knob("tile").values)} if fine else base
-        if k.name in ("late_append", "fuse_reduce"):  # change fused programs only
+        if k.name in ("late_append", "fuse_reduce", "down_split_k"):  # change fused programs only
             at = {**at, "fuse": True}
         for v in k.values:
             cfg = LoweringConfig(**sp.lowering_config({**at, k.name: v}))
