@@ -54,6 +54,10 @@ ARGMAX_CHUNK = 4096
 #: after another, ~1.3 us a head on an H100, so 8 heads (~11 us, Llama-3.2-1B's whole rank)
 #: fit the slack at the end of the gate/up stage; more heads take more tasks.
 LATE_APPEND_HEADS = 8
+#: Columns per reduce task of down_split_k's partials (at least the GEMV tile): a reduce moves
+#: a few KB and sits off the critical path, so few wide tasks (8 for a 2048 hidden size) cost
+#: the workers least; at the GEMV tile a 16-row tile gave 128 a layer.
+SPLIT_REDUCE_COLS = 256
 #: The ``balanced`` policy's per-task fixed cost in bytes: ~3 us of per-task overhead
 #: (GPU profiles, docs/experiments.md) at the ~32 GB/s share of HBM bandwidth one H200 SM has.
 TASK_FIXED_BYTES = 96 * 1024
@@ -289,6 +293,8 @@ class _Lowerer:
         self.S = cfg.max_seq
         #: late_append: the KV appends of the current layer, emitted after its gate/up tiles
         self.late_appends: list[Callable[[], None]] = []
+        #: down_split_k: the reduce tiles of the last down projection, emitted late
+        self.pending_reduces: list[Callable[[], None]] = []
         #: down_split_k where it acts (one rank, fused ops), else 1
         self.down_split = cfg.down_split_k if ranks == 1 and cfg.fuse else 1
         self.pending_combines: list[tuple] = []  # _attend's split-KV combines, emitted by _combines
@@ -342,6 +348,7 @@ class _Lowerer:
                 "the graph must end with rmsnorm, lm_head")
         xf = self.norm_in("final_norm", norm_op, x)
         self.lm_head(head_op, xf)
+        self.emit_pending_reduces()  # the last layer's: their sum is the final norm's, unread
         prog = e.finish()
         # Counters are never reset within max_epochs steps: cap it so that the busiest
         # counter's N(c) * (max_epochs + 1) stays within int32 (the validator's overflow rule).
@@ -462,6 +469,7 @@ class _Lowerer:
         plan = _layer_plan(self.g, i)
         xn = self.norm_in(f"l{i}.ln1", plan["ln1"], x)
         attn = self.attention(i, plan, xn)
+        self.emit_pending_reduces()  # before the o tiles that add their result
         h = self.row_parallel(f"l{i}.attn", plan["o"], attn, x, self.part_heads)
         hn = self.norm_in(f"l{i}.ln2", plan["ln2"], h)
         m = self.mlp_in(i, plan, hn)
@@ -469,6 +477,12 @@ class _Lowerer:
             emit()
         self.late_appends = []
         return self.row_parallel(f"l{i}.mlp", plan["down"], m, h, self.part_cols)
+
+    def emit_pending_reduces(self) -> None:
+        """Emit the previous layer's down_split_k reduce tiles (``_row_split_k``)."""
+        for emit in self.pending_reduces:
+            emit()
+        self.pending_reduces = []
 
     def part_heads(self, r: int) -> tuple[int, int]:
         h0, h1 = self.part.shards[r].q_heads
@@ -937,13 +951,20 @@ class _Lowerer:
         out = self.act(f"{site}.out", r, H)
         cnt = e.counter(f"c.{site}.red.r{r}", r)
         rdy = [*resid.ready, *ready]
-        cols = tiles(0, H, self.cfg.tile)
-        for n, (a, b) in enumerate(cols):
-            ins = [Region(kp, r, (_r(0, S), _r(a, b))), resid.region(a, b)]
-            outs = [Region(out, r, (_r(a, b),))]
-            w = e.place(r, e.cost("reduce", ins, outs), rdy)
-            e.task(f"{site}.red.t{n}.r{r}", r, w, "reduce", ins, outs, ready=rdy, signals=[cnt])
-        return {r: Loc(out, r, 0, H, (self.ready(cnt, len(cols)),),
+        cols = tiles(0, H, max(self.cfg.tile, SPLIT_REDUCE_COLS))
+
+        def emit() -> None:
+            for n, (a, b) in enumerate(cols):
+                ins = [Region(kp, r, (_r(0, S), _r(a, b))), resid.region(a, b)]
+                outs = [Region(out, r, (_r(a, b),))]
+                w = e.place(r, e.cost("reduce", ins, outs), rdy)
+                e.task(f"{site}.red.t{n}.r{r}", r, w, "reduce", ins, outs, ready=rdy, signals=[cnt])
+
+        # emitted after the next layer's q/k/v tiles (layer, lower): a reduce ahead of one in a
+        # worker's queue would hold it until the last partial; its result is needed only by
+        # the o tiles' residual add. Its workers are not known yet: every consumer waits.
+        self.pending_reduces.append(emit)
+        return {r: Loc(out, r, 0, H, (Ready(cnt, len(cols), frozenset()),),
                        sum_of=(Region(kp, r, (_r(0, S), _r(0, H))), resid.region(), tuple(rdy)))}
 
     def _partials(self, site: str, xin, wbuf, contrib, buf: str, idx: dict[int, int],
