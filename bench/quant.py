@@ -1,26 +1,30 @@
-"""Quantized weights on one GPU: amk's megakernel with bf16, int8 and fp8 GEMV weights
+"""Quantized weights on one GPU: amk's megakernel with bf16, int8, fp8 and q8_0 GEMV weights
 against torchao's weight-only int8 / float8 HF models (torch.compile + CUDA graph), each with
 its correctness verdict and its share of the quantized roofline.
 
 Usage (on a GPU machine, repo root on PYTHONPATH; torchao installed for the torchao rows):
     python bench/quant.py config:llama-3.2-1b --weights int8,fp8 --out out/quant.json
 
-Rows: ``amk bf16`` (the unquantized megakernel), ``amk int8`` / ``amk fp8`` (``--weights``),
-``hf bf16`` and ``torchao int8`` / ``torchao fp8`` (``quantize_`` with Int8WeightOnlyConfig /
-Float8WeightOnlyConfig on a copy of the bf16 model, then amk.baselines.hf_compiled_graph:
-a StaticCache decode step, torch.compile'd, replayed in a CUDA graph), each baseline
-measured ``--repeats`` times (default 2; the table shows every run's median; each run records
-its warm-up seconds, compile included, and Dynamo's graph count). ``--rows`` picks the row
-kinds (amk, hf, torchao), so that one call may measure what another call had no time for.
-Verdicts:
-greedy tokens against HF generate of the model the row computes, by the near-tie rule
-(amk.baselines.judge_tokens): the bf16 model for the bf16 rows, for a quantized row the
-bf16 model with the same quantized weights dequantized (lowering.quant.quantized_copy,
-torchao's math); amk's rows also check logits at several positions (Session.check). The
-roofline of a row is its weight bytes (quantized weights at 1 byte plus their f32 scales)
-over the HBM bandwidth measured in the same run (ground/timing.py). Also reported per format:
-the quantized model's distance to the bf16 one (greedy agreement over 64 tokens,
-perplexity: lowering.quant.distance, on seeded token ids).
+Rows: ``amk bf16`` (the unquantized megakernel), ``amk int8`` / ``amk fp8`` / ``amk q8_0``
+(``--weights``), ``hf bf16`` and ``torchao int8`` / ``torchao fp8`` / ``torchao q8_0``
+(``quantize_`` with Int8WeightOnlyConfig per row / Float8WeightOnlyConfig /
+Int8WeightOnlyConfig per group of 32 on a copy of the bf16 model, then
+amk.baselines.hf_compiled_graph: a StaticCache decode step, torch.compile'd, replayed in a
+CUDA graph). ``quantize_`` also switches on the inductor settings torchao recommends,
+coordinate-descent tuning among them, which makes the compile of a torchao row long; each
+run records those settings, its warm-up seconds (compile included) and Dynamo's graph
+count. Each baseline is measured ``--repeats`` times (default 2; the table shows every run's
+median). ``--rows`` picks the row kinds (amk, hf, torchao), so that one call may measure
+what another call had no time for (the inductor cache of a warm machine then shortens the
+compile). Verdicts: greedy tokens against HF generate of the model the row computes, by the
+near-tie rule (amk.baselines.judge_tokens): the bf16 model for the bf16 rows, for a quantized
+row the bf16 model with amk's quantized weights dequantized (lowering.quant.quantized_copy:
+torchao's math for int8 and fp8, ggml's Q8_0 for q8_0); amk's rows also check logits at
+several positions (Session.check). The roofline of a row is its weight bytes (quantized
+weights at 1 byte plus their f32 scales) over the HBM bandwidth measured in the same run
+(ground/timing.py). Also reported per format: the quantized model's distance to the bf16
+one (greedy agreement over 64 tokens, perplexity: lowering.quant.distance, on seeded token
+ids).
 
 Without a CUDA GPU it exits 2 with one line. ``--out FILE`` is written atomically, after
 every row too (``partial: true`` until the run ends).
@@ -39,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ground.errors import AmkError, run_main  # noqa: E402
 
-FORMATS = ("int8", "fp8")
+FORMATS = ("int8", "fp8", "q8_0")
 ROWS = ("amk", "hf", "torchao")
 NAME = "bench/quant.py"
 
@@ -73,7 +77,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def parse_formats(text: str) -> list[str]:
-    """The ``--weights`` list: int8 and/or fp8, in order, no repeats. AmkError otherwise."""
+    """The ``--weights`` list: int8, fp8 and / or q8_0, in order, no repeats. AmkError
+    otherwise."""
     out = [t.strip() for t in text.split(",") if t.strip()]
     bad = [t for t in out if t not in FORMATS]
     if bad or not out or len(set(out)) != len(out):
@@ -215,6 +220,7 @@ def measure(args: argparse.Namespace, formats: list[str], progress: Callable[[st
             for k in range(args.repeats):
                 progress(f"{name} + torch.compile + CUDA graph, run {k + 1} of {args.repeats}")
                 r = judge(hf_compiled_graph(base, prompt.to(dev), args.tokens), ref)
+                r.extra["inductor"] = inductor_settings()
                 runs.append(r.to_json())
                 correct, note = correct and bool(r.correct), r.note
                 progress(f"  {r.timing.median_ms:.3f} ms/token after {r.extra['compile_s']:.0f} s of warm-up "
@@ -241,22 +247,36 @@ def _free() -> None:
 
 def torchao_model(model, fmt: str):
     """A copy of the bf16 HF ``model`` with torchao's weight-only quantization of every
-    linear layer but the LM head (int8: Int8WeightOnlyConfig, fp8: Float8WeightOnlyConfig),
-    the layers amk quantizes. Raises AmkError when torchao is not installed."""
+    linear layer but the LM head (int8: Int8WeightOnlyConfig, fp8: Float8WeightOnlyConfig,
+    q8_0: Int8WeightOnlyConfig with PerGroup(32) granularity), the layers amk quantizes.
+    ``quantize_`` also applies torchao's recommended inductor settings, process-wide
+    (torchao.quantization.utils.recommended_inductor_config_setter). Raises AmkError when
+    torchao is not installed."""
     import copy
 
     import torch
 
     try:
         from torchao.quantization import Float8WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
+        from torchao.quantization.granularity import PerGroup
     except ImportError as err:
         raise AmkError(f"torchao is not installed ({err}); pip install 'amk[quant]'") from None
     m = copy.deepcopy(model)
-    cfg = Int8WeightOnlyConfig() if fmt == "int8" else Float8WeightOnlyConfig()
+    cfg = (Int8WeightOnlyConfig() if fmt == "int8" else Float8WeightOnlyConfig() if fmt == "fp8"
+           else Int8WeightOnlyConfig(version=2, granularity=PerGroup(32)))
     head = m.get_output_embeddings()
     quantize_(m, cfg, filter_fn=lambda mod, fqn: isinstance(mod, torch.nn.Linear) and mod is not head
               and fqn.endswith("_proj"))
     return m
+
+
+def inductor_settings() -> dict:
+    """The inductor settings torchao's quantize_ changes, as they stand now."""
+    import torch._inductor.config as c
+
+    return {"coordinate_descent_tuning": bool(c.coordinate_descent_tuning),
+            "coordinate_descent_check_all_directions": bool(c.coordinate_descent_check_all_directions),
+            "force_fuse_int_mm_with_mul": bool(c.force_fuse_int_mm_with_mul)}
 
 
 def _torchao_version() -> str | None:

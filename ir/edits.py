@@ -277,6 +277,12 @@ def _row_region(reg: Region, a: int, b: int, weight: bool = False) -> Region:
     return dataclasses.replace(reg, ranges=reg.ranges[:ax] + (new,) + reg.ranges[ax + 1:])
 
 
+def _row_first(role: str, reg: Region) -> bool:
+    """Whether an input's rows are its first axis: a weight ``[N, K]`` and a per-group scale
+    ``[N, K / G]`` (ir/ops.py); a per-row scale is a vector."""
+    return role == "w" or (role == "scale" and len(reg.ranges) > 1)
+
+
 def _rows(t: Task) -> int:
     y = t.outs[0]
     return y.ranges[-1].stop.const - y.ranges[-1].start.const
@@ -326,7 +332,8 @@ def _split(ed: _Edit, e: Edit) -> None:
     cut = set(ROW_INPUTS[t.op])
 
     def half(a: int, b: int, nid: str) -> Task:
-        ins = tuple(_row_region(r, a, b, role == "w") if role in cut else r for r, role in zip(t.ins, _roles(t, ed.p)))
+        ins = tuple(_row_region(r, a, b, _row_first(role, r)) if role in cut else r
+                    for r, role in zip(t.ins, _roles(t, ed.p)))
         outs = tuple(_row_region(r, a, b) for r in t.outs)
         return dataclasses.replace(t, id=nid, ins=ins, outs=outs, params=dict(t.params))
 
@@ -369,7 +376,8 @@ def _merge(ed: _Edit, e: Edit) -> None:
                 break
         if why is None:
             na = _rows(a)
-            pairs = [(ra, rb, role == "w") for ra, rb, role in zip(a.ins, b.ins, _roles(a, ed.p)) if role in cut]
+            pairs = [(ra, rb, _row_first(role, ra)) for ra, rb, role in zip(a.ins, b.ins, _roles(a, ed.p))
+                     if role in cut]
             pairs += [(ra, rb, False) for ra, rb in zip(a.outs, b.outs)]
             for ra, rb, wt in pairs:
                 if _row_region(ra, na, na + _rows(b), wt) != rb:
@@ -379,7 +387,8 @@ def _merge(ed: _Edit, e: Edit) -> None:
         raise EditError(f"{e.where()}: cannot merge {a.id!r} and {b.id!r}: {why}")
     cut = set(ROW_INPUTS[a.op])
     n = _rows(a) + _rows(b)
-    ins = tuple(_row_region(r, 0, n, role == "w") if role in cut else r for r, role in zip(a.ins, _roles(a, ed.p)))
+    ins = tuple(_row_region(r, 0, n, _row_first(role, r)) if role in cut else r
+                for r, role in zip(a.ins, _roles(a, ed.p)))
     outs = tuple(_row_region(r, 0, n) for r in a.outs)
     waits: dict[tuple[str, int], int] = {}
     for w in a.waits + b.waits:

@@ -69,8 +69,10 @@ wait that includes the task's own signal to that rank (put-with-signal).
 **Quantized weights.** The weight ``W`` of a GEMV-family op may be ``i8`` or ``f8e4m3``
 (``QUANT_DTYPES``): the task then carries one more input after all the others, the weight's
 per-row scales ``scale[N]`` (f32), and computes ``y = scale * (W @ x)`` (W converted to fp32,
-the scale applied once per row after the dot product) and then the op's bias / residual. A
-weight of a float dtype takes no scale. ``OpSpec.scaled`` marks these ops; ``scale_index``
+the scale applied once per row after the dot product) and then the op's bias / residual. An
+``i8`` weight may instead carry one scale per group of G consecutive K elements of a row,
+``scale[N, K / G]`` (a 2-D region; G >= 2 divides K): ``y[n] = sum_g scale[n, g] * (W[n,
+gG:(g+1)G] @ x[gG:(g+1)G])`` (GGUF's Q8_0: G = 32). A weight of a float dtype takes no scale. ``OpSpec.scaled`` marks these ops; ``scale_index``
 says whether a task has the scale operand.
 
 **Split-KV attention.** ``attention``, ``rope_attention`` and ``rope_attention_kv`` take the
@@ -603,10 +605,17 @@ def _scaled(name: str, check: CheckFn, w_index: int, max_ins: int) -> CheckFn:
                     "quantized weight's per-row f32 scales are the task's last input)"]
         w, s = ins[w_index], ins[-1]
         rows = 1 if len(w) <= 1 else w[0]
+        k = _n(w) // max(rows, 1)
         errs = []
         if ind[-1] != "f32":
             errs.append(f"{name}: the scale input is {ind[-1]}, expected f32")
-        if _n(s) != rows:
+        if len(s) == 2 and s[1] > 1:  # one scale per group of K elements
+            if ind[w_index] != "i8":
+                errs.append(f"{name}: per-group scales need an i8 weight, not {ind[w_index]}")
+            if s[0] != rows or k % s[1] or k // s[1] < 2:
+                errs.append(f"{name}: the scale input {list(s)} is not [N={rows}, K / G] for a group "
+                            f"size G >= 2 that divides K={k}")
+        elif _n(s) != rows:
             errs.append(f"{name}: the scale input has {_n(s)} elements, the weight has N={rows} rows")
         return errs + check(ins[:-1], ind[:-1], outs, outd, p)
 

@@ -41,7 +41,7 @@ ALLREDUCE_ALGOS = ("oneshot", "fused", "twoshot")
 DTYPES = ("f32", "bf16")
 #: weight formats of the GEMV weights: none / bf16 = unquantized (the weights in ``dtype``),
 #: int8 / fp8 = quantized per output row (lowering/quant.py)
-WEIGHT_FORMATS = ("none", "bf16", "int8", "fp8")
+WEIGHT_FORMATS = ("none", "bf16", "int8", "fp8", "q8_0")
 
 
 class _Knobs:
@@ -115,11 +115,13 @@ class LoweringConfig(_Knobs):
     dtype: str = knob("f32", "Dtype of weights, activations and KV cache.", choices=DTYPES)
     weights: str = knob("none", "GEMV weights (q/k/v, o, gate/up, down): none or bf16 = in dtype (unquantized), "
                         "int8 or fp8 (E4M3) = quantized at compile time, symmetric per output row with f32 "
-                        "scales (torchao's weight-only math); the embedding table is never quantized.",
+                        "scales (torchao's weight-only math), q8_0 = int8 with one scale per 32 elements of "
+                        "a row (GGUF's Q8_0: a Q8_0 checkpoint keeps its own weights and scales); the "
+                        "embedding table is never quantized.",
                         choices=WEIGHT_FORMATS)
     quantize_lm_head: bool = knob(False, "Quantize the LM head's weight too (a tied head gets its own quantized "
                                   "copy of the embedding table's rows).",
-                                  needs=(one_of("weights", ("int8", "fp8")),))
+                                  needs=(one_of("weights", ("int8", "fp8", "q8_0")),))
     fuse: bool = knob(False, "Emit the fused ops: RMSNorm into the following GEMVs (norm_gemv), RoPE into "
                       "the KV append and attention (rope_append, rope_attention), SiLU x up into the down "
                       "GEMV (swiglu_gemv) and, at one rank, the residual add into the o / down GEMVs "

@@ -42,7 +42,7 @@ from ir.program import (
 from lowering.config import LoweringConfig
 from lowering.costmodel import task_bytes
 from lowering.partition import Partition, check_split, partition, split_aligned, tiles
-from lowering.quant import IR_DTYPE, is_quantized, scale_key
+from lowering.quant import GROUP, IR_DTYPE, is_quantized, qweight_key, scale_key
 from models.graph import GraphOp, ModelGraph
 
 SLOT = Range(Bound(0, 1), Bound(1, 1))  # s:s+1, the current receive slot
@@ -287,6 +287,7 @@ class _Lowerer:
         #: the IR dtype of quantized GEMV weights (None: unquantized) and each quantized
         #: weight buffer's scale buffer
         self.qdt = IR_DTYPE.get(cfg.weights)
+        self.qgroup = GROUP.get(cfg.weights, 0)  # K elements per scale (0: per row)
         self.scales: dict[str, str] = {}
         self.D = sp.head_dim
         self.H = sp.hidden
@@ -308,20 +309,37 @@ class _Lowerer:
     def gemv_weight(self, name: str, rank: int, key: str, shape: Sequence[int],
                     ranges: tuple[tuple[int, int], ...] = ()) -> str:
         """A GEMV weight [n, k]: in the lowering dtype, or quantized (``weights`` knob) with
-        its per-row scales ``s.<name>.r<rank>`` (f32 [n], the rows of ``ranges``)."""
+        its scales ``s.<name>.r<rank>``: f32 [n], the rows of ``ranges``, or per group of
+        ``qgroup`` columns f32 [n, k / qgroup], whose columns must start and end on group
+        boundaries (AmkError otherwise: a split along K that cuts a group)."""
         if self.qdt is None:
             return self.weight(name, rank, key, shape, ranges)
-        wb = self.weight(name, rank, key, shape, ranges, dtype=self.qdt)
+        g = self.qgroup
         rows = tuple(ranges[0]) if ranges else (0, int(shape[0]))
-        self.scales[wb] = self.e.buffer(f"s.{name}.r{rank}", "weight", "f32", (shape[0],), rank,
-                                        WeightSource(scale_key(self.qdt, key), (rows,)))
+        if not g:
+            wb = self.weight(name, rank, key, shape, ranges, dtype=self.qdt)
+            self.scales[wb] = self.e.buffer(f"s.{name}.r{rank}", "weight", "f32", (shape[0],), rank,
+                                            WeightSource(scale_key(self.qdt, key), (rows,)))
+            return wb
+        cols = tuple(ranges[1]) if len(ranges) > 1 else (0, int(shape[1]))
+        if cols[0] % g or cols[1] % g:
+            raise AmkError(f"--weights {self.cfg.weights}: rank {rank} takes columns {cols[0]}:{cols[1]} of {key}, "
+                           f"which cuts its blocks of {g} columns (another --tp, or for the MLP a --tile that "
+                           f"is a multiple of {g}, splits on block boundaries)")
+        wb = self.weight(name, rank, qweight_key(self.qdt, key, g), shape, (rows, cols), dtype=self.qdt)
+        self.scales[wb] = self.e.buffer(f"s.{name}.r{rank}", "weight", "f32", (shape[0], shape[1] // g), rank,
+                                        WeightSource(scale_key(self.qdt, key, g), (rows, (cols[0] // g, cols[1] // g))))
         return wb
 
     def scale_in(self, wbuf: str, r: int, a: int, b: int) -> list[Region]:
         """The scale operand of a GEMV tile over rows [a, b) of ``wbuf`` (ir/ops.py: the
-        last input), or nothing for an unquantized weight."""
+        last input; per group: all of the rows' groups), or nothing for an unquantized
+        weight."""
         sb = self.scales.get(wbuf)
-        return [] if sb is None else [Region(sb, r, (_r(a, b),))]
+        if sb is None:
+            return []
+        shape = self.e.buffers[sb].shape
+        return [Region(sb, r, (_r(a, b),) + tuple(_r(0, d) for d in shape[1:]))]
 
     def act(self, name: str, rank: int, n: int) -> str:
         return self.e.buffer(f"{name}.r{rank}", "activation", self.dt, (n,), rank)

@@ -1,5 +1,6 @@
 """Weight-only quantization of the GEMV weights at compile time: int8 and FP8 (E4M3),
-symmetric, one f32 scale per output row.
+symmetric, one f32 scale per output row; and ``q8_0``, int8 with one scale per block of 32
+K elements of a row (GGUF's Q8_0).
 
 The math is torchao's weight-only recipes, restated so that amk needs no torchao at
 compile time (tests/test_quant.py checks the two agree bit for bit when torchao is
@@ -12,11 +13,22 @@ installed):
   ``scale = max(|w|) / 448`` in w's dtype, then f32; ``q = clamp(float32(w) / scale, -448,
   448)`` rounded to float8_e4m3fn. A row of zeros (torchao: 0 / 0) gets scale 1 here.
 
-A quantized weight buffer keeps its HF state-dict key as ``source`` (the quantized tensor
-is computed from the whole tensor, then sliced, so a row-parallel split along K keeps the
-whole rows' scales); its scales are the derived tensor ``amk.scale.<ir dtype>:<key>``, f32
-``[N]``, sliced with the weight's rows. ``dequantize`` gives ``scale * float(q)``, the weights
-of the torch reference model of a quantized schedule.
+``q8_0`` is ggml's Q8_0 (``quantize_row_q8_0_ref`` in ggml-quants.c; gguf-py's
+``quants.Q8_0``, which tests/test_quant.py checks bit for bit): per block of ``Q8_0_GROUP``
+= 32 elements, ``d = max(|w|) / 127`` in f32, ``q = round_half_away(w * (1 / d))`` (0 where
+d = 0) as int8, and the scale stored as ``f32(f16(d))``, GGUF's half-precision block scale.
+Re-quantizing a Q8_0 tensor's dequantized values gives back its blocks exactly (the largest
+element of a block is ``127 d``), so a Q8_0 GGUF checkpoint loaded in f32 runs on its own
+weights and scales, as llama.cpp does.
+
+A per-row quantized weight buffer keeps its HF state-dict key as ``source`` (the quantized
+tensor is computed from the whole tensor, then sliced, so a row-parallel split along K keeps
+the whole rows' scales); its scales are the derived tensor ``amk.scale.<ir dtype>:<key>``, f32
+``[N]``, sliced with the weight's rows. A group-quantized weight's source is the derived
+``amk.qweight.<ir dtype>/<group>:<key>`` and its scales ``amk.scale.<ir dtype>/<group>:<key>``,
+f32 ``[N, K / group]``, sliced with the weight's rows and (a split along K, on group
+boundaries) its columns. ``dequantize`` gives ``scale * float(q)``, the weights of the torch
+reference model of a quantized schedule.
 """
 
 from __future__ import annotations
@@ -28,9 +40,13 @@ import torch
 from ground.errors import AmkError
 
 #: weight format (the ``weights`` knob) -> the IR dtype of its quantized weights
-IR_DTYPE = {"int8": "i8", "fp8": "f8e4m3"}
+IR_DTYPE = {"int8": "i8", "fp8": "f8e4m3", "q8_0": "i8"}
+#: weight format -> K elements per scale (0: one scale per output row)
+Q8_0_GROUP = 32  # ggml's QK8_0
+GROUP = {"int8": 0, "fp8": 0, "q8_0": Q8_0_GROUP}
 TORCH_QDTYPE = {"i8": torch.int8, "f8e4m3": torch.float8_e4m3fn}
 SCALE_PREFIX = "amk.scale."
+QWEIGHT_PREFIX = "amk.qweight."
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
 
 
@@ -40,18 +56,39 @@ def is_quantized(fmt: str | None) -> bool:
     return fmt in IR_DTYPE
 
 
-def scale_key(qdtype: str, key: str) -> str:
-    """The derived source key of the per-row scales of weight ``key`` quantized to IR dtype
-    ``qdtype`` (``i8`` / ``f8e4m3``): ``amk.scale.i8:model.layers.0.mlp.up_proj.weight``."""
-    return f"{SCALE_PREFIX}{qdtype}:{key}"
+def scale_key(qdtype: str, key: str, group: int = 0) -> str:
+    """The derived source key of the scales of weight ``key`` quantized to IR dtype
+    ``qdtype`` (``i8`` / ``f8e4m3``) per row (``group`` 0:
+    ``amk.scale.i8:model.layers.0.mlp.up_proj.weight``) or per ``group`` K elements
+    (``amk.scale.i8/32:...``)."""
+    return f"{SCALE_PREFIX}{qdtype}{f'/{group}' if group else ''}:{key}"
 
 
-def parse_scale_key(key: str) -> tuple[str, str] | None:
-    """``(qdtype, weight key)`` of a scale key, None for any other key."""
-    if not key.startswith(SCALE_PREFIX) or ":" not in key:
+def qweight_key(qdtype: str, key: str, group: int = 0) -> str:
+    """The source key of weight ``key``'s quantized values: the key itself per row (the
+    buffer's dtype says the rest), ``amk.qweight.<qdtype>/<group>:<key>`` per group."""
+    return f"{QWEIGHT_PREFIX}{qdtype}/{group}:{key}" if group else key
+
+
+def _parse(key: str, prefix: str) -> tuple[str, str, int] | None:
+    if not key.startswith(prefix) or ":" not in key:
         return None
-    qdtype, wkey = key[len(SCALE_PREFIX):].split(":", 1)
-    return (qdtype, wkey) if qdtype in TORCH_QDTYPE else None
+    kind, wkey = key[len(prefix):].split(":", 1)
+    qdtype, _, group = kind.partition("/")
+    if qdtype not in TORCH_QDTYPE or (group and not group.isdigit()):
+        return None
+    return qdtype, wkey, int(group or 0)
+
+
+def parse_scale_key(key: str) -> tuple[str, str, int] | None:
+    """``(qdtype, weight key, group)`` of a scale key (scale_key), None for any other key."""
+    return _parse(key, SCALE_PREFIX)
+
+
+def parse_qweight_key(key: str) -> tuple[str, str, int] | None:
+    """``(qdtype, weight key, group)`` of a group-quantized weight's key (qweight_key), None
+    for any other key."""
+    return _parse(key, QWEIGHT_PREFIX)
 
 
 def quantize_rows(w: torch.Tensor, qdtype: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,9 +115,46 @@ def quantize_rows(w: torch.Tensor, qdtype: str) -> tuple[torch.Tensor, torch.Ten
     return q, scale.reshape(-1)
 
 
+def quantize_groups(w: torch.Tensor, group: int = Q8_0_GROUP) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize a 2-D float weight ``w`` [N, K] to int8 with one scale per ``group`` K
+    elements of a row, ggml's Q8_0 math (module doc) for any group size.
+
+    Returns ``(q, scale)``: q [N, K] int8, scale [N, K / group] f32 (each an f16 value), with
+    ``w ~= scale.repeat_interleave(group, 1) * float(q)``. Raises AmkError for a weight that
+    is not 2-D float or whose K is not a multiple of ``group``.
+    """
+    if w.dim() != 2 or not w.is_floating_point():
+        raise AmkError(f"cannot quantize a {w.dtype} weight of shape {list(w.shape)} per group "
+                       "(expected a 2-D float tensor)")
+    n, k = w.shape
+    if group < 1 or k % group:
+        raise AmkError(f"cannot quantize a weight of K = {k} in groups of {group} (K must be a multiple)")
+    blocks = w.detach().to(torch.float32).reshape(n, k // group, group)
+    d = blocks.abs().amax(dim=2, keepdim=True) / 127
+    inv = torch.where(d == 0, torch.zeros_like(d), 1 / d)
+    v = blocks * inv
+    q = torch.sign(v) * torch.floor(v.abs() + 0.5)  # roundf: half away from zero
+    return q.to(torch.int8).reshape(n, k), d.to(torch.float16).to(torch.float32).reshape(n, k // group)
+
+
+def quantize(w: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q, scale)`` of weight ``w`` [N, K] in weight format ``fmt`` (``int8`` / ``fp8``:
+    quantize_rows, scale [N]; ``q8_0``: quantize_groups, scale [N, K / 32]). Raises AmkError
+    for another format."""
+    if fmt not in IR_DTYPE:
+        raise AmkError(f"unknown weight format {fmt!r}; expected one of {', '.join(IR_DTYPE)}")
+    return quantize_groups(w, GROUP[fmt]) if GROUP[fmt] else quantize_rows(w, IR_DTYPE[fmt])
+
+
 def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """``scale[:, None] * float(q)`` (computed in f32) as ``dtype``: [N, K]."""
-    return (q.to(torch.float32) * scale.to(torch.float32).reshape(-1, 1)).to(dtype)
+    """``scale * float(q)`` (computed in f32) as ``dtype``: [N, K]. ``scale`` [N] applies per
+    row, [N, K / G] per group of G K elements."""
+    s = scale.to(torch.float32)
+    if s.dim() == 2 and s.shape[1] > 1:
+        s = s.repeat_interleave(q.shape[1] // s.shape[1], dim=1)
+    else:
+        s = s.reshape(-1, 1)
+    return (q.to(torch.float32) * s).to(dtype)
 
 
 def quantized_keys(state_keys, tied_lm_head: bool, quantize_lm_head: bool) -> list[str]:
@@ -97,13 +171,13 @@ def quantized_keys(state_keys, tied_lm_head: bool, quantize_lm_head: bool) -> li
     return out
 
 
-def dequantized_state(state: Mapping[str, torch.Tensor], keys, qdtype: str) -> dict[str, torch.Tensor]:
-    """``{key: dequantize(quantize_rows(state[key]))}`` in the tensor's own dtype, for each of
+def dequantized_state(state: Mapping[str, torch.Tensor], keys, fmt: str) -> dict[str, torch.Tensor]:
+    """``{key: dequantize(quantize(state[key], fmt))}`` in the tensor's own dtype, for each of
     ``keys``: the weights of the torch model that a quantized schedule computes."""
     out = {}
     for k in keys:
         w = state[k]
-        q, s = quantize_rows(w, qdtype)
+        q, s = quantize(w, fmt)
         out[k] = dequantize(q, s, w.dtype)
     return out
 
@@ -112,8 +186,8 @@ def decode_bytes(model, fmt: str | None, quantize_lm_head: bool = False) -> int:
     """Weight bytes one batch-1 decode step of HF ``model`` reads
     (ground.timing.decode_weight_bytes) when the decoder layers' linear weights (and, with
     ``quantize_lm_head``, the LM head) are stored at 1 byte per element plus one f32 scale
-    per row, as a schedule lowered with ``weights=fmt`` stores them; ``fmt`` None / ``none``
-    / ``bf16``: unquantized. The roofline of a quantized run."""
+    per row (``q8_0``: per 32 elements), as a schedule lowered with ``weights=fmt`` stores
+    them; ``fmt`` None / ``none`` / ``bf16``: unquantized. The roofline of a quantized run."""
     from ground.timing import decode_weight_bytes
 
     total = decode_weight_bytes(model)
@@ -125,7 +199,8 @@ def decode_bytes(model, fmt: str | None, quantize_lm_head: bool = False) -> int:
         mods.append(model.get_output_embeddings())
     for m in mods:
         w = m.weight
-        total -= w.numel() * (w.element_size() - 1) - w.shape[0] * 4
+        scales = w.numel() // GROUP[fmt] if GROUP[fmt] else w.shape[0]
+        total -= w.numel() * (w.element_size() - 1) - scales * 4
     return total
 
 
@@ -139,17 +214,16 @@ def quantized_copy(model, fmt: str, quantize_lm_head: bool = False):
     import copy
 
     if not is_quantized(fmt):
-        raise AmkError(f"unknown weight format {fmt!r}; expected int8 or fp8")
-    qdtype = IR_DTYPE[fmt]
+        raise AmkError(f"unknown weight format {fmt!r}; expected one of {', '.join(IR_DTYPE)}")
     m = copy.deepcopy(model)
     with torch.no_grad():
         for name, mod in m.named_modules():
             if isinstance(mod, torch.nn.Linear) and ".layers." in f".{name}" and name.endswith("_proj"):
-                q, s = quantize_rows(mod.weight, qdtype)
+                q, s = quantize(mod.weight, fmt)
                 mod.weight.copy_(dequantize(q, s, mod.weight.dtype))
         if quantize_lm_head:
             head = m.get_output_embeddings()
-            q, s = quantize_rows(head.weight, qdtype)
+            q, s = quantize(head.weight, fmt)
             head.weight = torch.nn.Parameter(dequantize(q, s, head.weight.dtype), requires_grad=False)
             if getattr(m.config, "tie_word_embeddings", False):
                 m.config.tie_word_embeddings = False
@@ -170,7 +244,8 @@ def summary(weights: str, quantize_lm_head: bool, program) -> dict:
             "gemv_weights": IR_DTYPE[weights] if q else "unquantized",
             "lm_head": "quantized" if q and quantize_lm_head else "unquantized",
             "embedding": "unquantized",
-            "scale": "f32 per output row" if q else None,
+            "scale": (f"f32 (an f16 value) per {GROUP[weights]} elements of a row" if q and GROUP[weights]
+                      else "f32 per output row" if q else None),
             "weight_bytes": {"total": total, "quantized": qb, "scales": sb}}
 
 

@@ -129,8 +129,9 @@ QUANT_TORCH = frozenset((torch.int8, torch.float8_e4m3fn))
 
 
 class QuantWeight:
-    """A quantized GEMV weight with its per-row scales: ``q`` int8 / float8_e4m3fn ``[N, K]``
-    (or flat), ``scale`` f32 ``[N]``. ``_gemv_f32`` computes ``scale * (float(q) @ x)``."""
+    """A quantized GEMV weight with its scales: ``q`` int8 / float8_e4m3fn ``[N, K]`` (or
+    flat), ``scale`` f32 ``[N]`` (per row) or ``[N, K / G]`` (per group of G K elements).
+    ``_gemv_f32`` computes ``scale * (float(q) @ x)``, per group then summed."""
 
     __slots__ = ("q", "scale")
 
@@ -212,7 +213,9 @@ def _round_to(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def _gemv_f32(x: torch.Tensor, w: "torch.Tensor | QuantWeight", bias: torch.Tensor | None,
               op: str) -> torch.Tensor:
     """fp32 ``W @ x (+ bias)`` with W viewed as [N, numel(x)]; returns [N]. A QuantWeight:
-    ``scale * (float(q) @ x) (+ bias)``, the scale applied once per row after the dot."""
+    ``scale * (float(q) @ x) (+ bias)``, the scale applied once per row after the dot, or with
+    ``N * K / G`` scales once per group of G K elements: ``sum_g scale[n, g] * (q[n, g] @
+    x[g])`` (ir/ops.py, "Quantized weights")."""
     k = x.numel()
     if k == 0 or w.numel() % k:
         raise ReferenceOpError(f"{op}: weight has {w.numel()} elements, not a multiple of K={k}")
@@ -222,10 +225,18 @@ def _gemv_f32(x: torch.Tensor, w: "torch.Tensor | QuantWeight", bias: torch.Tens
     w2 = w if w.dim() == 2 and w.shape[1] == k else w.reshape(-1, k)
     if w2.dtype is not torch.float32:
         w2 = w2.to(torch.float32)
-    y = torch.mv(w2, _f32(x))
+    n = w2.shape[0]
+    if scale is not None and scale.numel() != n:  # per group of K elements
+        groups = scale.numel() // n if n else 0
+        if groups < 2 or scale.numel() != n * groups or k % groups:
+            raise ReferenceOpError(f"{op}: scale has {scale.numel()} elements, not N={n} or N x (K / G) "
+                                   f"for K={k}")
+        parts = (w2.reshape(n, groups, k // groups) * _f32(x).reshape(1, groups, k // groups)).sum(-1)
+        y = (parts * _f32(scale).reshape(n, groups)).sum(-1)
+        scale = None
+    else:
+        y = torch.mv(w2, _f32(x))
     if scale is not None:
-        if scale.numel() != y.numel():
-            raise ReferenceOpError(f"{op}: scale has {scale.numel()} elements, weight {y.numel()} rows")
         y *= _f32(scale)
     if bias is not None:
         if bias.numel() != y.numel():

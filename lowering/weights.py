@@ -13,7 +13,7 @@ import torch
 from ground.errors import AmkError
 from ir.program import Buffer, ScheduleProgram
 from models.graph import ROPE_INV_FREQ_KEY, ModelSpec
-from lowering.quant import TORCH_QDTYPE, parse_scale_key, quantize_rows
+from lowering.quant import TORCH_QDTYPE, parse_qweight_key, parse_scale_key, quantize_groups, quantize_rows
 from models.rope import inv_freq
 
 TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16,
@@ -42,19 +42,26 @@ class WeightStore:
         self.state = state
         self.spec = spec
         self._derived: dict[str, torch.Tensor] = {}
-        self._quant: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._quant: dict[tuple[str, str, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def quantized(self, key: str, qdtype: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(q, scale)`` of the whole weight ``key`` quantized per row to ``qdtype``
-        (lowering/quant.py), computed once."""
-        if (key, qdtype) not in self._quant:
-            self._quant[(key, qdtype)] = quantize_rows(self.source_tensor(key), qdtype)
-        return self._quant[(key, qdtype)]
+    def quantized(self, key: str, qdtype: str, group: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(q, scale)`` of the whole weight ``key`` quantized to ``qdtype`` per row
+        (``group`` 0) or per ``group`` K elements (int8 only; lowering/quant.py), computed
+        once."""
+        if (key, qdtype, group) not in self._quant:
+            w = self.source_tensor(key)
+            if group and qdtype != "i8":
+                raise AmkError(f"weight {key!r}: per-group scales are int8 only, not {qdtype}")
+            self._quant[(key, qdtype, group)] = quantize_groups(w, group) if group else quantize_rows(w, qdtype)
+        return self._quant[(key, qdtype, group)]
 
     def source_tensor(self, key: str) -> torch.Tensor:
         sk = parse_scale_key(key)
         if sk is not None:
-            return self.quantized(sk[1], sk[0])[1]
+            return self.quantized(sk[1], sk[0], sk[2])[1]
+        qk = parse_qweight_key(key)
+        if qk is not None:
+            return self.quantized(qk[1], qk[0], qk[2])[0]
         if key.startswith("amk."):
             if key not in self._derived:
                 self._derived[key] = derived_tensor(key, self.spec)
@@ -71,7 +78,9 @@ class WeightStore:
         weight: ``source.key`` sliced by ``source.ranges`` (one (start, stop) per axis;
         empty = whole tensor), cast to the buffer dtype; its shape must equal the buffer's
         (AmkError otherwise). A quantized weight (dtype ``i8`` / ``f8e4m3``): the whole tensor
-        quantized per row, then sliced; its scales are the source ``amk.scale.<dtype>:<key>``.
+        quantized per row, then sliced; its scales are the source ``amk.scale.<dtype>:<key>``
+        (per group: the sources ``amk.qweight.i8/<group>:<key>`` and
+        ``amk.scale.i8/<group>:<key>``, lowering/quant.py).
         kv_cache: zeros.
         """
         dtype = TORCH_DTYPES[buf.dtype]
@@ -81,7 +90,7 @@ class WeightStore:
             return None
         if buf.source is None:
             raise AmkError(f"weight buffer {buf.name} has no source")
-        if buf.dtype in TORCH_QDTYPE:
+        if buf.dtype in TORCH_QDTYPE and parse_qweight_key(buf.source.key) is None:
             t = self.quantized(buf.source.key, buf.dtype)[0]
         else:
             t = self.source_tensor(buf.source.key)

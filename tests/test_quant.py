@@ -80,6 +80,45 @@ def test_quantize_rows_matches_torchao(dtype):
     assert torch.equal(ref.qdata.float(), q.float()) and torch.equal(ref.scale.reshape(-1).float(), s)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quantize_groups_is_ggml_q8_0(dtype):
+    """Bit for bit gguf-py's Q8_0 blocks (ggml's reference math): the int8 values and the f16
+    block scale, a zero block included."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, quants
+
+    from lowering.quant import quantize_groups
+
+    torch.manual_seed(2)
+    w = (torch.randn(24, 96) * 0.07).to(dtype)
+    w[5, 32:64] = 0
+    q, s = quantize_groups(w)
+    assert q.dtype is torch.int8 and s.dtype is torch.float32 and s.shape == (24, 3)
+    blocks = quants.quantize(w.float().numpy(), GGMLQuantizationType.Q8_0).reshape(24 * 3, 34)
+    d = blocks[:, :2].copy().view(np.float16).astype(np.float32).reshape(24, 3)
+    qs = blocks[:, 2:].copy().view(np.int8).reshape(24, 96)
+    assert torch.equal(q, torch.from_numpy(qs)) and torch.equal(s, torch.from_numpy(d))
+    assert float(s[5, 1]) == 0 and int(q[5, 32:64].abs().max()) == 0
+
+
+def test_a_q8_0_tensor_quantizes_back_to_itself():
+    """What a Q8_0 GGUF stores, loaded as f32 (gguf-py's dequantize, as transformers' GGUF
+    loader does), quantizes back to the same blocks: a Q8_0 checkpoint runs on its own
+    weights and scales."""
+    from gguf import GGMLQuantizationType, quants
+
+    from lowering.quant import quantize_groups
+
+    torch.manual_seed(3)
+    w = torch.randn(16, 128) * 0.02
+    q, s = quantize_groups(w)
+    stored = quants.quantize(w.numpy(), GGMLQuantizationType.Q8_0)
+    loaded = torch.from_numpy(quants.dequantize(stored, GGMLQuantizationType.Q8_0)).reshape(16, 128)
+    assert torch.equal(dequantize(q, s), loaded)
+    q2, s2 = quantize_groups(loaded)
+    assert torch.equal(q2, q) and torch.equal(s2, s)
+
+
 def test_quantize_rows_refuses_bad_input():
     from ground.errors import AmkError
 
@@ -87,6 +126,10 @@ def test_quantize_rows_refuses_bad_input():
         quantize_rows(torch.zeros(2, 2), "i4")
     with pytest.raises(AmkError, match="expected a 2-D float tensor"):
         quantize_rows(torch.zeros(4), "i8")
+    from lowering.quant import quantize_groups
+
+    with pytest.raises(AmkError, match="K = 40 in groups of 32"):
+        quantize_groups(torch.zeros(2, 40))
 
 
 # -- IR: text and JSON forms -----------------------------------------------------------------
@@ -210,12 +253,31 @@ def test_split_edit_cuts_the_scale(int8_prog):
     assert validate(new).ok
 
 
+def test_split_and_merge_cut_group_scales_by_rows():
+    """A q8_0 tile's [rows, K / 32] scale is cut and rejoined along its rows, every group kept."""
+    from ir.edits import apply_edits, parse_edits
+    from validator import validate
+
+    p = _session("q8_0", 1).program
+    new = apply_edits(p, parse_edits([{"op": "split", "task": "l0.q.t0.r0", "rows": 8}]))
+    a, b = (new.tasks[_task_index(new, i)] for i in ("l0.q.t0_0.r0", "l0.q.t0_1.r0"))
+    assert [(r.start.const, r.stop.const) for r in a.ins[-1].ranges] == [(0, 8), (0, 3)]
+    assert [(r.start.const, r.stop.const) for r in b.ins[-1].ranges] == [(8, 16), (0, 3)]
+    assert validate(new).ok
+    back = apply_edits(new, parse_edits([{"op": "merge", "a": "l0.q.t0_0.r0", "b": "l0.q.t0_1.r0",
+                                          "id": "l0.q.t0.r0"}]))
+    assert back.tasks[_task_index(back, "l0.q.t0.r0")].ins == p.tasks[_task_index(p, "l0.q.t0.r0")].ins
+    assert validate(back).ok
+
+
 # -- sim against the quantized torch model ---------------------------------------------------
 
 @pytest.mark.parametrize("weights,tp,kw", [("int8", 1, {}),
                                            ("int8", 2, {"fuse": True, "allreduce": "fused", "fuse_reduce": True}),
                                            ("fp8", 1, {"fuse": True, "quantize_lm_head": True}),
-                                           ("fp8", 2, {"allreduce": "twoshot"})])
+                                           ("fp8", 2, {"allreduce": "twoshot"}),
+                                           ("q8_0", 1, {"fuse": True, "quantize_lm_head": True}),
+                                           ("q8_0", 2, {"fuse": True, "allreduce": "fused"})])
 def test_sim_matches_the_quantized_reference(weights, tp, kw):
     from amk import pipeline
 
@@ -268,6 +330,66 @@ def test_cli_compile_int8(tmp_path):
     assert " i8 [" in (out / "schedule.amk").read_text()
     v = _amk("validate", str(out / "schedule.amk"))
     assert v.returncode == 0, v.stdout + v.stderr
+
+
+def test_cli_compile_q8_0(tmp_path):
+    """q8_0 at tp 2: per-32-column scales in the schedule, its report and its roofline bytes;
+    the file validates; the sim matched the Q8_0 model (compile's check)."""
+    out = tmp_path / "c"
+    r = _amk("compile", "config:tiny-llama", "--tp", "2", "--weights", "q8_0", "--fuse", "1",
+             "--tile", "16", "--workers", "2", "--no-tuned", "--out", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["ok"] and rep["correctness"]["ok"]
+    qs = rep["quantization"]
+    assert qs["weights"] == "q8_0" and qs["gemv_weights"] == "i8" and "per 32 elements" in qs["scale"]
+    text = (out / "schedule.amk").read_text()
+    assert "amk.scale.i8/32:model.layers.0.mlp.down_proj.weight" in text and "amk.qweight.i8/32:" in text
+    v = _amk("validate", str(out / "schedule.amk"))
+    assert v.returncode == 0, v.stdout + v.stderr
+
+
+def test_q8_0_refuses_a_split_that_cuts_a_block():
+    """tiny-qwen2 over 2 ranks: 3 of its 6 heads of 16 (48 o_proj columns) a rank, and its 224
+    MLP columns 112 a rank at tile 16: one error line naming the first, exit 2; tiny-llama's
+    tp 2 splits on block boundaries (test_cli_compile_q8_0)."""
+    r = _amk("compile", "config:tiny-qwen2", "--tp", "2", "--weights", "q8_0", "--tile", "16", "--no-tuned",
+             "--no-check")
+    assert r.returncode == 2
+    errs = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errs) == 1 and "rank 0 takes columns 0:48 of model.layers.0.self_attn.o_proj.weight" in errs[0] \
+        and "cuts its blocks of 32 columns" in errs[0], r.stderr
+
+
+def test_validator_rejects_bad_group_scales():
+    """Per-group scales on an fp8 weight, or for other rows than the weight's, are named."""
+    from validator import validate
+
+    p = _session("q8_0", 1).program
+    t = p.tasks[_task_index(p, "l0.q.t0.r0")]
+    sc = t.ins[-1]
+    assert len(sc.ranges) == 2 and sc.ranges[1].stop.const == 3  # K = 96: 3 groups of 32
+    f8 = p.copy()
+    for i, b in enumerate(f8.buffers):
+        if b.name == "w.l0.q.r0":
+            f8.buffers[i] = dataclasses.replace(b, dtype="f8e4m3")
+    odd = _with_ins(p, t.id, list(t.ins[:-1]) + [dataclasses.replace(sc, ranges=(type(sc.ranges[0]).of(0, 8),
+                                                                              sc.ranges[1]))])
+    for needle, prog in (("per-group scales need an i8 weight", f8), ("is not [N=16, K / G]", odd)):
+        v = validate(prog)
+        assert not v.ok and any(needle in f.message and t.id in f.message for f in v.errors), \
+            (needle, [f.message for f in v.errors[:4]])
+
+
+def test_q8_0_decode_bytes_count_a_scale_per_block():
+    from lowering.quant import decode_bytes
+
+    s = _session("q8_0", 1)
+    m = s.resolved.model
+    full = decode_bytes(m, None)
+    lin = [mod.weight for n, mod in m.named_modules() if isinstance(mod, torch.nn.Linear) and n.endswith("_proj")]
+    n = sum(w.numel() for w in lin)
+    assert decode_bytes(m, "q8_0") == full - n * (lin[0].element_size() - 1) + 4 * (n // 32)
 
 
 def test_cli_refuses_bad_weight_flags():

@@ -1,6 +1,6 @@
 """Quantized GEMV weights in the Triton megakernel: int8 / float8e4nv weight tiles converted
 to fp32 in registers inside the streaming GEMV, the per-row scale applied once after the
-dot product. Under the interpreter against the sim (tiny Llama), and compiled offline for
+dot product, or (q8_0) one scale per 32 columns applied to each element as it loads. Under the interpreter against the sim (tiny Llama), and compiled offline for
 sm_90 with the GPU machines' Triton (AMK_DEVICE_TRITON) without spills."""
 
 from __future__ import annotations
@@ -22,14 +22,21 @@ DEVICE_TRITON = pytest.mark.skipif(
 
 
 @cpu_only
-@pytest.mark.parametrize("weights,fuse,dtype", [("int8", False, "f32"), ("fp8", True, "f32"),
-                                                ("int8", True, "bf16")])
-def test_quantized_tiny_model_matches_sim(weights, fuse, dtype):
+@pytest.mark.parametrize("weights,fuse,dtype,blocks", [
+    ("int8", False, "f32", {}), ("fp8", True, "f32", {}), ("int8", True, "bf16", {}),
+    # per-group scales through each K-loop form: plain, pair, unrolled, pipelined
+    ("q8_0", False, "f32", {}), ("q8_0", True, "bf16", dict(gemv_n=16, gemv_k=64, gemv_unroll=2)),
+    ("q8_0", True, "f32", dict(gemv_n=16, gemv_k=32, gemv_unroll=4, w_preload=64)),
+    ("q8_0", True, "bf16", dict(gemv_n=16, gemv_k=128, gemv_stages=3))])
+def test_quantized_tiny_model_matches_sim(weights, fuse, dtype, blocks):
+    from lowering.triton.runtime import Blocks
+
     prog, init, _ = lowered("tiny-llama", workers=2, dtype=dtype, fuse=fuse, weights=weights)
-    ex = TritonExecutor(prog, init, check=False)
+    ex = TritonExecutor(prog, init, check=False, **({"blocks": Blocks(**blocks)} if blocks else {}))
     scaled = [v for v in ex.table.variants if v.flag("scale")]
-    qdt = {"int8": "i8", "fp8": "f8e4m3"}[weights]
+    qdt = {"int8": "i8", "fp8": "f8e4m3", "q8_0": "i8"}[weights]
     assert scaled and all(qdt in v.dtypes for v in scaled), [v.describe() for v in ex.table.variants]
+    assert all(v.flag("gscale") == (weights == "q8_0") for v in scaled)
     sim = SimExecutor(prog, init, check=False, policy="in_order")
     for (lg, nt), (ls, ns) in zip(run_decode(ex, TOKENS[:3]), run_decode(sim, TOKENS[:3])):
         if dtype == "f32":
@@ -55,6 +62,8 @@ def test_unquantized_variants_carry_no_scale(tmp_path):
     ("int8", dict(gemv_n=16, gemv_k=128, gemv_unroll=8, x_stage=True, w_preload=1024)),
     ("fp8", dict(gemv_n=16, gemv_k=128, gemv_unroll=8, x_stage=True, w_preload=0)),
     ("int8", dict(gemv_n=64, gemv_k=128, gemv_stages=5, gemv_tma=True)),
+    ("q8_0", dict(gemv_n=16, gemv_k=128, gemv_unroll=8, x_stage=True, w_preload=1024)),
+    ("q8_0", dict(gemv_n=64, gemv_k=128, gemv_stages=5, gemv_tma=True)),
 ])
 def test_device_triton_compiles_quantized_gemv(tmp_path, weights, blocks):
     """Fused bf16 tiny Llama with int8 / fp8 weights at 8 warps compiles for sm_90 with the

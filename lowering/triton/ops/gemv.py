@@ -32,6 +32,7 @@ from __future__ import annotations
 import triton.language as tl
 
 from ir.program import DTYPE_BYTES, QUANT_DTYPES
+from lowering.quant import Q8_0_GROUP
 from lowering.triton import layout as L
 from lowering.triton import ring as RG
 from lowering.triton.lang import aligned, device, flat_off, global_timer, l2_prefetch_bytes
@@ -177,15 +178,23 @@ def _wload(p, mask):
 
 
 @device
-def _gemv_wload(w, rows, rm, cols, cm, W_CONTIG: tl.constexpr):
+def _gemv_wload(w, rows, rm, cols, cm, W_CONTIG: tl.constexpr, sc=None, GROUP: tl.constexpr = 0, K=0):
     """The fp32 weight block W[rows, cols] (zeros outside the masks; an int8 / float8e4nv W
-    converted as it loads)."""
+    converted as it loads). ``GROUP`` > 0: W is int8 with one fp32 scale per GROUP columns
+    of a row, ``sc`` the flat [rows, K / GROUP] scales (ir/ops.py), applied here to each
+    element (the scales of a block repeat along its columns: L1 serves the repeats)."""
     wp, w_rs, w_cs = w
     if W_CONTIG:
         p = wp + rows[:, None] * w_rs + cols[None, :]
     else:
         p = wp + rows[:, None] * w_rs + cols[None, :] * w_cs
-    return _wload(p, rm[:, None] & cm[None, :]).to(tl.float32)
+    m = rm[:, None] & cm[None, :]
+    wv = _wload(p, m).to(tl.float32)
+    if GROUP > 0:
+        scp, sc_n1, sc_n2, sc_s0, sc_s1, sc_s2 = sc
+        si = rows[:, None] * (K // GROUP) + (cols // GROUP)[None, :]
+        wv *= tl.load(scp + flat_off(si, sc_n1, sc_n2, sc_s0, sc_s1, sc_s2), mask=m, other=0)
+    return wv
 
 
 @device
@@ -211,14 +220,15 @@ def gemv_wpre(w, N, K, ok, W_CONTIG: tl.constexpr, W_ALIGN: tl.constexpr, BLOCK_
 
 @device
 def _kblocks_pair(acc, x, a, rstd, w, rows, rm, kb, K, PRO: tl.constexpr, X_CONTIG: tl.constexpr,
-                  W_CONTIG: tl.constexpr, BLOCK_K: tl.constexpr, X_ALIGN: tl.constexpr):
+                  W_CONTIG: tl.constexpr, BLOCK_K: tl.constexpr, X_ALIGN: tl.constexpr, sc=None,
+                  GROUP: tl.constexpr = 0):
     """STAGES 1, UNROLL 2: each iteration loads two K blocks, both weight loads first, so two
     blocks are in flight per CTA, with one [BLOCK_N, BLOCK_K] accumulator."""
     for k0 in range(kb, K, 2 * BLOCK_K):
         c0 = k0 + tl.arange(0, BLOCK_K)
         c1 = c0 + BLOCK_K
-        w0 = _gemv_wload(w, rows, rm, c0, c0 < K, W_CONTIG)
-        w1 = _gemv_wload(w, rows, rm, c1, c1 < K, W_CONTIG)
+        w0 = _gemv_wload(w, rows, rm, c0, c0 < K, W_CONTIG, sc, GROUP, K)
+        w1 = _gemv_wload(w, rows, rm, c1, c1 < K, W_CONTIG, sc, GROUP, K)
         x0, a0 = _gemv_xload(x, a, c0, c0 < K, PRO, X_CONTIG, X_ALIGN)
         x1, a1 = _gemv_xload(x, a, c1, c1 < K, PRO, X_CONTIG, X_ALIGN)
         acc += w0 * _gemv_xfn(x[0], x0, a0, rstd, PRO)[None, :]
@@ -228,7 +238,8 @@ def _kblocks_pair(acc, x, a, rstd, w, rows, rm, kb, K, PRO: tl.constexpr, X_CONT
 
 @device
 def _kblocks_unrolled(acc, x, a, rstd, w, rows, rm, kb, K, PRO: tl.constexpr, X_CONTIG: tl.constexpr,
-                      W_CONTIG: tl.constexpr, BLOCK_K: tl.constexpr, X_ALIGN: tl.constexpr, UNROLL: tl.constexpr):
+                      W_CONTIG: tl.constexpr, BLOCK_K: tl.constexpr, X_ALIGN: tl.constexpr, UNROLL: tl.constexpr,
+                      sc=None, GROUP: tl.constexpr = 0):
     """STAGES 1, UNROLL 4, 8 or 16: the loop unrolled by the compiler, straight-line code in
     which ptxas issues all UNROLL weight loads ahead of the FMAs, provided x needs no layout
     conversion (its bar.syncs would fence the loads): BLOCK_K < 32 * num_warps
@@ -236,7 +247,7 @@ def _kblocks_unrolled(acc, x, a, rstd, w, rows, rm, kb, K, PRO: tl.constexpr, X_
     for k0 in tl.range(kb, K, BLOCK_K, loop_unroll_factor=UNROLL):
         cols = k0 + tl.arange(0, BLOCK_K)
         cm = cols < K
-        wv = _gemv_wload(w, rows, rm, cols, cm, W_CONTIG)
+        wv = _gemv_wload(w, rows, rm, cols, cm, W_CONTIG, sc, GROUP, K)
         xv, av = _gemv_xload(x, a, cols, cm, PRO, X_CONTIG, X_ALIGN)
         acc += wv * _gemv_xfn(x[0], xv, av, rstd, PRO)[None, :]
     return acc
@@ -244,7 +255,8 @@ def _kblocks_unrolled(acc, x, a, rstd, w, rows, rm, kb, K, PRO: tl.constexpr, X_
 
 @device
 def _kblocks_plain(acc, x, a, rstd, w, rows, rm, kb, K, PRO: tl.constexpr, X_CONTIG: tl.constexpr,
-                   W_CONTIG: tl.constexpr, BLOCK_K: tl.constexpr, X_ALIGN: tl.constexpr):
+                   W_CONTIG: tl.constexpr, BLOCK_K: tl.constexpr, X_ALIGN: tl.constexpr, sc=None,
+                   GROUP: tl.constexpr = 0):
     """STAGES 1: each iteration loads its W block and x block and consumes them; the next
     block's loads issue only after that (one block in flight per CTA)."""
     for k0 in range(kb, K, BLOCK_K):
@@ -252,14 +264,15 @@ def _kblocks_plain(acc, x, a, rstd, w, rows, rm, kb, K, PRO: tl.constexpr, X_CON
         cm = cols < K
         xv, av = _gemv_xload(x, a, cols, cm, PRO, X_CONTIG, X_ALIGN)
         xv = _gemv_xfn(x[0], xv, av, rstd, PRO)
-        wv = _gemv_wload(w, rows, rm, cols, cm, W_CONTIG)
+        wv = _gemv_wload(w, rows, rm, cols, cm, W_CONTIG, sc, GROUP, K)
         acc += wv * xv[None, :]
     return acc
 
 
 @device
 def _kblocks_pipelined(acc, x, a, rstd, w, wd, rows, rm, n0, kb, K, PRO: tl.constexpr, X_CONTIG: tl.constexpr,
-                       W_CONTIG: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, W_TMA: tl.constexpr):
+                       W_CONTIG: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, W_TMA: tl.constexpr,
+                       sc=None, GROUP: tl.constexpr = 0):
     """STAGES >= 2: Triton's software pipeliner streams W (``W_TMA``: through the tensor
     descriptor ``wd``, one copy per block; rows >= N and columns >= K arrive as zeros); the
     x (and a) block for the next iteration is loaded into registers one iteration ahead."""
@@ -274,7 +287,7 @@ def _kblocks_pipelined(acc, x, a, rstd, w, wd, rows, rm, n0, kb, K, PRO: tl.cons
         if W_TMA:  # one TMA copy per block; rows >= N and columns >= K arrive as zeros
             wv = wd.load([n0, k0]).to(tl.float32)
         else:
-            wv = _gemv_wload(w, rows, rm, cols, cm, W_CONTIG)
+            wv = _gemv_wload(w, rows, rm, cols, cm, W_CONTIG, sc, GROUP, K)
         acc += wv * f[None, :]
         xv = xn
         av = an
@@ -308,7 +321,8 @@ def gemv_epilogue(out, rows, rm, b, y, m1, m2, m3, HAS_BIAS: tl.constexpr, MIRRO
 def gemv_stream(x, a, rstd, w, b, y, N, K, PRO: tl.constexpr, HAS_BIAS: tl.constexpr, X_CONTIG: tl.constexpr,
                 W_CONTIG: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
                 X_ALIGN: tl.constexpr, UNROLL: tl.constexpr, wpre, W_PRE: tl.constexpr, ROLL: tl.constexpr, roll_ok,
-                m1, m2, m3, MIRRORS: tl.constexpr, W_TMA: tl.constexpr, sc=None, HAS_SCALE: tl.constexpr = False):
+                m1, m2, m3, MIRRORS: tl.constexpr, W_TMA: tl.constexpr, sc=None, HAS_SCALE: tl.constexpr = False,
+                GROUP: tl.constexpr = 0):
     """The streaming core: y[rows] = W[rows, :] @ f(x) (+ b) for every BLOCK_N rows, f the
     prologue ``PRO`` with the RMSNorm factor ``rstd`` already known; the K loop of each row
     block is one of the ``_kblocks_*`` forms (gemv_ex's STAGES / UNROLL), then
@@ -319,7 +333,12 @@ def gemv_stream(x, a, rstd, w, b, y, N, K, PRO: tl.constexpr, HAS_BIAS: tl.const
     a 16-byte aligned start and row stride: the caller checked): W's blocks come through a
     tensor descriptor (TMA copies into shared memory; gemv_ex). ``HAS_SCALE``: W is
     quantized (int8 / float8e4nv, converted to fp32 as it loads) and each row's dot product
-    is multiplied once by its scale ``sc[rows]`` (a flat f32 operand) before the epilogue."""
+    is multiplied once by its scale ``sc[rows]`` (a flat f32 operand) before the epilogue;
+    with ``GROUP`` > 0 (int8, one scale per GROUP columns of a row: ``sc`` [N, K / GROUP])
+    each weight element is scaled as it loads (_gemv_wload) instead."""
+    tl.static_assert(GROUP == 0 or (HAS_SCALE and W_PRE == 0 and not W_TMA),
+                     "per-group scales need HAS_SCALE, no W_PRE and no W_TMA")
+    ROW_SCALE: tl.constexpr = HAS_SCALE and GROUP == 0
     wp, w_rs, w_cs = w
     wd = None
     if W_TMA:
@@ -346,20 +365,22 @@ def gemv_stream(x, a, rstd, w, b, y, N, K, PRO: tl.constexpr, HAS_BIAS: tl.const
                 # end (the GPU build summed columns twice when W_PRE > K)
                 kb = tl.minimum(K, W_PRE)
         if STAGES <= 1 and UNROLL == 2:
-            acc = _kblocks_pair(acc, x, a, rstd, w, rows, rm, kb, K, PRO, X_CONTIG, W_CONTIG, BLOCK_K, X_ALIGN)
+            acc = _kblocks_pair(acc, x, a, rstd, w, rows, rm, kb, K, PRO, X_CONTIG, W_CONTIG, BLOCK_K, X_ALIGN,
+                                sc, GROUP)
         elif STAGES <= 1 and UNROLL > 2:
             acc = _kblocks_unrolled(acc, x, a, rstd, w, rows, rm, kb, K, PRO, X_CONTIG, W_CONTIG, BLOCK_K, X_ALIGN,
-                                    UNROLL)
+                                    UNROLL, sc, GROUP)
         elif STAGES <= 1:
-            acc = _kblocks_plain(acc, x, a, rstd, w, rows, rm, kb, K, PRO, X_CONTIG, W_CONTIG, BLOCK_K, X_ALIGN)
+            acc = _kblocks_plain(acc, x, a, rstd, w, rows, rm, kb, K, PRO, X_CONTIG, W_CONTIG, BLOCK_K, X_ALIGN,
+                                 sc, GROUP)
         else:
             acc = _kblocks_pipelined(acc, x, a, rstd, w, wd, rows, rm, n0, kb, K, PRO, X_CONTIG, W_CONTIG, BLOCK_K,
-                                     STAGES, W_TMA)
+                                     STAGES, W_TMA, sc, GROUP)
         out = tl.sum(acc, axis=1)
         if W_PRE > 0:
             if n0 == 0:
                 out += pre
-        if HAS_SCALE:  # a quantized W: its per-row scale, once per row after the dot product
+        if ROW_SCALE:  # a quantized W: its per-row scale, once per row after the dot product
             scp, sc_n1, sc_n2, sc_s0, sc_s1, sc_s2 = sc
             out *= tl.load(scp + flat_off(rows, sc_n1, sc_n2, sc_s0, sc_s1, sc_s2), mask=rm, other=0)
         gemv_epilogue(out, rows, rm, b, y, m1, m2, m3, HAS_BIAS, MIRRORS)
@@ -372,7 +393,7 @@ def gemv_ex(x, a, eps, w, b, y, N, K, PRO: tl.constexpr, HAS_BIAS: tl.constexpr,
             UNROLL: tl.constexpr = 1, XS=None, X_STAGE: tl.constexpr = False, x_ready=0, X_CHUNK: tl.constexpr = 0,
             wpre=0, W_PRE: tl.constexpr = 0, ROLL: tl.constexpr = 0,
             m1=0, m2=0, m3=0, MIRRORS: tl.constexpr = 0, r=None, KP=1, p_rs=0, W_TMA: tl.constexpr = False,
-            sc=None, HAS_SCALE: tl.constexpr = False):
+            sc=None, HAS_SCALE: tl.constexpr = False, SCALE_GROUP: tl.constexpr = 0):
     """y[N] = W[N, K] @ f(x)[K] (+ b), fp32 accumulation, f the prologue ``PRO`` (module
     doc): the prologue (gemv_rstd or gemv_stage), then the streaming core (gemv_stream) and
     its epilogue. ``x``, ``a`` (the prologue's second vector; x itself for PRO_PLAIN), ``b``
@@ -386,7 +407,8 @@ def gemv_ex(x, a, eps, w, b, y, N, K, PRO: tl.constexpr, HAS_BIAS: tl.constexpr,
     %globaltimer at ``PROF + 4`` (prologue done) and ``PROF + 5`` (all row blocks stored),
     the megakernel's profiling stamps (vm.PROF_W). ``HAS_SCALE``: W is int8 / float8e4nv
     with per-row fp32 scales ``sc`` (a flat operand): ``y = sc * (float(W) @ f(x)) (+ b)``
-    (gemv_stream; not with ``W_TMA``). ``MIRRORS`` (0..3) with element deltas
+    (gemv_stream; not with ``W_TMA``); ``SCALE_GROUP`` > 0: an int8 W with one scale per
+    SCALE_GROUP columns of a row (gemv_stream; not with ``W_TMA`` or ``W_PRE``). ``MIRRORS`` (0..3) with element deltas
     ``m1`` .. ``m3``: y is also stored at ``y + m*`` (gemv_epilogue).
 
     ``X_STAGE`` (PRO_NORM / PRO_SWIGLU; ignored for PRO_PLAIN; PRO_RNORM always stages):
@@ -475,12 +497,13 @@ def gemv_ex(x, a, eps, w, b, y, N, K, PRO: tl.constexpr, HAS_BIAS: tl.constexpr,
             tl.store(PROF + 4, global_timer())
         f = (xs, 1, K, 0, 0, 1)
         gemv_stream(f, f, rstd, w, b, y, N, K, PRO_PLAIN, HAS_BIAS, True, W_CONTIG, BLOCK_N, BLOCK_K, STAGES, XA,
-                    UNROLL, wpre, W_PRE, ROLL, roll_ok, m1, m2, m3, MIRRORS, W_TMA, sc, HAS_SCALE)
+                    UNROLL, wpre, W_PRE, ROLL, roll_ok, m1, m2, m3, MIRRORS, W_TMA, sc, HAS_SCALE, SCALE_GROUP)
     else:
         if PROFILE:
             tl.store(PROF + 4, global_timer())
         gemv_stream(x, a, rstd, w, b, y, N, K, PRO, HAS_BIAS, X_CONTIG, W_CONTIG, BLOCK_N, BLOCK_K, STAGES,
-                    X_ALIGN, UNROLL, wpre, W_PRE, ROLL, roll_ok, m1, m2, m3, MIRRORS, W_TMA, sc, HAS_SCALE)
+                    X_ALIGN, UNROLL, wpre, W_PRE, ROLL, roll_ok, m1, m2, m3, MIRRORS, W_TMA, sc, HAS_SCALE,
+                    SCALE_GROUP)
     if PROFILE:
         tl.store(PROF + 5, global_timer())
 
@@ -503,7 +526,8 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
            nw=0, w0=0, wc=0, wn=0, wb=0, WAITS=None, i=0, epoch=0, abort_ptr=None, timeout=0, SYS: tl.constexpr = False,
            MIRRORS: tl.constexpr = 0, W_TMA: tl.constexpr = False,
            RING: tl.constexpr = False, STREAMS=None, se=0, rbase=0, rst=None, RING_S: tl.constexpr = 1,
-           RING_PR: tl.constexpr = 4, RING_PC: tl.constexpr = 2048, HAS_SCALE: tl.constexpr = False):
+           RING_PR: tl.constexpr = 4, RING_PC: tl.constexpr = 2048, HAS_SCALE: tl.constexpr = False,
+           SCALE_GROUP: tl.constexpr = 0):
     """The row decoder of the five GEMV ops (gemv_ex; ``PRO`` the prologue, ``STAGES`` its
     weight-streaming pipeline depth, ``X_STAGE`` its f(x) staged once in the worker's
     scratch ``XS``, skipped when the row's ``FLAG_X_READY`` says an earlier task of this
@@ -528,8 +552,10 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
     held else 0, op status, the ring state, unchanged without ``RING``); a page that never
     arrived is reported as a timeout of wait -1 (vm.fail_page). ``HAS_SCALE``: W is quantized
     (int8 / float8e4nv) and the operand after [b] holds its per-row fp32 scales (ir/ops.py;
-    gemv_ex); never on the ring."""
+    gemv_ex); never on the ring. ``SCALE_GROUP`` > 0: one scale per SCALE_GROUP columns of a
+    row instead (int8; the kernel's W_PRELOAD is then not used: its columns would need them)."""
     tl.static_assert(not (RING and HAS_SCALE), "the weight ring streams bf16 weights only")
+    WPRE: tl.constexpr = W_PRE if SCALE_GROUP == 0 else 0
     xo, xn0, xn1, xn2, xs0, xs1, xs2 = operand(row, 0, slot)
     ro = xo * 0
     if PRO == PRO_PLAIN:
@@ -587,9 +613,9 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
         x_ready = 0
     wp = arena_ptr(A_BF16, A_F16, A_F32, A_I32, DW) + wo
     w = (wp, ws1, ws2)
-    if W_PRE > 0 and not RING:  # layout.FLAG_W_CONST: W is written by no task, so it may be read before the waits
+    if WPRE > 0 and not RING:  # layout.FLAG_W_CONST: W is written by no task, so it may be read before the waits
         w_const = (fl >> 2) & 1
-        wpre = gemv_wpre(w, wn1, wn2, w_const, W_CONTIG, W_ALIGN, BLOCK_N, W_PRE)
+        wpre = gemv_wpre(w, wn1, wn2, w_const, W_CONTIG, W_ALIGN, BLOCK_N, WPRE)
     else:
         w_const = 1
         wpre = 0
@@ -598,9 +624,9 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
         if PROFILE:
             tl.store(PROF + 1, global_timer())
             tl.store(PROF + 3, global_timer())
-        if W_PRE > 0 and not RING:
+        if WPRE > 0 and not RING:
             if w_const == 0:  # W may be written in this step: read it only now
-                wpre = gemv_wpre(w, wn1, wn2, w_const + 1, W_CONTIG, W_ALIGN, BLOCK_N, W_PRE)
+                wpre = gemv_wpre(w, wn1, wn2, w_const + 1, W_CONTIG, W_ALIGN, BLOCK_N, WPRE)
     # the other operands' pointers after the waits (x, a, the residual r: the partials' dtype)
     x = (arena_ptr(A_BF16, A_F16, A_F32, A_I32, DX) + xo, xn1, xn2, xs0, xs1, xs2)
     a = (ap, an1, an2, as0, as1, as2)
@@ -625,8 +651,8 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
     elif ok != 0:
         gemv_ex(x, a, eps, w, (bp, bn1, bn2, bs0, bs1, bs2), (yp, yn1, yn2, ys0, ys1, ys2), wn1, wn2,
                 PRO, HAS_BIAS, X_CONTIG, W_CONTIG, W_ALIGN, BLOCK_N, BLOCK_K, STAGES, PROF, PROFILE, X_ALIGN,
-                UNROLL, XS, X_STAGE, x_ready, X_CHUNK, wpre, W_PRE, ROLL, m1, m2, m3, MIRRORS,
-                rp, xn1, xs1, W_TMA, sc, HAS_SCALE)
+                UNROLL, XS, X_STAGE, x_ready, X_CHUNK, wpre, WPRE, ROLL, m1, m2, m3, MIRRORS,
+                rp, xn1, xs1, W_TMA, sc, HAS_SCALE, SCALE_GROUP)
     return ok, status_ok(), rst
 
 
@@ -662,11 +688,12 @@ def _call(v: Variant) -> str:
     scale = v.flag("scale")
     # contiguous W with a 16-byte aligned start and row stride (a quantized W: register loads)
     tma = v.flag("aligned") and not scale
+    group = f", SCALE_GROUP={Q8_0_GROUP}" if v.flag("gscale") else ""
     return (f"t_gemv({DECODER_ARGS}, {d[g.x]}, {da}, {d[g.w]}, {db}, {d[-1]}, {_PRO[v.op]}, {bias}, "
             f"{v.flag('xcontig')}, {v.flag('contig')}, {align}, GEMV_N, GEMV_K, GEMV_STAGES, "
             f"PROF + i.to(tl.int64) * PROF_W, PROFILE, {xalign}, GEMV_UNROLL, XSW, X_STAGE, X_CHUNK, "
             f"MIRRORS={gemv_mirrors(v)}, W_TMA={'GEMV_TMA' if tma else 'False'}, RING={v.flag('ring')}"
-            + (", HAS_SCALE=True)" if scale else ")"))
+            + (f", HAS_SCALE=True{group})" if scale else ")"))
 
 
 def _flags(task, dtypes, descs, slots) -> dict[str, bool]:
@@ -677,8 +704,10 @@ def _flags(task, dtypes, descs, slots) -> dict[str, bool]:
     multiple of 16 bytes, so the kernel may promise it to the compiler for wide loads),
     ``xaligned`` (also x, and a, have unit stride and a 16-byte-aligned start for every
     slot: x is read with wide loads and no stride arithmetic), ``scale`` (only for an int8 /
-    fp8 W: its per-row scales are the last input). The table adds ``ring`` (W streams
-    through the worker's weight ring: table.ring_eligible)."""
+    fp8 W: its scales are the last input), ``gscale`` (only then, and only for scales per
+    group of ``Q8_0_GROUP`` columns, the one group size the kernel is built for). The table
+    adds ``ring`` (W streams through the worker's weight ring: table.ring_eligible). Raises
+    TableError for per-group scales of another group size."""
     g = ROLES[task.op]
     w = descs[g.w]
     esize = DTYPE_BYTES[dtypes[g.w]]
@@ -687,6 +716,12 @@ def _flags(task, dtypes, descs, slots) -> dict[str, bool]:
     flags["bias"] = len(task.ins) - scaled > g.w + 1  # bias / residual added in the epilogue
     if scaled:  # only then: an unquantized variant keeps its flags (and its generated code)
         flags["scale"] = True
+        n, k, ns = descs[len(task.ins)].numel, w.n[2], descs[len(task.ins) - 1].numel
+        if ns != n:  # one scale per group of columns (ir/ops.py)
+            if ns * Q8_0_GROUP != n * k:
+                raise TableError(f"task {task.id}: the triton GEMV kernel takes one scale per row or per "
+                                 f"{Q8_0_GROUP} columns, not {ns} scales for [{n}, {k}]")
+            flags["gscale"] = True
     flags["mirror"] = len(task.outs) > 1  # y also stored to peers (gemv_mirrors)
     flags["contig"] = w.s[2] == 1 or w.n[2] == 1
     flags["xcontig"] = all(descs[j].n[0] == 1 and descs[j].n[1] == 1 for j in (g.x, g.a) if j is not None)
