@@ -21,7 +21,7 @@ near-tie rule (amk.baselines.judge_tokens): the bf16 model for the bf16 rows, fo
 row the bf16 model with amk's quantized weights dequantized (lowering.quant.quantized_copy:
 torchao's math for int8 and fp8, ggml's Q8_0 for q8_0); amk's rows also check logits at
 several positions (Session.check). The roofline of a row is its weight bytes (quantized
-weights at 1 byte plus their f32 scales) over the HBM bandwidth measured in the same run
+weights at 1 byte plus their scales) over the HBM bandwidth measured in the same run
 (ground/timing.py). Also reported per format: the quantized model's distance to the bf16
 one (greedy agreement over 64 tokens, perplexity: lowering.quant.distance, on seeded token
 ids).

@@ -71,9 +71,10 @@ wait that includes the task's own signal to that rank (put-with-signal).
 per-row scales ``scale[N]`` (f32), and computes ``y = scale * (W @ x)`` (W converted to fp32,
 the scale applied once per row after the dot product) and then the op's bias / residual. An
 ``i8`` weight may instead carry one scale per group of G consecutive K elements of a row,
-``scale[N, K / G]`` (a 2-D region; G >= 2 divides K): ``y[n] = sum_g scale[n, g] * (W[n,
-gG:(g+1)G] @ x[gG:(g+1)G])`` (GGUF's Q8_0: G = 32). A weight of a float dtype takes no scale. ``OpSpec.scaled`` marks these ops; ``scale_index``
-says whether a task has the scale operand.
+``scale[N, K / G]`` (a 2-D region; G >= 2 divides K; one group is a row): ``y[n] = sum_g
+scale[n, g] * (W[n, gG:(g+1)G] @ x[gG:(g+1)G])`` (GGUF's Q8_0: G = 32). An ``i8`` weight's
+scales may be f16. A weight of a float dtype takes no scale. ``OpSpec.scaled`` marks these
+ops; ``scale_index`` says whether a task has the scale operand.
 
 **Split-KV attention.** ``attention``, ``rope_attention`` and ``rope_attention_kv`` take the
 optional params ``parts`` (P >= 1) and ``part`` (0 <= c < P), flash-decoding's split of the
@@ -213,7 +214,7 @@ class OpSpec:
         if i - len(self.ins) < len(self.optional_in_dtypes):
             return self.optional_in_dtypes[i - len(self.ins)]
         if self.scaled and i == self.max_ins:
-            return F32
+            return F32 + ("f16",)  # f16: per-group scales only (the op's check)
         raise IndexError(f"op {self.name} has no input {i}")
 
 
@@ -602,21 +603,23 @@ def _scaled(name: str, check: CheckFn, w_index: int, max_ins: int) -> CheckFn:
             return check(ins, ind, outs, outd, p)
         if len(ins) <= w_index + 1:
             return [f"{name}: the weight is {ind[w_index]} but the task has no scale input (a "
-                    "quantized weight's per-row f32 scales are the task's last input)"]
+                    "quantized weight's scales are the task's last input)"]
         w, s = ins[w_index], ins[-1]
         rows = 1 if len(w) <= 1 else w[0]
         k = _n(w) // max(rows, 1)
         errs = []
-        if ind[-1] != "f32":
-            errs.append(f"{name}: the scale input is {ind[-1]}, expected f32")
-        if len(s) == 2 and s[1] > 1:  # one scale per group of K elements
+        # shapes arrive squeezed: the scale count tells [N] from [N, K / G]
+        ns = _n(s)
+        if ind[-1] != "f32" and not (ind[-1] == "f16" and ind[w_index] == "i8"):
+            errs.append(f"{name}: the scale input is {ind[-1]}, expected f32 (or f16 for an i8 weight)")
+        if ns != rows:  # one scale per group of K elements
+            groups = ns // rows if rows else 0
             if ind[w_index] != "i8":
-                errs.append(f"{name}: per-group scales need an i8 weight, not {ind[w_index]}")
-            if s[0] != rows or k % s[1] or k // s[1] < 2:
-                errs.append(f"{name}: the scale input {list(s)} is not [N={rows}, K / G] for a group "
-                            f"size G >= 2 that divides K={k}")
-        elif _n(s) != rows:
-            errs.append(f"{name}: the scale input has {_n(s)} elements, the weight has N={rows} rows")
+                errs.append(f"{name}: the scale input has {ns} elements, the weight has N={rows} rows "
+                            f"(per-group scales need an i8 weight, not {ind[w_index]})")
+            elif groups * rows != ns or groups < 1 or k % groups or k // groups < 2:
+                errs.append(f"{name}: the scale input has {ns} elements, the weight has N={rows} rows and "
+                            f"K={k} (per row: N scales; per group of G >= 2 dividing K: N x K / G)")
         return errs + check(ins[:-1], ind[:-1], outs, outd, p)
 
     return run

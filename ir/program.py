@@ -56,8 +56,8 @@ DTYPES = ("bf16", "f16", "f32", "i32", "i8", "f8e4m3")
 DTYPE_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "i32": 4, "i8": 1, "f8e4m3": 1}
 FLOAT_DTYPES = ("bf16", "f16", "f32")
 #: Quantized weight dtypes: int8 and FP8 E4M3 (torch.float8_e4m3fn). Only a GEMV-family
-#: op's weight operand may have one; the task then carries the weight's per-row f32 scales
-#: as its last input (ir/ops.py, "Quantized weights").
+#: op's weight operand may have one; the task then carries the weight's scales (per row, or
+#: per group of K elements for i8) as its last input (ir/ops.py, "Quantized weights").
 QUANT_DTYPES = ("i8", "f8e4m3")
 COUNTER_WIDTHS = (32, 64)
 

@@ -310,7 +310,7 @@ class _Lowerer:
                     ranges: tuple[tuple[int, int], ...] = ()) -> str:
         """A GEMV weight [n, k]: in the lowering dtype, or quantized (``weights`` knob) with
         its scales ``s.<name>.r<rank>``: f32 [n], the rows of ``ranges``, or per group of
-        ``qgroup`` columns f32 [n, k / qgroup], whose columns must start and end on group
+        ``qgroup`` columns f16 [n, k / qgroup], whose columns must start and end on group
         boundaries (AmkError otherwise: a split along K that cuts a group)."""
         if self.qdt is None:
             return self.weight(name, rank, key, shape, ranges)
@@ -327,7 +327,8 @@ class _Lowerer:
                            f"which cuts its blocks of {g} columns (another --tp, or for the MLP a --tile that "
                            f"is a multiple of {g}, splits on block boundaries)")
         wb = self.weight(name, rank, qweight_key(self.qdt, key, g), shape, (rows, cols), dtype=self.qdt)
-        self.scales[wb] = self.e.buffer(f"s.{name}.r{rank}", "weight", "f32", (shape[0], shape[1] // g), rank,
+        # f16, as GGUF stores them (each is an f16 value: quant.quantize_groups)
+        self.scales[wb] = self.e.buffer(f"s.{name}.r{rank}", "weight", "f16", (shape[0], shape[1] // g), rank,
                                         WeightSource(scale_key(self.qdt, key, g), (rows, (cols[0] // g, cols[1] // g))))
         return wb
 

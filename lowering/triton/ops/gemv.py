@@ -180,8 +180,8 @@ def _wload(p, mask):
 @device
 def _gemv_wload(w, rows, rm, cols, cm, W_CONTIG: tl.constexpr, sc=None, GROUP: tl.constexpr = 0, K=0):
     """The fp32 weight block W[rows, cols] (zeros outside the masks; an int8 / float8e4nv W
-    converted as it loads). ``GROUP`` > 0: W is int8 with one fp32 scale per GROUP columns
-    of a row, ``sc`` the flat [rows, K / GROUP] scales (ir/ops.py), applied here to each
+    converted as it loads). ``GROUP`` > 0: W is int8 with one scale per GROUP columns of a
+    row, ``sc`` the flat [rows, K / GROUP] scales (f16; ir/ops.py), applied here to each
     element (the scales of a block repeat along its columns: L1 serves the repeats)."""
     wp, w_rs, w_cs = w
     if W_CONTIG:
@@ -193,7 +193,7 @@ def _gemv_wload(w, rows, rm, cols, cm, W_CONTIG: tl.constexpr, sc=None, GROUP: t
     if GROUP > 0:
         scp, sc_n1, sc_n2, sc_s0, sc_s1, sc_s2 = sc
         si = rows[:, None] * (K // GROUP) + (cols // GROUP)[None, :]
-        wv *= tl.load(scp + flat_off(si, sc_n1, sc_n2, sc_s0, sc_s1, sc_s2), mask=m, other=0)
+        wv *= tl.load(scp + flat_off(si, sc_n1, sc_n2, sc_s0, sc_s1, sc_s2), mask=m, other=0).to(tl.float32)
     return wv
 
 
@@ -591,7 +591,10 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
         bn1, bn2, bs0, bs1, bs2 = yn1, yn2, ys0, ys1, ys2
     if HAS_SCALE:
         so, sn0, sn1, sn2, ss0, ss1, ss2 = operand(row, SI, slot)
-        sc = (A_F32 + so, sn1, sn2, ss0, ss1, ss2)
+        if SCALE_GROUP > 0:  # per-group scales are f16 (table: the gscale flag)
+            sc = (A_F16 + so, sn1, sn2, ss0, ss1, ss2)
+        else:
+            sc = (A_F32 + so, sn1, sn2, ss0, ss1, ss2)
     else:
         sc = None
     m1 = yo * 0
@@ -717,11 +720,14 @@ def _flags(task, dtypes, descs, slots) -> dict[str, bool]:
     if scaled:  # only then: an unquantized variant keeps its flags (and its generated code)
         flags["scale"] = True
         n, k, ns = descs[len(task.ins)].numel, w.n[2], descs[len(task.ins) - 1].numel
-        if ns != n:  # one scale per group of columns (ir/ops.py)
-            if ns * Q8_0_GROUP != n * k:
-                raise TableError(f"task {task.id}: the triton GEMV kernel takes one scale per row or per "
-                                 f"{Q8_0_GROUP} columns, not {ns} scales for [{n}, {k}]")
+        if len(task.ins[-1].ranges) == 2:  # one scale per group of columns: [N, K / G] (ir/ops.py)
+            if ns * Q8_0_GROUP != n * k or dtypes[len(task.ins) - 1] != "f16":
+                raise TableError(f"task {task.id}: the triton GEMV kernel takes one f32 scale per row or "
+                                 f"one f16 scale per {Q8_0_GROUP} columns, not {ns} {dtypes[len(task.ins) - 1]} "
+                                 f"scales for [{n}, {k}]")
             flags["gscale"] = True
+        elif dtypes[len(task.ins) - 1] != "f32":
+            raise TableError(f"task {task.id}: the triton GEMV kernel takes per-row scales in f32 only")
     flags["mirror"] = len(task.outs) > 1  # y also stored to peers (gemv_mirrors)
     flags["contig"] = w.s[2] == 1 or w.n[2] == 1
     flags["xcontig"] = all(descs[j].n[0] == 1 and descs[j].n[1] == 1 for j in (g.x, g.a) if j is not None)
