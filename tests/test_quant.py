@@ -315,38 +315,39 @@ def test_quantize_lm_head_needs_quantized_weights():
         LoweringConfig(weights="int4").validate()
 
 
-def test_cli_compile_int8(tmp_path):
-    out = tmp_path / "c"
-    r = _amk("compile", "config:tiny-llama", "--weights", "int8", "--quantize-lm-head", "1",
-             "--tile", "16", "--workers", "2", "--no-tuned", "--out", str(out), "--json")
+def _compile(out: Path, *flags: str) -> dict:
+    """``amk compile config:tiny-llama FLAGS --out OUT --json`` (tile 16, 2 workers): its
+    report, checked ok and correct, and the schedule file validated again by ``amk validate``."""
+    r = _amk("compile", "config:tiny-llama", *flags, "--tile", "16", "--workers", "2", "--no-tuned",
+             "--out", str(out), "--json")
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
     assert rep["ok"] and rep["correctness"]["ok"]
+    v = _amk("validate", str(out / "schedule.amk"))
+    assert v.returncode == 0, v.stdout + v.stderr
+    return rep
+
+
+def test_cli_compile_int8(tmp_path):
+    out = tmp_path / "c"
+    rep = _compile(out, "--weights", "int8", "--quantize-lm-head", "1")
     qs = rep["quantization"]
     assert qs["weights"] == "int8" and qs["lm_head"] == "quantized" and qs["embedding"] == "unquantized"
     assert qs["weight_bytes"]["quantized"] > 0 and qs["weight_bytes"]["scales"] > 0
     d = qs["distance"]
     assert d["tokens"] == 64 and 0 <= d["greedy_match"] <= 1 and d["ppl_quant"] > 0 and d["text"]
     assert " i8 [" in (out / "schedule.amk").read_text()
-    v = _amk("validate", str(out / "schedule.amk"))
-    assert v.returncode == 0, v.stdout + v.stderr
 
 
 def test_cli_compile_q8_0(tmp_path):
-    """q8_0 at tp 2: per-32-column scales in the schedule, its report and its roofline bytes;
-    the file validates; the sim matched the Q8_0 model (compile's check)."""
+    """q8_0 at tp 2: per-32-column scales in the schedule and its report; the file validates;
+    the sim matched the Q8_0 model (compile's check)."""
     out = tmp_path / "c"
-    r = _amk("compile", "config:tiny-llama", "--tp", "2", "--weights", "q8_0", "--fuse", "1",
-             "--tile", "16", "--workers", "2", "--no-tuned", "--out", str(out), "--json")
-    assert r.returncode == 0, r.stderr
-    rep = json.loads(r.stdout)
-    assert rep["ok"] and rep["correctness"]["ok"]
+    rep = _compile(out, "--tp", "2", "--weights", "q8_0", "--fuse", "1")
     qs = rep["quantization"]
     assert qs["weights"] == "q8_0" and qs["gemv_weights"] == "i8" and qs["scale"] == "f16 per 32 elements of a row"
     text = (out / "schedule.amk").read_text()
     assert "amk.scale.i8/32:model.layers.0.mlp.down_proj.weight" in text and "amk.qweight.i8/32:" in text
-    v = _amk("validate", str(out / "schedule.amk"))
-    assert v.returncode == 0, v.stdout + v.stderr
 
 
 def test_q8_0_refuses_a_split_that_cuts_a_block():
