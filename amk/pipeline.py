@@ -678,8 +678,8 @@ class Session:
         if not is_quantized(self.config.weights):
             return self.resolved.model
         self.load_weights()
-        key = (id(self.resolved.model), self.config.weights, self.config.quantize_lm_head)
+        key = (id(self.resolved.model), self.config.weight_format, self.config.quantize_lm_head)
         if getattr(self, "_ref", (None, None))[0] != key:
-            self._ref = (key, quantized_copy(self.resolved.model, self.config.weights,
+            self._ref = (key, quantized_copy(self.resolved.model, self.config.weight_format,
                                              self.config.quantize_lm_head))
         return self._ref[1]

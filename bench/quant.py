@@ -68,9 +68,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-baselines", action="store_true", help="amk rows only (--rows amk)")
     ap.add_argument("--json", action="store_true", help="print the result as one JSON line on stdout")
     ap.add_argument("--out", metavar="FILE", default=None, help="write the result (JSON) to FILE, atomically")
-    # --weights is this script's list; --quantize-lm-head applies to each quantized row
+    # --weights is this script's list (q8_0: int8 with --weight-group 32); --quantize-lm-head applies to
+    # each quantized row
     add_flags(ap.add_argument_group("lowering knobs (docs/lowering.md)"), LoweringConfig,
-              skip=("weights",), defaults=BENCH_DEFAULTS)
+              skip=("weights", "weight_group"), defaults=BENCH_DEFAULTS)
     add_flags(ap.add_argument_group("kernel knobs (docs/triton.md)"), KernelConfig)
     add_args(ap.add_argument_group("default config (docs/tuning.md)"))
     return ap
@@ -198,7 +199,8 @@ def measure(args: argparse.Namespace, formats: list[str], progress: Callable[[st
         _free()
         nbytes = quant_decode_bytes(model, fmt, qlm)
         floor = roofline_ms(nbytes, bw)
-        cfg = full.lowering.replace(weights=fmt or "none", quantize_lm_head=qlm if fmt else False)
+        cfg = full.lowering.replace(weights="int8" if fmt == "q8_0" else fmt or "none",
+                                    weight_group=32 if fmt == "q8_0" else 0, quantize_lm_head=qlm if fmt else False)
         if "amk" in kinds:
             progress(f"amk {label}: lower, validate, build, check logits, decode in a CUDA graph")
             try:

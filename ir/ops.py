@@ -71,9 +71,9 @@ wait that includes the task's own signal to that rank (put-with-signal).
 per-row scales ``scale[N]`` (f32), and computes ``y = scale * (W @ x)`` (W converted to fp32,
 the scale applied once per row after the dot product) and then the op's bias / residual. An
 ``i8`` weight may instead carry one scale per group of G consecutive K elements of a row,
-``scale[N, K / G]`` (a 2-D region; G >= 2 divides K; one group is a row): ``y[n] = sum_g
-scale[n, g] * (W[n, gG:(g+1)G] @ x[gG:(g+1)G])`` (GGUF's Q8_0: G = 32). An ``i8`` weight's
-scales may be f16. A weight of a float dtype takes no scale. ``OpSpec.scaled`` marks these
+``scale[N, K / G]`` (a 2-D region; G >= 2 divides K; one group is a row), and computes
+``y[n] = sum_g scale[n, g] * (W[n, gG:(g+1)G] @ x[gG:(g+1)G])`` (GGUF's Q8_0: G = 32). An
+``i8`` weight's scales may be f16. A weight of a float dtype takes no scale. ``OpSpec.scaled`` marks these
 ops; ``scale_index`` says whether a task has the scale operand.
 
 **Split-KV attention.** ``attention``, ``rope_attention`` and ``rope_attention_kv`` take the

@@ -41,7 +41,7 @@ ALLREDUCE_ALGOS = ("oneshot", "fused", "twoshot")
 DTYPES = ("f32", "bf16")
 #: weight formats of the GEMV weights: none / bf16 = unquantized (the weights in ``dtype``),
 #: int8 / fp8 = quantized per output row (lowering/quant.py)
-WEIGHT_FORMATS = ("none", "bf16", "int8", "fp8", "q8_0")
+WEIGHT_FORMATS = ("none", "bf16", "int8", "fp8")
 
 
 class _Knobs:
@@ -114,14 +114,17 @@ class LoweringConfig(_Knobs):
     max_seq: int = knob(256, "KV-cache length in tokens (positions 0 .. max_seq - 1 can be decoded).", lo=1)
     dtype: str = knob("f32", "Dtype of weights, activations and KV cache.", choices=DTYPES)
     weights: str = knob("none", "GEMV weights (q/k/v, o, gate/up, down): none or bf16 = in dtype (unquantized), "
-                        "int8 or fp8 (E4M3) = quantized at compile time, symmetric per output row with f32 "
-                        "scales (torchao's weight-only math), q8_0 = int8 with one scale per 32 elements of "
-                        "a row (GGUF's Q8_0: a Q8_0 checkpoint keeps its own weights and scales); the "
+                        "int8 or fp8 (E4M3) = quantized at compile time, symmetric, per output row with f32 "
+                        "scales (torchao's weight-only math) unless weight_group says otherwise; the "
                         "embedding table is never quantized.",
                         choices=WEIGHT_FORMATS)
     quantize_lm_head: bool = knob(False, "Quantize the LM head's weight too (a tied head gets its own quantized "
                                   "copy of the embedding table's rows).",
-                                  needs=(one_of("weights", ("int8", "fp8", "q8_0")),))
+                                  needs=(one_of("weights", ("int8", "fp8")),))
+    weight_group: int = knob(0, "K elements per scale of int8 weights: 0 = one f32 scale per output row; 32 = "
+                             "one f16 scale per 32 columns of a row with ggml's Q8_0 math (GGUF's Q8_0 blocks: "
+                             "a Q8_0 checkpoint keeps its own weights and scales).", choices=(0, 32),
+                             needs=(one_of("weights", ("int8",)),))
     fuse: bool = knob(False, "Emit the fused ops: RMSNorm into the following GEMVs (norm_gemv), RoPE into "
                       "the KV append and attention (rope_append, rope_attention), SiLU x up into the down "
                       "GEMV (swiglu_gemv) and, at one rank, the residual add into the o / down GEMVs "
@@ -161,6 +164,12 @@ class LoweringConfig(_Knobs):
                              "(reduce_norm_gemv): the down stage starts before the gate/up stage ends and "
                              "spreads its long K = MLP rows over more workers.", lo=1, hi=8,
                              needs=(on("fuse"),), single_rank=True)
+
+    @property
+    def weight_format(self) -> str:
+        """The weight format the knobs name (lowering/quant.py's formats): ``q8_0`` for int8
+        weights with 32-column groups, else ``weights`` itself."""
+        return "q8_0" if self.weights == "int8" and self.weight_group == 32 else self.weights
 
 
 def _gemv_block(value: str) -> tuple[int, int] | None:

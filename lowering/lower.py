@@ -278,6 +278,8 @@ class _Lowerer:
         config = dict(cfg.to_json())
         if not is_quantized(cfg.weights):  # unquantized programs keep their config line
             config.pop("weights"), config.pop("quantize_lm_head")
+        if not cfg.weight_group:  # as do per-row quantized ones
+            config.pop("weight_group")
         if cfg.down_split_k == 1:  # likewise for programs without split-K down tiles
             config.pop("down_split_k")
         config["model"] = graph.name
@@ -286,8 +288,8 @@ class _Lowerer:
         self.dt = cfg.dtype
         #: the IR dtype of quantized GEMV weights (None: unquantized) and each quantized
         #: weight buffer's scale buffer
-        self.qdt = IR_DTYPE.get(cfg.weights)
-        self.qgroup = GROUP.get(cfg.weights, 0)  # K elements per scale (0: per row)
+        self.qdt = IR_DTYPE.get(cfg.weight_format)
+        self.qgroup = GROUP.get(cfg.weight_format, 0)  # K elements per scale (0: per row)
         self.scales: dict[str, str] = {}
         self.D = sp.head_dim
         self.H = sp.hidden
@@ -323,7 +325,7 @@ class _Lowerer:
             return wb
         cols = tuple(ranges[1]) if len(ranges) > 1 else (0, int(shape[1]))
         if cols[0] % g or cols[1] % g:
-            raise AmkError(f"--weights {self.cfg.weights}: rank {rank} takes columns {cols[0]}:{cols[1]} of {key}, "
+            raise AmkError(f"--weight-group {g}: rank {rank} takes columns {cols[0]}:{cols[1]} of {key}, "
                            f"which cuts its blocks of {g} columns (another --tp, or for the MLP a --tile that "
                            f"is a multiple of {g}, splits on block boundaries)")
         wb = self.weight(name, rank, qweight_key(self.qdt, key, g), shape, (rows, cols), dtype=self.qdt)

@@ -281,7 +281,7 @@ SEARCHABLE = ("tile", "workers", "policy", "allreduce", "fuse", "wave", "attn_sp
 # Fixed for a whole search: they change what is computed or how much can be decoded, not
 # how the step is scheduled (the user picks them with --dtype / --max-seq / --weights /
 # --quantize-lm-head or --config).
-FIXED = ("max_seq", "dtype", "weights", "quantize_lm_head")
+FIXED = ("max_seq", "dtype", "weights", "quantize_lm_head", "weight_group")
 
 TILE_CHOICES = (16, 32, 64, 128, 256, 512)
 # q/k/v is a narrow stage: the tiles that fit it in one or two rounds of workers are small,
@@ -400,7 +400,8 @@ def space_for(spec: Any, ranks: int, max_workers: int, fixed: dict[str, Any] | N
             raise SpaceError(f"search/space.py has no value rule for knob {name!r}")
     # the quantization knobs at their defaults are left out: a search's configs (and their
     # canonical JSON) stay those of an unquantized lowering (amk search refuses the others)
-    fx = {n: getattr(default, n) for n in names if n in FIXED and n not in ("weights", "quantize_lm_head")}
+    quant = ("weights", "quantize_lm_head", "weight_group")
+    fx = {n: getattr(default, n) for n in names if n in FIXED and n not in quant}
     fx.update(fixed or {})
     # A knob left out (allreduce at R=1) keeps its default as a fixed value.
     for k in SEARCHABLE:

@@ -1,7 +1,7 @@
 """A Q8_0 GGUF checkpoint runs on its own blocks. The real SmolLM2-135M-Instruct GGUF is
 rewritten with every Q4_1 tensor as Q8_0 (gguf-py: dequantize, then ggml's Q8_0), and amk
 loads the file as any GGUF (transformers dequantizes it to f32). Lowered with ``--weights
-q8_0``, the int8 values and scales amk streams are the file's own (the q / k rows in the
+int8 --weight-group 32``, the int8 values and scales amk streams are the file's own (the q / k rows in the
 order transformers un-permutes them to), and the sim decodes what HF decodes from the file."""
 
 from __future__ import annotations
@@ -93,7 +93,8 @@ def test_amk_streams_the_files_blocks(q8_gguf):
 def test_the_sim_decodes_what_hf_decodes_from_the_file(q8_gguf):
     path, _ = q8_gguf
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, "-m", "amk", "generate", str(path), "--weights", "q8_0", "--fuse", "1",
+    r = subprocess.run([sys.executable, "-m", "amk", "generate", str(path), "--weights", "int8", "--weight-group", "32",
+                        "--fuse", "1",
                         "--prompt", "The capital of France is", "--max-new-tokens", "6", "--backend", "sim",
                         "--no-tuned", "--verify", "--json"], capture_output=True, text=True, timeout=900, cwd=ROOT,
                        env=env)

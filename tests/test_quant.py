@@ -30,9 +30,12 @@ def _amk(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
 
 
 def _session(weights: str, tp: int = 1, **kw):
+    """tiny-llama built at ``tp`` ranks with weight format ``weights`` (``q8_0``: int8 with
+    32-column groups)."""
     from amk import pipeline
 
-    cfg = LoweringConfig(weights=weights, tile=16, workers=2, max_seq=32, **kw).validate(ranks=tp)
+    q = dict(weights="int8", weight_group=32) if weights == "q8_0" else dict(weights=weights)
+    cfg = LoweringConfig(**q, tile=16, workers=2, max_seq=32, **kw).validate(ranks=tp)
     return pipeline.Session.build("config:tiny-llama", tp, cfg)
 
 
@@ -343,7 +346,7 @@ def test_cli_compile_q8_0(tmp_path):
     """q8_0 at tp 2: per-32-column scales in the schedule and its report; the file validates;
     the sim matched the Q8_0 model (compile's check)."""
     out = tmp_path / "c"
-    rep = _compile(out, "--tp", "2", "--weights", "q8_0", "--fuse", "1")
+    rep = _compile(out, "--tp", "2", "--weights", "int8", "--weight-group", "32", "--fuse", "1")
     qs = rep["quantization"]
     assert qs["weights"] == "q8_0" and qs["gemv_weights"] == "i8" and qs["scale"] == "f16 per 32 elements of a row"
     text = (out / "schedule.amk").read_text()
@@ -354,7 +357,8 @@ def test_q8_0_refuses_a_split_that_cuts_a_block():
     """tiny-qwen2 over 2 ranks: 3 of its 6 heads of 16 (48 o_proj columns) a rank, and its 224
     MLP columns 112 a rank at tile 16: one error line naming the first, exit 2; tiny-llama's
     tp 2 splits on block boundaries (test_cli_compile_q8_0)."""
-    r = _amk("compile", "config:tiny-qwen2", "--tp", "2", "--weights", "q8_0", "--tile", "16", "--no-tuned",
+    r = _amk("compile", "config:tiny-qwen2", "--tp", "2", "--weights", "int8", "--weight-group", "32", "--tile", "16",
+             "--no-tuned",
              "--no-check")
     assert r.returncode == 2
     errs = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]

@@ -135,7 +135,7 @@ def test_q8_0_tensor_parallel_matches_sim():
     one 32-column block each, a [rows, 1] f16 scale region): the megakernel matches the sim."""
     from tests.test_triton_megakernel import lowered
 
-    prog, init, _ = lowered("tiny-llama", 2, tile=32, fuse=True, ranks=2, weights="q8_0")
+    prog, init, _ = lowered("tiny-llama", 2, tile=32, fuse=True, ranks=2, weights="int8", weight_group=32)
     one = [t for t in prog.tasks if t.id.startswith("l0.attn.w.") and t.rank == 1]
     assert one and all(t.ins[-1].ranges[1].stop.const == 1 for t in one)
     ex = TritonExecutor(prog, init, check=False, device=DEV)

@@ -144,14 +144,14 @@ def run(args: argparse.Namespace) -> int:
         model = model.to(dev)
         ref = ours_ref = make_reference(model, prompt.to(dev), args.tokens)
         if is_quantized(cfg.weights):  # amk's tokens against the model it computes: the same
-            qref = quantized_copy(model, cfg.weights, cfg.quantize_lm_head)  # quantized weights
+            qref = quantized_copy(model, cfg.weight_format, cfg.quantize_lm_head)  # quantized weights
             ours_ref = make_reference(qref, prompt.to(dev), args.tokens)
             del qref
     with con.status("megakernel: lower, validate, build, check logits, decode in a CUDA graph"):
         ours, session, ex = measure_megakernel(args.model, resolved, cfg, target, prompt, ours_ref,
                                                args.tokens, kernel_options(full.kernel))
     timing = ours.timing
-    nbytes = decode_bytes(model, cfg.weights, cfg.quantize_lm_head)  # quantized: 1 byte + scales
+    nbytes = decode_bytes(model, cfg.weight_format, cfg.quantize_lm_head)  # quantized: 1 byte + scales
     floor = roofline_ms(nbytes, bw)
 
     baselines: list[BaselineResult] = []

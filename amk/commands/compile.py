@@ -266,7 +266,7 @@ def run(args: argparse.Namespace) -> int:
             "validation": {"ok": verdict.ok, "seconds": round(vs, 4),
                            "errors": [f.to_json() for f in verdict.errors[:20]],
                            "error_count": len(verdict.errors)},
-            "quantization": quant_summary(cfg.weights, cfg.quantize_lm_head, prog),
+            "quantization": quant_summary(cfg.weight_format, cfg.quantize_lm_head, prog),
             "cost": {"seq_len_1": estimate(prog, 1).to_json(),
                      f"seq_len_{cfg.max_seq}": estimate(prog, cfg.max_seq).to_json()},
         })
