@@ -258,6 +258,19 @@ def _check_gguf_file(path: Path) -> None:
                        f"has {size}")
 
 
+def gguf_tensor_types(path: Path) -> dict[str, tuple[str, int]]:
+    """Each tensor of a GGUF file with its ggml type name and number of dimensions
+    (``blk.0.attn_q.weight`` -> ``("Q8_0", 2)``), read from the header only. Raises AmkError
+    for an unreadable or corrupt file (``_check_gguf_file``'s messages)."""
+    import mmap
+
+    _check_gguf(path)
+    types: dict[str, tuple[str, int]] = {}
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        _gguf_extent(buf, types)
+    return types
+
+
 class _GGUFShort(Exception):
     def __init__(self, section: str, need: int):
         super().__init__(section, need)
@@ -275,8 +288,9 @@ _GGUF_SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12
 _GGUF_MAX_LEN = 1 << 32
 
 
-def _gguf_extent(buf: Any) -> int:
-    """Bytes a GGUF file needs (data start + the furthest tensor end), from its header.
+def _gguf_extent(buf: Any, types: dict[str, tuple[str, int]] | None = None) -> int:
+    """Bytes a GGUF file needs (data start + the furthest tensor end), from its header; with
+    ``types``, also fills it with each tensor's name -> (ggml type name, number of dims).
     Raises _GGUFShort when a field runs past the end of ``buf``, _GGUFBad on nonsense."""
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
@@ -359,6 +373,8 @@ def _gguf_extent(buf: Any) -> int:
         for d in dims:
             n *= d
         end = max(end, offset + n * type_size // block)
+        if types is not None:
+            types[name.decode(errors="replace")] = (GGMLQuantizationType(ttype).name, n_dims)
     data_start = off + (-off) % alignment
     return data_start + end
 

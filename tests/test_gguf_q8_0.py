@@ -101,3 +101,19 @@ def test_the_sim_decodes_what_hf_decodes_from_the_file(q8_gguf):
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout)
     assert out["ok"] and out["match"] and len(out["tokens"]) == 6 and out["tokens"] == out["reference_tokens"], out
+
+
+def test_info_names_the_storage_and_the_flags_that_keep_it(q8_gguf):
+    """``amk info``: the rewrite's linear weights are all Q8_0, so it names the flags that run
+    them as stored; the original Q4_1 file gets no such line."""
+    path, blocks = q8_gguf
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    got = {}
+    for arg in (str(path), "smollm2-135m"):
+        r = subprocess.run([sys.executable, "-m", "amk", "info", arg, "--json"], capture_output=True, text=True,
+                           timeout=300, cwd=ROOT, env=env)
+        assert r.returncode == 0, r.stderr[-2000:]
+        got[arg] = json.loads(r.stdout)["gguf_storage"]
+    assert got[str(path)] == {"linear_weights": {"Q8_0": len(blocks)},
+                              "run_as_stored": "--weights int8 --weight-group 32"}
+    assert got["smollm2-135m"] == {"linear_weights": {"Q4_1": len(blocks)}, "run_as_stored": None}

@@ -60,6 +60,22 @@ def _checkpoint_bytes(source: Any) -> int | None:
     return None
 
 
+def _gguf_storage(source: Any) -> dict[str, Any] | None:
+    """A GGUF checkpoint's linear weights (2-D ``blk.*.weight`` tensors) by ggml type, and the
+    flags that run them as stored when they are all Q8_0 (int8 with 32-column groups, the
+    same values as the dequantized model); None for another source."""
+    from collections import Counter
+
+    from models import sources
+
+    if source.kind not in ("gguf", "alias"):
+        return None
+    types = sources.gguf_tensor_types(source.path / source.gguf_file)
+    linear = Counter(t for name, (t, dims) in types.items() if name.startswith("blk.") and dims == 2)
+    return {"linear_weights": dict(linear),
+            "run_as_stored": "--weights int8 --weight-group 32" if set(linear) == {"Q8_0"} else None}
+
+
 def describe(arg: str, max_tp: int = TP_MAX) -> dict[str, Any]:
     """Everything ``amk info`` prints, as one JSON-serialisable dict. Raises AmkError."""
     from ground.errors import AmkError
@@ -110,6 +126,7 @@ def describe(arg: str, max_tp: int = TP_MAX) -> dict[str, Any]:
             {k: 2 * layers * n_kv * head_dim * b for k, b in DTYPE_BYTES.items()}
             if head_dim else None),
         "checkpoint_bytes": _checkpoint_bytes(source),
+        "gguf_storage": _gguf_storage(source),
         "has_weights": source.weights,
         "supported": report.ok,
         "unsupported": [{"feature": u.feature, "field": u.field, "value": u.value, "why": u.why}
@@ -181,6 +198,11 @@ def _print_human(info: dict[str, Any]) -> None:
             f"{k} {_fmt_bytes(v)}" for k, v in info["kv_cache_bytes_per_token"].items()))
     if info["checkpoint_bytes"] is not None:
         row("checkpoint on disk", _fmt_bytes(info["checkpoint_bytes"]))
+    g = info.get("gguf_storage")
+    if g:
+        row("linear weights stored", ", ".join(f"{k} x {v}" for k, v in sorted(g["linear_weights"].items())))
+        if g["run_as_stored"]:
+            row("run as stored", f"{g['run_as_stored']} (the file's int8 values and scales)")
     elif not info["has_weights"]:
         row("checkpoint on disk", "none: config.json only (info and compile work from it; "
                                   "generate needs the weights)")
