@@ -157,6 +157,7 @@ def measure(args: argparse.Namespace, formats: list[str], progress: Callable[[st
     from amk.pipeline import check_tokens
     from ground.timing import measure_hbm_bandwidth, roofline_ms
     from lowering import quant
+    from lowering.config import weight_knobs
     from lowering.triton.blocks import kernel_options
     from models.sources import resolve_model
     from search.tunedb import GpuKey
@@ -199,8 +200,7 @@ def measure(args: argparse.Namespace, formats: list[str], progress: Callable[[st
         _free()
         nbytes = quant_decode_bytes(model, fmt, qlm)
         floor = roofline_ms(nbytes, bw)
-        cfg = full.lowering.replace(weights="int8" if fmt == "q8_0" else fmt or "none",
-                                    weight_group=32 if fmt == "q8_0" else 0, quantize_lm_head=qlm if fmt else False)
+        cfg = full.lowering.replace(**weight_knobs(fmt or "none"), quantize_lm_head=qlm if fmt else False)
         if "amk" in kinds:
             progress(f"amk {label}: lower, validate, build, check logits, decode in a CUDA graph")
             try:

@@ -73,8 +73,8 @@ the scale applied once per row after the dot product) and then the op's bias / r
 ``i8`` weight may instead carry one scale per group of G consecutive K elements of a row,
 ``scale[N, K / G]`` (a 2-D region; G >= 2 divides K; one group is a row), and computes
 ``y[n] = sum_g scale[n, g] * (W[n, gG:(g+1)G] @ x[gG:(g+1)G])`` (GGUF's Q8_0: G = 32). An
-``i8`` weight's scales may be f16. A weight of a float dtype takes no scale. ``OpSpec.scaled`` marks these
-ops; ``scale_index`` says whether a task has the scale operand.
+``i8`` weight's scales may be f16. A weight of a float dtype takes no scale. ``OpSpec.scaled``
+marks these ops; ``scale_index`` says whether a task has the scale operand.
 
 **Split-KV attention.** ``attention``, ``rope_attention`` and ``rope_attention_kv`` take the
 optional params ``parts`` (P >= 1) and ``part`` (0 <= c < P), flash-decoding's split of the
@@ -214,7 +214,7 @@ class OpSpec:
         if i - len(self.ins) < len(self.optional_in_dtypes):
             return self.optional_in_dtypes[i - len(self.ins)]
         if self.scaled and i == self.max_ins:
-            return F32 + ("f16",)  # f16: per-group scales only (the op's check)
+            return F32 + ("f16",)  # f16: an i8 weight's scales only (the op's check)
         raise IndexError(f"op {self.name} has no input {i}")
 
 

@@ -172,6 +172,12 @@ class LoweringConfig(_Knobs):
         return "q8_0" if self.weights == "int8" and self.weight_group == 32 else self.weights
 
 
+def weight_knobs(fmt: str) -> dict[str, Any]:
+    """The ``weights`` and ``weight_group`` knob values of weight format ``fmt``, the inverse
+    of LoweringConfig.weight_format: ``q8_0`` is int8 with 32-column groups."""
+    return {"weights": "int8", "weight_group": 32} if fmt == "q8_0" else {"weights": fmt, "weight_group": 0}
+
+
 def _gemv_block(value: str) -> tuple[int, int] | None:
     """(N, K) of an ``NxK`` text, None when it is not one."""
     try:
@@ -560,4 +566,4 @@ def sets(args: argparse.Namespace, name: str) -> bool:
 
 __all__ = ["ALLREDUCE_ALGOS", "AmkConfig", "COLLECTIVE_ALLREDUCE", "CollectiveConfig", "DTYPES", "WEIGHT_FORMATS",
            "KernelConfig", "LoweringConfig", "POLICIES", "collective_from_args", "collective_part",
-           "config_from_args", "file_fields", "knobs_of", "sets", "split_parts"]
+           "config_from_args", "file_fields", "knobs_of", "sets", "split_parts", "weight_knobs"]

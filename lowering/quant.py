@@ -26,20 +26,18 @@ tensor is computed from the whole tensor, then sliced, so a row-parallel split a
 the whole rows' scales); its scales are the derived tensor ``amk.scale.<ir dtype>:<key>``, f32
 ``[N]``, sliced with the weight's rows. A group-quantized weight's source is the derived
 ``amk.qweight.<ir dtype>/<group>:<key>`` and its scales ``amk.scale.<ir dtype>/<group>:<key>``,
-``[N, K / group]`` (f16 values, stored as f16 by the lowering), sliced with the weight's rows and (a split along K, on group
-boundaries) its columns. ``dequantize`` gives ``scale * float(q)``, the weights of the torch
-reference model of a quantized schedule.
+``[N, K / group]`` (f16 values, stored as f16 by the lowering), sliced with the weight's rows
+and (a split along K, on group boundaries) its columns. ``dequantize`` gives
+``scale * float(q)``, the weights of the torch reference model of a quantized schedule.
 """
 
 from __future__ import annotations
-
-from typing import Mapping
 
 import torch
 
 from ground.errors import AmkError
 
-#: weight format (the ``weights`` knob) -> the IR dtype of its quantized weights
+#: weight format (LoweringConfig.weight_format) -> the IR dtype of its quantized weights
 IR_DTYPE = {"int8": "i8", "fp8": "f8e4m3", "q8_0": "i8"}
 #: weight format -> K elements per scale (0: one scale per output row)
 Q8_0_GROUP = 32  # ggml's QK8_0
@@ -137,13 +135,25 @@ def quantize_groups(w: torch.Tensor, group: int = Q8_0_GROUP) -> tuple[torch.Ten
     return q.to(torch.int8).reshape(n, k), d.to(torch.float16).to(torch.float32).reshape(n, k // group)
 
 
+def quantize_as(w: torch.Tensor, qdtype: str, group: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q, scale)`` of weight ``w`` [N, K] quantized to IR dtype ``qdtype`` per row
+    (``group`` 0: quantize_rows, scale [N]) or per ``group`` K elements (int8 only:
+    quantize_groups, scale [N, K / group]). Raises AmkError for per-group scales of
+    another dtype (and as those functions do)."""
+    if not group:
+        return quantize_rows(w, qdtype)
+    if qdtype != "i8":
+        raise AmkError(f"per-group scales are int8 only, not {qdtype}")
+    return quantize_groups(w, group)
+
+
 def quantize(w: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
     """``(q, scale)`` of weight ``w`` [N, K] in weight format ``fmt`` (``int8`` / ``fp8``:
-    quantize_rows, scale [N]; ``q8_0``: quantize_groups, scale [N, K / 32]). Raises AmkError
-    for another format."""
+    scale [N]; ``q8_0``: scale [N, K / 32]; quantize_as). Raises AmkError for another
+    format."""
     if fmt not in IR_DTYPE:
         raise AmkError(f"unknown weight format {fmt!r}; expected one of {', '.join(IR_DTYPE)}")
-    return quantize_groups(w, GROUP[fmt]) if GROUP[fmt] else quantize_rows(w, IR_DTYPE[fmt])
+    return quantize_as(w, IR_DTYPE[fmt], GROUP[fmt])
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -171,23 +181,13 @@ def quantized_keys(state_keys, tied_lm_head: bool, quantize_lm_head: bool) -> li
     return out
 
 
-def dequantized_state(state: Mapping[str, torch.Tensor], keys, fmt: str) -> dict[str, torch.Tensor]:
-    """``{key: dequantize(quantize(state[key], fmt))}`` in the tensor's own dtype, for each of
-    ``keys``: the weights of the torch model that a quantized schedule computes."""
-    out = {}
-    for k in keys:
-        w = state[k]
-        q, s = quantize(w, fmt)
-        out[k] = dequantize(q, s, w.dtype)
-    return out
-
-
 def decode_bytes(model, fmt: str | None, quantize_lm_head: bool = False) -> int:
     """Weight bytes one batch-1 decode step of HF ``model`` reads
     (ground.timing.decode_weight_bytes) when the decoder layers' linear weights (and, with
     ``quantize_lm_head``, the LM head) are stored at 1 byte per element plus one f32 scale
     per row (``q8_0``: one f16 scale per 32 elements), as a schedule lowered with
-    ``weights=fmt`` stores them; ``fmt`` None / ``none`` / ``bf16``: unquantized. The roofline of a quantized run."""
+    ``weights=fmt`` stores them; ``fmt`` None / ``none`` / ``bf16``: unquantized. The
+    roofline of a quantized run."""
     from ground.timing import decode_weight_bytes
 
     total = decode_weight_bytes(model)

@@ -13,7 +13,7 @@ import torch
 from ground.errors import AmkError
 from ir.program import Buffer, ScheduleProgram
 from models.graph import ROPE_INV_FREQ_KEY, ModelSpec
-from lowering.quant import TORCH_QDTYPE, parse_qweight_key, parse_scale_key, quantize_groups, quantize_rows
+from lowering.quant import TORCH_QDTYPE, parse_qweight_key, parse_scale_key, quantize_as
 from models.rope import inv_freq
 
 TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16,
@@ -49,10 +49,7 @@ class WeightStore:
         (``group`` 0) or per ``group`` K elements (int8 only; lowering/quant.py), computed
         once."""
         if (key, qdtype, group) not in self._quant:
-            w = self.source_tensor(key)
-            if group and qdtype != "i8":
-                raise AmkError(f"weight {key!r}: per-group scales are int8 only, not {qdtype}")
-            self._quant[(key, qdtype, group)] = quantize_groups(w, group) if group else quantize_rows(w, qdtype)
+            self._quant[(key, qdtype, group)] = quantize_as(self.source_tensor(key), qdtype, group)
         return self._quant[(key, qdtype, group)]
 
     def source_tensor(self, key: str) -> torch.Tensor:

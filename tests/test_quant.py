@@ -17,7 +17,7 @@ import torch
 from ir.jsonio import program_from_json, program_to_json
 from ir.program import Region
 from ir.text import format_program, parse_program
-from lowering.config import LoweringConfig
+from lowering.config import LoweringConfig, weight_knobs
 from lowering.quant import dequantize, quantize_rows, scale_key
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,8 +34,7 @@ def _session(weights: str, tp: int = 1, **kw):
     32-column groups)."""
     from amk import pipeline
 
-    q = dict(weights="int8", weight_group=32) if weights == "q8_0" else dict(weights=weights)
-    cfg = LoweringConfig(**q, tile=16, workers=2, max_seq=32, **kw).validate(ranks=tp)
+    cfg = LoweringConfig(**weight_knobs(weights), tile=16, workers=2, max_seq=32, **kw).validate(ranks=tp)
     return pipeline.Session.build("config:tiny-llama", tp, cfg)
 
 

@@ -11,16 +11,12 @@ import os
 import pytest
 import torch
 
+from lowering.config import weight_knobs
 from lowering.sim import SimExecutor
 from tests.test_triton_megakernel import TOKENS, _device_triton_compile, cpu_only, lowered, run_decode
 
 pytest.importorskip("triton")
 from lowering.triton.runtime import TritonExecutor  # noqa: E402
-
-def _knobs(fmt: str) -> dict:
-    """The lowering knobs of a weight format (``q8_0``: int8 with 32-column groups)."""
-    return dict(weights="int8", weight_group=32) if fmt == "q8_0" else dict(weights=fmt)
-
 
 DEVICE_TRITON = pytest.mark.skipif(
     not os.environ.get("AMK_DEVICE_TRITON"),
@@ -37,7 +33,7 @@ DEVICE_TRITON = pytest.mark.skipif(
 def test_quantized_tiny_model_matches_sim(weights, fuse, dtype, blocks):
     from lowering.triton.runtime import Blocks
 
-    prog, init, _ = lowered("tiny-llama", workers=2, dtype=dtype, fuse=fuse, **_knobs(weights))
+    prog, init, _ = lowered("tiny-llama", workers=2, dtype=dtype, fuse=fuse, **weight_knobs(weights))
     ex = TritonExecutor(prog, init, check=False, **({"blocks": Blocks(**blocks)} if blocks else {}))
     scaled = [v for v in ex.table.variants if v.flag("scale")]
     qdt = {"int8": "i8", "fp8": "f8e4m3", "q8_0": "i8"}[weights]
@@ -77,7 +73,7 @@ def test_device_triton_compiles_quantized_gemv(tmp_path, weights, blocks):
     stream through register loads (TMA copies only for the float weights)."""
     from lowering.triton.runtime import Blocks
 
-    prog, init, _ = lowered("tiny-llama", workers=3, dtype="bf16", fuse=True, **_knobs(weights))
+    prog, init, _ = lowered("tiny-llama", workers=3, dtype="bf16", fuse=True, **weight_knobs(weights))
     ex = TritonExecutor(prog, init, check=False, num_warps=8, blocks=Blocks(**blocks))
     version, rep = _device_triton_compile(ex, tmp_path)
     assert rep["vector_loads"], (version, rep)

@@ -198,14 +198,14 @@ def _print_human(info: dict[str, Any]) -> None:
             f"{k} {_fmt_bytes(v)}" for k, v in info["kv_cache_bytes_per_token"].items()))
     if info["checkpoint_bytes"] is not None:
         row("checkpoint on disk", _fmt_bytes(info["checkpoint_bytes"]))
+    elif not info["has_weights"]:
+        row("checkpoint on disk", "none: config.json only (info and compile work from it; "
+                                  "generate needs the weights)")
     g = info.get("gguf_storage")
     if g:
         row("linear weights stored", ", ".join(f"{k} x {v}" for k, v in sorted(g["linear_weights"].items())))
         if g["run_as_stored"]:
             row("run as stored", f"{g['run_as_stored']} (the file's int8 values and scales)")
-    elif not info["has_weights"]:
-        row("checkpoint on disk", "none: config.json only (info and compile work from it; "
-                                  "generate needs the weights)")
     if info["supported"]:
         t.add_row("supported", "[green]yes[/]")
     else:
