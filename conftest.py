@@ -69,7 +69,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def smollm2():
-    """The real SmolLM2-135M-Instruct checkpoint (fp32, CPU), loaded once per test session.
+    """The real SmolLM2-135M-Instruct checkpoint (fp32, CPU), loaded once per pytest run.
 
     A ``models.sources.ResolvedModel``: ``.model``, ``.tokenizer``, ``.config``. Shared by every
     test: do not modify its weights.

@@ -133,15 +133,15 @@ def encode(tokenizer: Any, text: str, chat: bool = False, model: str = "the mode
 class CompiledModel:
     """A lowered, validated schedule of one model with its backend (see ``compile``).
 
-    Attributes: ``session`` (amk.pipeline.Session: resolved HF model, graph, program),
+    Attributes: ``compilation`` (amk.pipeline.Compilation: resolved HF model, graph, program),
     ``model`` (the MODEL argument), ``tp``, ``backend``, ``config`` (AmkConfig),
     ``config_source`` (where it came from). The executor is built by the first ``generate``
     (or ``prepare``) and reused by later calls."""
 
-    def __init__(self, session: Any, model: str, tp: int, backend: str, config: Any,
+    def __init__(self, compilation: Any, model: str, tp: int, backend: str, config: Any,
                  config_source: str = "", *, seed: int = 0, sim_policy: str = "random",
                  dist: Any = None):
-        self.session = session
+        self.compilation = compilation
         self.model = model
         self.tp = tp
         self.backend = backend
@@ -158,12 +158,12 @@ class CompiledModel:
     @property
     def program(self):
         """The ScheduleProgram."""
-        return self.session.program
+        return self.compilation.program
 
     @property
     def tokenizer(self):
         """The model's tokenizer (AmkError when the source has none)."""
-        return self.session.resolved.tokenizer
+        return self.compilation.resolved.tokenizer
 
     @property
     def decoder(self):
@@ -186,12 +186,12 @@ class CompiledModel:
                 opts = kernel_options(self.config.kernel)
             if self.dist is not None:
                 opts = {**(opts or {}), "dist": self.dist}
-            self._decoder = self.session.decoder(self.backend, seed=self.seed, policy=self.sim_policy,
-                                                 backend_options=opts)
+            self._decoder = self.compilation.decoder(self.backend, seed=self.seed, policy=self.sim_policy,
+                                                     backend_options=opts)
         if prefill and self._prefiller is None:
             from amk.prefill import Prefiller
 
-            self._prefiller = Prefiller(self.session.resolved.model, self.program, self._decoder.ex,
+            self._prefiller = Prefiller(self.compilation.resolved.model, self.program, self._decoder.ex,
                                         self.config.lowering.dtype)
             self._prefiller._prepared()
         if warm:
@@ -230,7 +230,7 @@ class CompiledModel:
                            f"{type(inputs).__name__}")
         if not ids:
             raise AmkError("the prompt is empty (no tokens)")
-        vocab = self.session.graph.spec.vocab
+        vocab = self.compilation.graph.spec.vocab
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
             raise AmkError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
@@ -275,7 +275,7 @@ class CompiledModel:
                            f"the schedule's max_seq {max_seq}; compile with max_seq="
                            f"{len(prompt) + max_new_tokens} (or a smaller max_new_tokens)")
         if eos_token_id is None:
-            eos = eos_ids(self.session.resolved.model)
+            eos = eos_ids(self.compilation.resolved.model)
         else:
             eos = [int(e) for e in (eos_token_id if isinstance(eos_token_id, (list, tuple)) else [eos_token_id])]
         self.prepare(prefill)
@@ -327,13 +327,13 @@ class CompiledModel:
         atomic_write_text(d / SCHEDULE, text)
         if self._decoder is not None and hasattr(self._decoder.ex, "emit_source"):
             self._decoder.ex.emit_source(d / "kernel.py")
-        verdict = self.session.verdict
+        verdict = self.compilation.verdict
         atomic_write_json(d / MANIFEST, {
             "format": FORMAT, "model": self.model, "tp": self.tp, "backend": self.backend,
             "config": self.config.to_json(), "config_source": self.config_source,
             "schedule": {"file": SCHEDULE, "sha256": hashlib.sha256(text.encode()).hexdigest()},
-            "spec": json.loads(json.dumps(self.session.graph.spec.to_json())),
-            "validation": {"ok": True, "seconds": round(self.session.validate_s, 4),
+            "spec": json.loads(json.dumps(self.compilation.graph.spec.to_json())),
+            "validation": {"ok": True, "seconds": round(self.compilation.validate_s, 4),
                            "stats": getattr(verdict, "stats", {}) if verdict is not None else {}},
         })
         return d
@@ -370,11 +370,11 @@ def compile(model: str, tp: int = 1, backend: str = "sim", config: Any = None, *
     split = check_model_split(model, tp, cfg.lowering)
     if resolved is None:
         resolved = pipeline.resolve(model)
-    session = pipeline.Session.build(model, tp, cfg.lowering, _target(backend), resolved=resolved)
-    if not session.verdict.ok:
-        f = session.verdict.errors[0]
+    compilation = pipeline.Compilation.build(model, tp, cfg.lowering, _target(backend), resolved=resolved)
+    if not compilation.verdict.ok:
+        f = compilation.verdict.errors[0]
         raise AmkError(f"the validator rejected the schedule: {f.cls}: {f.message}", exit_code=1)
-    m = CompiledModel(session, _model_arg(model), tp, backend, cfg, config_source or line, seed=seed,
+    m = CompiledModel(compilation, _model_arg(model), tp, backend, cfg, config_source or line, seed=seed,
                       sim_policy=sim_policy, dist=dist)
     m.notes = split.notes
     return m
@@ -442,8 +442,8 @@ def load(path: str | os.PathLike, *, seed: int = 0, sim_policy: str = "random",
         diff = sorted(k for k in set(now) | set(man["spec"]) if now.get(k) != man["spec"].get(k))
         raise AmkError(f"{man['model']}: the model's shapes differ from the saved schedule's "
                        f"({', '.join(diff)}); compile again")
-    session = pipeline.Session(resolved, graph, program, cfg.lowering,
-                               verdict=Verdict(stats={"loaded_from": str(d)}),
-                               validate_s=float(man.get("validation", {}).get("seconds", 0.0)))
-    return CompiledModel(session, man["model"], int(man["tp"]), man["backend"], cfg,
+    compilation = pipeline.Compilation(resolved, graph, program, cfg.lowering,
+                                       verdict=Verdict(stats={"loaded_from": str(d)}),
+                                       validate_s=float(man.get("validation", {}).get("seconds", 0.0)))
+    return CompiledModel(compilation, man["model"], int(man["tp"]), man["backend"], cfg,
                          f"saved: {d}", seed=seed, sim_policy=sim_policy, dist=dist)

@@ -39,7 +39,7 @@ def measure_megakernel(model_arg, resolved, cfg, target, prompt, ref, n_tokens: 
     used on its current device for the logit check). ``prompt``: int64 [1, P] (CPU);
     ``ref``: the TokenReference; ``cfg``: the LoweringConfig. Returns (BaselineResult named
     ``amk_megakernel`` with timing, verdict and ``extra`` = logit_check, first_divergence,
-    build_s), the Session and the executor. ``backend_options``: TritonExecutor options
+    build_s), the Compilation and the executor. ``backend_options``: TritonExecutor options
     (``num_warps``, ``blocks``: lowering.triton.blocks.kernel_options).
     Raises AmkError if the validator rejects the schedule.
     """
@@ -47,14 +47,14 @@ def measure_megakernel(model_arg, resolved, cfg, target, prompt, ref, n_tokens: 
     from amk.baselines import BaselineResult, judge_tokens
     from lowering.triton.graph import DecodeGraph
 
-    session = pipeline.Session.build(model_arg, 1, cfg, target, resolved=resolved)
-    if not session.verdict.ok:
+    compilation = pipeline.Compilation.build(model_arg, 1, cfg, target, resolved=resolved)
+    if not compilation.verdict.ok:
         raise AmkError("the schedule was rejected by the validator: "
-                       + "; ".join(f.message for f in session.verdict.errors[:3]), exit_code=1)
+                       + "; ".join(f.message for f in compilation.verdict.errors[:3]), exit_code=1)
     t0 = time.perf_counter()
-    dec = session.decoder("triton", backend_options=backend_options)
+    dec = compilation.decoder("triton", backend_options=backend_options)
     build_s = time.perf_counter() - t0
-    report = session.check(dec)
+    report = compilation.check(dec)
     ex = dec.ex
     dec.step(int(prompt[0, 0]), 0)  # compiles; leaves the executor at a step boundary
     graph = DecodeGraph(ex, max_tokens=cfg.max_seq)
@@ -64,8 +64,8 @@ def measure_megakernel(model_arg, resolved, cfg, target, prompt, ref, n_tokens: 
         note = f"logit check failed: {'; '.join(report.failures())}; {note}"
     res = BaselineResult("amk_megakernel", toks, timing, ok_tokens and report.ok, note,
                          {"first_divergence": first, "logit_check": report.to_json(),
-                          "build_s": build_s, "tasks": len(session.program.tasks)})
-    return res, session, ex
+                          "build_s": build_s, "tasks": len(compilation.program.tasks)})
+    return res, compilation, ex
 
 
 def bench_config(args, sms: int):

@@ -96,14 +96,14 @@ def run_tp(args, ctx) -> int:
 
     # -- the tensor-parallel megakernel -----------------------------------------------------
     with con.status(f"megakernel: lower for {R} ranks, validate, build, check logits, decode in a CUDA graph"):
-        ours, session, ex = measure_megakernel_tp(args.model, resolved, cfg, target, prompt, ref,
-                                                  args.tokens, opts, ctx)
+        ours, compilation, ex = measure_megakernel_tp(args.model, resolved, cfg, target, prompt, ref,
+                                                      args.tokens, opts, ctx)
     timings["build_s"] = ours.extra["build_s"]
     report, per_rank, agree, first = (ours.extra["report"], ours.extra["per_rank"], ours.extra["ranks_agree"],
                                       ours.extra["first_divergence"])
     toks = ours.tokens
     ours.extra = {}  # the JSON holds these fields at its top level
-    per_rank_bytes = weight_bytes_per_rank(session.program)
+    per_rank_bytes = weight_bytes_per_rank(compilation.program)
     floor = max(b / min(bws) for b in per_rank_bytes) * 1e3
 
     def result(baselines: list, done: bool) -> dict[str, Any]:
@@ -113,7 +113,7 @@ def run_tp(args, ctx) -> int:
             "command": "amk " + " ".join(sys.argv[1:]) if sys.argv else "amk bench",
             "python": platform.python_version(), "torch": torch.__version__,
             "config": cfg.to_json(), "kernel": full.kernel.to_json(), "config_source": config_source,
-            "tasks": len(session.program.tasks), "workers_per_rank": session.program.workers,
+            "tasks": len(compilation.program.tasks), "workers_per_rank": compilation.program.workers,
             "num_warps": ex.num_warps, "blocks": ex.blocks.__dict__, "occupancy": ex.occupancy,
             "hbm_bytes_per_s_per_rank": bws, "weight_bytes_per_rank": per_rank_bytes,
             "roofline_ms": floor, "roofline_note": "per rank: max over ranks of the rank's weight "
@@ -175,7 +175,7 @@ def measure_megakernel_tp(model_arg, resolved, cfg, target, prompt, ref, n_token
     ``prompt``: int64 [1, P] (CPU); ``ref``: the TokenReference (on every rank). Returns
     (BaselineResult ``amk_megakernel_tp{R}`` whose timing is the slowest rank's and whose
     ``extra`` holds ``report`` (LogitReport), ``per_rank`` (every rank's tokens, timing, wall
-    time, device), ``ranks_agree``, ``first_divergence``, ``build_s``, ``tasks``), the Session
+    time, device), ``ranks_agree``, ``first_divergence``, ``build_s``, ``tasks``), the Compilation
     and this rank's executor. Raises AmkError if the validator rejects the schedule."""
     from amk import pipeline
     from amk.baselines import BaselineResult, judge_tokens
@@ -184,13 +184,13 @@ def measure_megakernel_tp(model_arg, resolved, cfg, target, prompt, ref, n_token
 
     R, rank, dev = ctx.world, ctx.rank, ctx.device
     t0 = time.perf_counter()
-    session = pipeline.Session.build(model_arg, R, cfg, target, resolved=resolved)
-    if not session.verdict.ok:
+    compilation = pipeline.Compilation.build(model_arg, R, cfg, target, resolved=resolved)
+    if not compilation.verdict.ok:
         raise AmkError("the schedule was rejected by the validator: "
-                       + "; ".join(f.message for f in session.verdict.errors[:3]), exit_code=1)
-    dec = session.decoder("triton", backend_options={**opts, "dist": ctx})
+                       + "; ".join(f.message for f in compilation.verdict.errors[:3]), exit_code=1)
+    dec = compilation.decoder("triton", backend_options={**opts, "dist": ctx})
     build_s = time.perf_counter() - t0
-    report = session.check(dec)
+    report = compilation.check(dec)
     ex = dec.ex
     dec.step(int(prompt[0, 0]), 0)  # leaves every rank at the same step boundary
     graph = DecodeGraph(ex, max_tokens=cfg.max_seq)
@@ -212,8 +212,8 @@ def measure_megakernel_tp(model_arg, resolved, cfg, target, prompt, ref, n_token
                           ok_tokens and report.ok, note,
                           {"report": report, "per_rank": per_rank, "ranks_agree": agree,
                            "first_divergence": first, "build_s": build_s,
-                           "tasks": len(session.program.tasks)})
-    return ours, session, ex
+                           "tasks": len(compilation.program.tasks)})
+    return ours, compilation, ex
 
 
 def _tp_baselines(args, ctx, model, prompt, ref, con) -> list:

@@ -123,7 +123,7 @@ class Tools:
               config: dict | None = None) -> dict:
         """Lower ``model`` for ``tp`` ranks into NAME.amk (validated)."""
         from amk.editing import verdict_report, write_program
-        from amk.pipeline import Session
+        from amk.pipeline import Compilation
         from ground.files import atomic_write_json
         from lowering.config import LoweringConfig
 
@@ -136,7 +136,7 @@ class Tools:
         out = self.wd.path(name if name.endswith((".amk", ".json")) else name + ".amk", "name")
         cfg = LoweringConfig.from_json(config or {}, "config", ranks=tp)
         arg = self._model_arg(model)
-        s = Session.build(arg, tp, cfg, weights=False)
+        s = Compilation.build(arg, tp, cfg, weights=False)
         write_program(s.program, str(out))
         atomic_write_json(Path(str(out) + META_SUFFIX), {"model": model, "tp": tp,
                                                          "config": cfg.to_json()})

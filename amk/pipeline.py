@@ -5,10 +5,10 @@ Stages: resolve the MODEL argument (models/sources.py) -> import the decode-step
 (validator/) -> build a backend executor (``sim``: lowering/sim.py; ``triton``:
 lowering/triton/runtime.py) -> check logits against HF eager.
 
-Import, lowering and validation need the model's shapes only: ``Session.build(...,
+Import, lowering and validation need the model's shapes only: ``Compilation.build(...,
 weights=False)`` builds the HF model on torch's ``meta`` device (no storage), so a schedule
 for Llama-3.1-8B is lowered and validated in seconds and a directory holding config.json
-alone compiles. ``Session.load_weights()`` loads them for the executor and the correctness
+alone compiles. ``Compilation.load_weights()`` loads them for the executor and the correctness
 check; ``check_skip_reason`` says why that check cannot run here (no weights, or more memory
 than is available: ``check_memory``).
 
@@ -540,20 +540,20 @@ def parameter_count(model: Any) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def check_memory(session: "Session") -> tuple[int, str]:
+def check_memory(compilation: "Compilation") -> tuple[int, str]:
     """Bytes of host memory the correctness check needs beyond what the process holds
     now, and how they add up (one line). The check holds the fp32 HF model (parameters x 4
     bytes, x LOAD_FACTOR / LOAD_FACTOR_DEFAULT at the loading peak) and the executor's buffers: KV
     caches, activations and io buffers, plus the weight slices the executor must convert
     (an f32 schedule's weights are views of the HF tensors; a bf16 one's are copies),
     plus MEMORY_HEADROOM."""
-    hf = parameter_count(session.resolved.model) * 4
-    factor = LOAD_FACTOR.get(session.resolved.source.kind, LOAD_FACTOR_DEFAULT)
+    hf = parameter_count(compilation.resolved.model) * 4
+    factor = LOAD_FACTOR.get(compilation.resolved.source.kind, LOAD_FACTOR_DEFAULT)
     prog = 0
-    for b in session.program.buffers:
+    for b in compilation.program.buffers:
         if b.kind == "weight" and b.dtype == "f32":
             continue
-        prog += b.nbytes * (session.program.ranks if b.rank is None else 1)
+        prog += b.nbytes * (compilation.program.ranks if b.rank is None else 1)
     need = int(hf * factor) + prog + MEMORY_HEADROOM
     gib = 1 << 30
     detail = (f"fp32 HF model {hf / gib:.1f} GiB x{factor:g} while loading"
@@ -561,20 +561,20 @@ def check_memory(session: "Session") -> tuple[int, str]:
     return need, detail
 
 
-def check_skip_reason(session: "Session", no_check: bool = False,
+def check_skip_reason(compilation: "Compilation", no_check: bool = False,
                       available: int | None = None) -> str | None:
     """Why the correctness check cannot run here, or None when it can: ``--no-check``, a
     source without weights, or an estimated need (``check_memory``) above the available
     memory (``available``: bytes, default ``available_memory()``)."""
     if no_check:
         return "--no-check"
-    src = session.resolved.source
+    src = compilation.resolved.source
     if not src.weights:
         return f"{src.path} has no weights (config.json only)"
     avail = available_memory() if available is None else available
-    if avail is None or has_weights(session.resolved.model):
+    if avail is None or has_weights(compilation.resolved.model):
         return None
-    need, detail = check_memory(session)
+    need, detail = check_memory(compilation)
     if need > avail:
         gib = 1 << 30
         return (f"it needs about {need / gib:.1f} GiB ({detail}), {avail / gib:.1f} GiB "
@@ -584,10 +584,10 @@ def check_skip_reason(session: "Session", no_check: bool = False,
 
 # -- the whole pipeline --------------------------------------------------------------------
 @dataclass
-class Session:
+class Compilation:
     """A compiled model: resolved HF model, graph, program and (once started) an executor.
 
-    Build with ``Session.build(model_arg, ranks, config)``; ``verdict`` is the validation
+    Build with ``Compilation.build(model_arg, ranks, config)``; ``verdict`` is the validation
     result (``validate_s`` its time). ``decoder(backend, seed, policy)`` starts an executor.
     Built with ``weights=False`` the HF model lives on the meta device (shapes only) until
     ``load_weights()``.
@@ -605,7 +605,7 @@ class Session:
     def build(cls, model_arg: str, ranks: int, config: LoweringConfig | None = None,
               target: Target | None = None, validate: bool = True,
               progress: Callable[[str], None] | None = None,
-              resolved: Any = None, weights: bool = True) -> "Session":
+              resolved: Any = None, weights: bool = True) -> "Compilation":
         """Resolve (unless ``resolved`` is given), import, lower and (optionally) validate.
         ``weights=False``: resolve shapes only (meta device); lowering and validation need
         nothing more. Raises AmkError for bad input or an unsupported model."""
@@ -637,7 +637,7 @@ class Session:
         return has_weights(self.resolved.model)
 
     def load_weights(self) -> None:
-        """Load the model's fp32 weights if the session was built without them, and check
+        """Load the model's fp32 weights if the compilation was built without them, and check
         them against the graph (missing, mis-shaped or unmodelled parameters). Raises
         AmkError when the source has no weights or the checkpoint cannot be loaded."""
         if self.has_weights:

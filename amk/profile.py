@@ -47,9 +47,9 @@ def prof_times(prog: ScheduleProgram, prof: Any, task_ids: list[str], task_ranks
     return times
 
 
-def gpu_trace(session: Any, kernel_cfg: Any, seq_len: int, meta: dict[str, Any] | None = None,
+def gpu_trace(compilation: Any, kernel_cfg: Any, seq_len: int, meta: dict[str, Any] | None = None,
               ctx: Any = None) -> dict[str, Any]:
-    """The ``gpu`` trace of ``session``'s program (amk.pipeline.Session built for the triton
+    """The ``gpu`` trace of ``compilation``'s program (amk.pipeline.Compilation built for the triton
     backend, weights loaded on demand): run ``seq_len`` decode steps with the profiling kernel
     (``kernel_cfg``: its KernelConfig) and turn the last step's stamps into the trace. Needs a
     CUDA GPU (AmkError otherwise). Without ``ctx`` the program's R ranks run co-located on this
@@ -69,7 +69,7 @@ def gpu_trace(session: Any, kernel_cfg: Any, seq_len: int, meta: dict[str, Any] 
     from lowering.triton.blocks import kernel_options
 
     opts = {**kernel_options(kernel_cfg), "profile": True, **({"dist": ctx} if ctx is not None else {})}
-    dec = session.decoder("triton", backend_options=opts)
+    dec = compilation.decoder("triton", backend_options=opts)
     ex = dec.ex
     tok = 1
     for pos in range(seq_len):
@@ -90,10 +90,10 @@ def gpu_trace(session: Any, kernel_cfg: Any, seq_len: int, meta: dict[str, Any] 
         extra["devices"] = [p["device"] for p in parts]
         extra["clock_sync"] = ("one process per GPU: each rank's stamps come from its own GPU's "
                                "%globaltimer; cross-rank offsets are as close as those clocks agree")
-    times = prof_times(session.program, prof, ids, ranks)
+    times = prof_times(compilation.program, prof, ids, ranks)
     extra.update({"device": props.name, "steps_run": seq_len, "traced_step": seq_len - 1,
                   "kernel": kernel_cfg.to_json(), **(meta or {})})
-    return build_trace(session.program, times, clock="gpu", seq_len=seq_len, meta=extra)
+    return build_trace(compilation.program, times, clock="gpu", seq_len=seq_len, meta=extra)
 
 
 def trace_summary(trace: dict[str, Any]) -> dict[str, Any]:

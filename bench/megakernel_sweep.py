@@ -135,11 +135,11 @@ def main(argv: list[str] | None = None) -> int:
         knobs = {"config": full.to_json()}
         try:
             if ctx:
-                res, session, ex = measure_megakernel_tp(args.model, resolved, cfg, target, prompt, ref,
-                                                         args.tokens, opts, ctx)
+                res, compilation, ex = measure_megakernel_tp(args.model, resolved, cfg, target, prompt, ref,
+                                                             args.tokens, opts, ctx)
             else:
-                res, session, ex = measure_megakernel(args.model, resolved, cfg, target, prompt, ref,
-                                                      args.tokens, opts)
+                res, compilation, ex = measure_megakernel(args.model, resolved, cfg, target, prompt, ref,
+                                                          args.tokens, opts)
         except Exception as err:  # (under --tp a failure on one rank only would desync the ranks)
             print(f"  {tag}: FAILED {type(err).__name__}: {err}", flush=True)
             rows.append({**knobs, "error": f"{type(err).__name__}: {err}"})
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         check = res.extra["report"].to_json() if ctx else res.extra["logit_check"]
         row_floor = floor
         if ctx:
-            row_floor = max(weight_bytes_per_rank(session.program)) / bw * 1e3
+            row_floor = max(weight_bytes_per_rank(compilation.program)) / bw * 1e3
         row = {**knobs, "tasks": res.extra["tasks"], "latency_ms_median": med,
                "timing": res.timing.to_json(), "roofline_ms": row_floor, "roofline_pct": 100 * row_floor / med,
                "correct": res.correct, "note": res.note, "build_s": res.extra["build_s"],
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         if ctx:  # the next schedule's arena needs the symmetric heap's room
             ctx.free_symmetric(ex.arena)
-        del ex, session
+        del ex, compilation
         torch.cuda.empty_cache()
     dump()
     return 0

@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     resolved = resolve_model(args.model, dtype="fp32" if cfg.dtype == "f32" else "bf16",
                              device=dev if ctx is not None else None)
     target = cuda_target(props)
-    built = pipeline.Session.build(args.model, args.tp, cfg, target, resolved=resolved)
+    built = pipeline.Compilation.build(args.model, args.tp, cfg, target, resolved=resolved)
     dec = built.decoder("triton", backend_options={
         **kernel_options(full.kernel), "profile": True, **({"dist": ctx} if ctx is not None else {})})
     ex = dec.ex

@@ -20,7 +20,7 @@ compile). Verdicts: greedy tokens against HF generate of the model the row compu
 near-tie rule (amk.baselines.judge_tokens): the bf16 model for the bf16 rows, for a quantized
 row the bf16 model with amk's quantized weights dequantized (lowering.quant.quantized_copy:
 torchao's math for int8 and fp8, ggml's Q8_0 for q8_0); amk's rows also check logits at
-several positions (Session.check). The roofline of a row is its weight bytes (quantized
+several positions (Compilation.check). The roofline of a row is its weight bytes (quantized
 weights at 1 byte plus their scales) over the HBM bandwidth measured in the same run
 (ground/timing.py). Also reported per format: the quantized model's distance to the bf16
 one (greedy agreement over 64 tokens, perplexity: lowering.quant.distance, on seeded token
@@ -196,7 +196,7 @@ def measure(args: argparse.Namespace, formats: list[str], progress: Callable[[st
             vocab = model.config.vocab_size
             distance[label] = quant.distance(model, ref_model, check_tokens(vocab, 16, 1),
                                              check_tokens(vocab, 256, 2), 64)
-        del ref_model  # the session builds its own copy for the logit check: one at a time
+        del ref_model  # the compilation builds its own copy for the logit check: one at a time
         _free()
         nbytes = quant_decode_bytes(model, fmt, qlm)
         floor = roofline_ms(nbytes, bw)
@@ -204,9 +204,9 @@ def measure(args: argparse.Namespace, formats: list[str], progress: Callable[[st
         if "amk" in kinds:
             progress(f"amk {label}: lower, validate, build, check logits, decode in a CUDA graph")
             try:
-                ours, session, ex = measure_megakernel(args.model, resolved, cfg, cuda_target(props), prompt,
-                                                       ref, args.tokens, kernel_options(full.kernel))
-                del session, ex
+                ours, compilation, ex = measure_megakernel(args.model, resolved, cfg, cuda_target(props), prompt,
+                                                           ref, args.tokens, kernel_options(full.kernel))
+                del compilation, ex
                 _free()
                 done(row(f"amk {label}", label, [ours.to_json()], floor, ours.correct, ours.note,
                          {"weight_bytes": nbytes, "logit_check": ours.extra.get("logit_check")}))

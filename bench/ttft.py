@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         cont = {way: m.generate(prompt, args.new_tokens, prefill=pf, return_dict_in_generate=True).tokens
                 for way, pf in (("prefill", True), ("step by step", False))}
         t0 = time.perf_counter()
-        ref = pipeline.hf_generate(m.session.resolved.model, prompt, args.new_tokens)
+        ref = pipeline.hf_generate(m.compilation.resolved.model, prompt, args.new_tokens)
         hf_s = time.perf_counter() - t0
     match = {way: pipeline.first_divergence(toks, ref) for way, toks in cont.items()}
 

@@ -80,10 +80,10 @@ def lower_schedule(model: str, tp: int, out_dir: Path) -> Path:
     from models.sources import resolve_model
 
     resolved = resolve_model(model, dtype="fp32", weights=False)
-    session = pipeline.Session.build(model, tp, LoweringConfig(), Target(backend="sim"),
-                                     validate=False, resolved=resolved)
+    compilation = pipeline.Compilation.build(model, tp, LoweringConfig(), Target(backend="sim"),
+                                             validate=False, resolved=resolved)
     out_dir.mkdir(parents=True, exist_ok=True)
-    return save_program(session.program, out_dir / "schedule.amk")
+    return save_program(compilation.program, out_dir / "schedule.amk")
 
 
 def _sample_inprocess(path: Path) -> tuple[dict[str, float], dict[str, float], dict]:

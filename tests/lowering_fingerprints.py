@@ -48,7 +48,7 @@ def fingerprint(model: str, tp: int, cfg: dict) -> str:
     from ir.text import format_program
     from lowering.config import LoweringConfig
 
-    s = pipeline.Session.build(model, tp, LoweringConfig(**cfg).validate(), validate=False, weights=False)
+    s = pipeline.Compilation.build(model, tp, LoweringConfig(**cfg).validate(), validate=False, weights=False)
     return hashlib.sha256(format_program(s.program).encode()).hexdigest()
 
 

@@ -52,10 +52,10 @@ def main() -> None:
     torch.set_num_threads(1)
     tdist.init_process_group("gloo", rank=rank, world_size=world)
     ctx = DistContext(rank=rank, world=world, local_rank=rank, device=torch.device("cpu"))
-    session = pipeline.Session.build(model_arg, world, LoweringConfig(max_seq=40, workers=2))
-    dec = session.decoder("sim", policy="in_order")
-    dec = pipeline.Decoder(session.program, OneRankView(dec.ex, rank, world, ctx), session.config.max_seq)
-    report = session.check(dec)
+    compilation = pipeline.Compilation.build(model_arg, world, LoweringConfig(max_seq=40, workers=2))
+    dec = compilation.decoder("sim", policy="in_order")
+    dec = pipeline.Decoder(compilation.program, OneRankView(dec.ex, rank, world, ctx), compilation.config.max_seq)
+    report = compilation.check(dec)
     tokens = dec.generate([5, 17, 33], 6)
     if rank == 0:
         with open(out, "w") as f:

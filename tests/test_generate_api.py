@@ -165,7 +165,7 @@ def test_generate_refuses_bad_arguments(models, kw, msg):
 @pytest.mark.parametrize("tp", [1, 2])
 def test_prefill_matches_token_by_token(models, name, tp):
     m = models(name, tp)
-    s = m.session
+    s = m.compilation
     slow, fast = s.decoder("sim", seed=1), s.decoder("sim", seed=2)
     pf = Prefiller(s.resolved.model, s.program, fast.ex, "f32")
     assert slow.generate(PROMPT, 1) == fast.generate(PROMPT, 1, prefill=pf.fill)
@@ -191,7 +191,7 @@ def test_prefill_in_bf16_is_as_close_to_fp32_as_token_by_token(name):
     from amk.pipeline import BF16_NOISE_FACTOR
 
     m = amk.compile(f"config:{name}", tp=2, config=CFG.replace(dtype="bf16"))
-    s = m.session
+    s = m.compilation
     slow, fast = s.decoder("sim"), s.decoder("sim")
     slow.generate(PROMPT, 1)
     fast.generate(PROMPT, 1, prefill=Prefiller(s.resolved.model, s.program, fast.ex, "bf16").fill)
@@ -228,7 +228,7 @@ def test_prefill_on_the_triton_backend_matches_token_by_token(tmp_path):
     writes its arena's caches, and the logits and tokens that follow equal step-by-step
     feeding's (tp 2, each rank its KV-head slice). Saved, the kernel source comes along."""
     m = amk.compile("config:tiny-qwen3", tp=2, backend="triton", config=CFG.replace(max_seq=8))
-    s, prompt = m.session, PROMPT[:5]
+    s, prompt = m.compilation, PROMPT[:5]
     slow = m.decoder
     fast = s.decoder("triton")
     a = slow.generate(prompt, 1)

@@ -20,9 +20,9 @@ from models.graph import import_model
 POSITIONS = (0, 7, 31)
 
 
-def _session(name: str, R: int, **knobs) -> pipeline.Session:
+def _compilation(name: str, R: int, **knobs) -> pipeline.Compilation:
     cfg = LoweringConfig(max_seq=32, **knobs)
-    return pipeline.Session.build(f"config:{name}", R, cfg)
+    return pipeline.Compilation.build(f"config:{name}", R, cfg)
 
 
 @pytest.mark.parametrize("name,R,knobs,policy,seed", [
@@ -41,7 +41,7 @@ def _session(name: str, R: int, **knobs) -> pipeline.Session:
     ("tiny-qwen2", 3, dict(workers=2, allreduce="fused"), "adversarial", 17),
 ])
 def test_tiny_models_match_hf_logits(name, R, knobs, policy, seed):
-    s = _session(name, R, **knobs)
+    s = _compilation(name, R, **knobs)
     assert s.verdict.ok, [(f.cls, f.message) for f in s.verdict.errors[:3]]
     rep = s.check(s.decoder("sim", seed=seed, policy=policy), POSITIONS, seed=seed)
     assert [p.pos for p in rep.positions] == list(POSITIONS)
@@ -62,7 +62,7 @@ def test_tiny_models_match_hf_logits(name, R, knobs, policy, seed):
     ("tiny-qwen3", 2, dict(workers=3, tile=16, allreduce="fused", fuse_reduce=True), "random", 20),
 ])
 def test_fused_tiny_models_match_hf_logits(name, R, knobs, policy, seed):
-    s = _session(name, R, fuse=True, **knobs)
+    s = _compilation(name, R, fuse=True, **knobs)
     assert s.verdict.ok, [(f.cls, f.message) for f in s.verdict.errors[:3]]
     ops = {t.op for t in s.program.tasks}
     assert {"norm_gemv", "swiglu_gemv"} <= ops and "silu_mul" not in ops
@@ -81,7 +81,7 @@ def test_fused_logits_bit_equal_to_unfused(name, R, dtype):
     toks, keep = [5, 17, 99, 3, 250, 42, 7, 8], [0, 7]
     got = {}
     for fuse in (False, True):
-        s = pipeline.Session.build(f"config:{name}", R, LoweringConfig(
+        s = pipeline.Compilation.build(f"config:{name}", R, LoweringConfig(
             max_seq=8, workers=2, tile=32, dtype=dtype, fuse=fuse))
         got[fuse] = s.decoder("sim", seed=1, policy="random").teacher_forced(toks, keep)
     for k in keep:
@@ -96,7 +96,7 @@ def test_fuse_reduce_logits_bit_equal(name, R, dtype, algo):
     toks, keep = [5, 17, 99, 3, 250, 42, 7, 8], [0, 7]
     got = {}
     for fr in (False, True):
-        s = pipeline.Session.build(f"config:{name}", R, LoweringConfig(
+        s = pipeline.Compilation.build(f"config:{name}", R, LoweringConfig(
             max_seq=8, workers=2, tile=32, dtype=dtype, fuse=True, allreduce=algo, fuse_reduce=fr))
         assert s.verdict.ok and any(t.op == "reduce_norm_gemv" for t in s.program.tasks) == fr
         got[fr] = s.decoder("sim", seed=3, policy="adversarial").teacher_forced(toks, keep)
@@ -105,21 +105,21 @@ def test_fuse_reduce_logits_bit_equal(name, R, dtype, algo):
 
 
 def test_fused_bf16_schedule_is_close_to_fp32_hf():
-    s = _session("tiny-llama", 2, workers=2, dtype="bf16", fuse=True)
+    s = _compilation("tiny-llama", 2, workers=2, dtype="bf16", fuse=True)
     rep = s.check(s.decoder("sim", seed=2, policy="random"), POSITIONS)
     assert rep.ok, rep.failures()
     assert 1e-4 < max(p.rel_err for p in rep.positions) < 5e-2
 
 
 def test_bf16_schedule_is_close_to_fp32_hf():
-    s = _session("tiny-qwen3", 2, workers=2, dtype="bf16")
+    s = _compilation("tiny-qwen3", 2, workers=2, dtype="bf16")
     rep = s.check(s.decoder("sim", seed=1, policy="random"), POSITIONS)
     assert rep.ok, rep.failures()
     assert 1e-4 < max(p.rel_err for p in rep.positions) < 5e-2  # bf16 rounding is visible
 
 
 def test_greedy_generation_matches_hf_generate_tiny():
-    s = _session("tiny-qwen2", 3, workers=2)
+    s = _compilation("tiny-qwen2", 3, workers=2)
     dec = s.decoder("sim", seed=3, policy="adversarial")
     prompt = [256, 72, 101, 108, 108, 111]
     new = dec.generate(prompt, 12, eos=pipeline.eos_ids(s.resolved.model))
@@ -147,7 +147,7 @@ def test_correctness_report_flags_wrong_logits():
 def test_decoder_refuses_positions_beyond_the_cache():
     from ground.errors import AmkError
 
-    s = _session("tiny-llama", 1)
+    s = _compilation("tiny-llama", 1)
     dec = s.decoder("sim")
     with pytest.raises(AmkError, match="max_seq"):
         dec.step(1, 32)
@@ -158,7 +158,7 @@ def test_hf_reference_emits_no_future_warning():
     transformers 5.x, where ``past_key_values`` raises a FutureWarning on every call)."""
     import warnings
 
-    s = _session("tiny-llama", 2)
+    s = _compilation("tiny-llama", 2)
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
         rep = s.check(s.decoder("sim"), POSITIONS)
@@ -169,7 +169,7 @@ def test_hf_reference_emits_no_future_warning():
 
 
 def test_correctness_reports_progress_per_position():
-    s = _session("tiny-qwen2", 2)
+    s = _compilation("tiny-qwen2", 2)
     seen: list[tuple[str, int, int]] = []
     rep = s.check(s.decoder("sim"), POSITIONS, progress=lambda *a: seen.append(a))
     assert rep.ok
@@ -178,14 +178,14 @@ def test_correctness_reports_progress_per_position():
     assert {t for _, _, t in seen} == {32} and seen[-1][0] == "hf"
 
 
-def test_session_lowers_from_shapes_alone():
+def test_compilation_lowers_from_shapes_alone():
     """weights=False: the graph comes from a meta-device model; the program is the one a
-    session with weights builds, and the weights load when an executor needs them."""
+    compilation with weights builds, and the weights load when an executor needs them."""
     from ir.text import format_program
 
     cfg = LoweringConfig(max_seq=32, workers=2)
-    meta = pipeline.Session.build("config:tiny-qwen3", 2, cfg, weights=False)
-    full = pipeline.Session.build("config:tiny-qwen3", 2, cfg)
+    meta = pipeline.Compilation.build("config:tiny-qwen3", 2, cfg, weights=False)
+    full = pipeline.Compilation.build("config:tiny-qwen3", 2, cfg)
     assert not meta.has_weights and full.has_weights
     assert format_program(meta.program) == format_program(full.program)
     rep = meta.check(meta.decoder("sim"), POSITIONS)
@@ -194,7 +194,7 @@ def test_session_lowers_from_shapes_alone():
 
 def test_check_is_skipped_when_memory_is_short(monkeypatch):
     cfg = LoweringConfig(max_seq=32)
-    s = pipeline.Session.build("config:tiny-llama", 2, cfg, weights=False)
+    s = pipeline.Compilation.build("config:tiny-llama", 2, cfg, weights=False)
     need, detail = pipeline.check_memory(s)
     params = sum(p.numel() for p in s.resolved.model.parameters())
     assert need >= params * 4 + pipeline.MEMORY_HEADROOM
@@ -231,7 +231,7 @@ def smollm2():
 def _smollm2_decode(smollm2, R, n, seed=0, sim_policy="random", **knobs):
     res, prompt = smollm2
     cfg = LoweringConfig(max_seq=len(prompt) + n, **knobs)
-    s = pipeline.Session.build("smollm2-135m", R, cfg, resolved=res)
+    s = pipeline.Compilation.build("smollm2-135m", R, cfg, resolved=res)
     assert s.verdict.ok, [(f.cls, f.message) for f in s.verdict.errors[:3]]
     dec = s.decoder("sim", seed=seed, policy=sim_policy)
     return dec.generate(prompt, n, eos=pipeline.eos_ids(res.model)), dec
@@ -385,7 +385,7 @@ def test_validator_refuses_a_fused_allreduce_tile_without_its_peer_signal():
 
     from ir.program import Signal
 
-    s = _session("tiny-llama", 2, workers=3, tile=32, allreduce="fused")
+    s = _compilation("tiny-llama", 2, workers=3, tile=32, allreduce="fused")
     assert s.verdict.ok
     p = s.program
     tiles = [i for i, t in enumerate(p.tasks) if len(t.outs) > 1
@@ -410,7 +410,7 @@ def test_validator_refuses_a_reduce_norm_gemv_that_skips_a_peer_wait():
     delivered, and the validator refuses the program, naming the tile."""
     import dataclasses
 
-    s = _session("tiny-llama", 2, workers=3, tile=32, fuse=True, allreduce="fused", fuse_reduce=True)
+    s = _compilation("tiny-llama", 2, workers=3, tile=32, fuse=True, allreduce="fused", fuse_reduce=True)
     assert s.verdict.ok
     p, arrive = s.program, "c.l0.attn.from1.r0"
     tile = next(t for t in p.tasks if t.op == "reduce_norm_gemv" and t.rank == 0

@@ -29,18 +29,18 @@ def _amk(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
                           timeout=timeout, cwd=ROOT, env=env)
 
 
-def _session(weights: str, tp: int = 1, **kw):
+def _compilation(weights: str, tp: int = 1, **kw):
     """tiny-llama built at ``tp`` ranks with weight format ``weights`` (``q8_0``: int8 with
     32-column groups)."""
     from amk import pipeline
 
     cfg = LoweringConfig(**weight_knobs(weights), tile=16, workers=2, max_seq=32, **kw).validate(ranks=tp)
-    return pipeline.Session.build("config:tiny-llama", tp, cfg)
+    return pipeline.Compilation.build("config:tiny-llama", tp, cfg)
 
 
 @pytest.fixture(scope="module")
 def int8_prog():
-    return _session("int8", 2, fuse=True).program
+    return _compilation("int8", 2, fuse=True).program
 
 
 # -- quantization math -----------------------------------------------------------------------
@@ -161,8 +161,8 @@ def test_unquantized_config_line_unchanged():
     """An unquantized lowering writes no quantization knobs (its text is what it was)."""
     from amk import pipeline
 
-    prog = pipeline.Session.build("config:tiny-llama", 1, LoweringConfig(tile=16, workers=2, max_seq=32),
-                                  validate=False).program
+    prog = pipeline.Compilation.build("config:tiny-llama", 1, LoweringConfig(tile=16, workers=2, max_seq=32),
+                                      validate=False).program
     assert "weights" not in prog.config and "quantize_lm_head" not in prog.config
     assert all(b.dtype in ("f32", "i32") for b in prog.buffers)
 
@@ -185,7 +185,7 @@ def test_validator_and_oracle_accept_quantized(int8_prog):
     from validator.oracle import check
 
     assert validate(int8_prog).ok
-    small = _session("fp8", 1).program
+    small = _compilation("fp8", 1).program
     assert validate(small).ok
     res = check(small, runs=2, exhaustive=False)
     assert not res.problems, [p.message for p in res.problems[:3]]
@@ -230,7 +230,7 @@ def test_scale_reads_count_in_race_analysis():
     from ir.program import Task
     from validator import validate
 
-    p = _session("int8", 1).program
+    p = _compilation("int8", 1).program
     t0, t1 = (p.tasks[_task_index(p, f"l0.q.t{i}.r0")] for i in (0, 1))
     assert (t0.worker, t1.worker) == (0, 1)
     other = Region("s.w.l0.k.r0", 0, t0.ins[-1].ranges)  # an initialised f32 weight
@@ -260,7 +260,7 @@ def test_split_and_merge_cut_group_scales_by_rows():
     from ir.edits import apply_edits, parse_edits
     from validator import validate
 
-    p = _session("q8_0", 1).program
+    p = _compilation("q8_0", 1).program
     new = apply_edits(p, parse_edits([{"op": "split", "task": "l0.q.t0.r0", "rows": 8}]))
     a, b = (new.tasks[_task_index(new, i)] for i in ("l0.q.t0_0.r0", "l0.q.t0_1.r0"))
     assert [(r.start.const, r.stop.const) for r in a.ins[-1].ranges] == [(0, 8), (0, 3)]
@@ -283,7 +283,7 @@ def test_split_and_merge_cut_group_scales_by_rows():
 def test_sim_matches_the_quantized_reference(weights, tp, kw):
     from amk import pipeline
 
-    s = _session(weights, tp, **kw)
+    s = _compilation(weights, tp, **kw)
     rep = s.check(s.decoder("sim"), positions=(0, 5, 11))
     assert rep.ok and rep.max_abs_err < 1e-4, rep.failures()
     # ... and is measurably not the unquantized model
@@ -295,7 +295,7 @@ def test_sim_matches_the_quantized_reference(weights, tp, kw):
 def test_quantized_copy_leaves_the_embedding():
     from lowering.quant import quantized_copy
 
-    s = _session("int8", 1)
+    s = _compilation("int8", 1)
     m = s.resolved.model
     c = quantized_copy(m, "int8", quantize_lm_head=True)
     emb = "model.embed_tokens.weight"
@@ -369,7 +369,7 @@ def test_validator_rejects_bad_group_scales():
     """Per-group scales on an fp8 weight, or for other rows than the weight's, are named."""
     from validator import validate
 
-    p = _session("q8_0", 1).program
+    p = _compilation("q8_0", 1).program
     t = p.tasks[_task_index(p, "l0.q.t0.r0")]
     sc = t.ins[-1]
     assert len(sc.ranges) == 2 and sc.ranges[1].stop.const == 3  # K = 96: 3 groups of 32
@@ -389,7 +389,7 @@ def test_validator_rejects_bad_group_scales():
 def test_q8_0_decode_bytes_count_a_scale_per_block():
     from lowering.quant import decode_bytes
 
-    s = _session("q8_0", 1)
+    s = _compilation("q8_0", 1)
     m = s.resolved.model
     full = decode_bytes(m, None)
     lin = [mod.weight for n, mod in m.named_modules() if isinstance(mod, torch.nn.Linear) and n.endswith("_proj")]

@@ -45,8 +45,8 @@ def test_sim_int8_matches_the_quantized_reference(smollm2):
     from amk import pipeline
 
     r, _, _ = smollm2
-    s = pipeline.Session.build("smollm2-135m", 1, LoweringConfig(weights="int8", fuse=True).validate(ranks=1),
-                               resolved=r)
+    s = pipeline.Compilation.build("smollm2-135m", 1, LoweringConfig(weights="int8", fuse=True).validate(ranks=1),
+                                   resolved=r)
     assert s.verdict.ok
     rep = s.check(s.decoder("sim", policy="in_order"), positions=(0, 3))
     assert rep.ok, rep.failures()

@@ -39,9 +39,9 @@ def test_two_rank_processes_match_one_process(tmp_path):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        session = pipeline.Session.build(MODEL, 2, LoweringConfig(max_seq=40, workers=2))
-        dec = session.decoder("sim", policy="in_order")
-        report = session.check(dec)
+        compilation = pipeline.Compilation.build(MODEL, 2, LoweringConfig(max_seq=40, workers=2))
+        dec = compilation.decoder("sim", policy="in_order")
+        report = compilation.check(dec)
         tokens = dec.generate([5, 17, 33], 6)
     finally:
         torch.set_num_threads(threads)

@@ -148,8 +148,8 @@ def run(args: argparse.Namespace) -> int:
             ours_ref = make_reference(qref, prompt.to(dev), args.tokens)
             del qref
     with con.status("megakernel: lower, validate, build, check logits, decode in a CUDA graph"):
-        ours, session, ex = measure_megakernel(args.model, resolved, cfg, target, prompt, ours_ref,
-                                               args.tokens, kernel_options(full.kernel))
+        ours, compilation, ex = measure_megakernel(args.model, resolved, cfg, target, prompt, ours_ref,
+                                                   args.tokens, kernel_options(full.kernel))
     timing = ours.timing
     nbytes = decode_bytes(model, cfg.weight_format, cfg.quantize_lm_head)  # quantized: 1 byte + scales
     floor = roofline_ms(nbytes, bw)
@@ -185,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
         "command": "amk " + " ".join(sys.argv[1:]) if sys.argv else "amk bench",
         "python": platform.python_version(), "torch": torch.__version__,
         "config": cfg.to_json(), "kernel": full.kernel.to_json(), "config_source": config_source,
-        "tasks": len(session.program.tasks), "workers": ex.workers,
+        "tasks": len(compilation.program.tasks), "workers": ex.workers,
         "num_warps": ex.num_warps, "blocks": ex.blocks.__dict__,
         "occupancy": ex.occupancy, "build_s": ours.extra["build_s"],
         "weight_bytes": nbytes, "hbm_bytes_per_s": bw, "roofline_ms": floor,

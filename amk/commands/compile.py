@@ -150,7 +150,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def quant_distance(session: Any) -> dict[str, Any]:
+def quant_distance(compilation: Any) -> dict[str, Any]:
     """The quantized reference model's distance to the unquantized one (lowering.quant.distance):
     greedy agreement over 64 tokens after a fixed prompt and perplexity on
     examples/text/eval.txt, tokenized by the model's tokenizer; a model without one (the
@@ -158,16 +158,16 @@ def quant_distance(session: Any) -> dict[str, Any]:
     from amk import pipeline
     from lowering import quant
 
-    vocab = session.graph.spec.vocab
+    vocab = compilation.graph.spec.vocab
     try:
-        tok = session.resolved.tokenizer
+        tok = compilation.resolved.tokenizer
         prompt = tok(quant.EVAL_PROMPT)["input_ids"]
         text = tok((Path(__file__).resolve().parents[2] / quant.EVAL_TEXT).read_text())["input_ids"]
         what = quant.EVAL_TEXT
     except (AmkError, OSError):
         prompt, text = pipeline.check_tokens(vocab, 16, 1), pipeline.check_tokens(vocab, 256, 2)
         what = "256 seeded token ids (the model has no tokenizer)"
-    d = quant.distance(session.resolved.model, session.reference_model(), prompt, text, 64)
+    d = quant.distance(compilation.resolved.model, compilation.reference_model(), prompt, text, 64)
     d.pop("reference_tokens")
     return {**d, "text": what, "base": "the checkpoint's weights, unquantized (fp32)"}
 
@@ -239,22 +239,22 @@ def run(args: argparse.Namespace) -> int:
             progress.update(tid, completed=1, description=f"[green]✓[/] {desc}")
             return res
 
-        session = stage(f"import + lower {args.model} (shapes)", lambda: pipeline.Session.build(
+        compilation = stage(f"import + lower {args.model} (shapes)", lambda: pipeline.Compilation.build(
             args.model, args.tp, cfg, target_for(args.backend), validate=False, weights=False))
-        g, spec = session.graph, session.graph.spec
+        g, spec = compilation.graph, compilation.graph.spec
         out_dir = Path(args.out) if args.out else Path("build") / f"{_safe(g.name)}-tp{args.tp}"
         try:
             out_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise AmkError(f"{out_dir}: cannot create the output directory: {e.strerror or e}") from None
-        prog = session.program
+        prog = compilation.program
         verdict, vs = stage(f"validate {len(prog.tasks)} tasks", pipeline.validate_program, prog)
-        session.verdict, session.validate_s = verdict, vs
+        compilation.verdict, compilation.validate_s = verdict, vs
         stage("write schedule.amk / schedule.json", lambda: (
             _write(out_dir / "schedule.amk", format_program(prog)),
             _write(out_dir / "schedule.json", dumps(prog))))
         report.update({
-            "model": g.name, "source": session.resolved.source.describe(),
+            "model": g.name, "source": compilation.resolved.source.describe(),
             "family": spec.family, "spec": spec.to_json(), "ranks": prog.ranks,
             "workers": prog.workers, "config": cfg.to_json(), "program": prog.name,
             **({"kernel": full.kernel.to_json()} if args.backend == "triton" else {}),
@@ -276,12 +276,12 @@ def run(args: argparse.Namespace) -> int:
                       f"{verdict.errors[0].message}"
             report["correctness"] = {"ok": False, "skipped": "the schedule was rejected"}
         else:
-            skipped = pipeline.check_skip_reason(session, args.no_check)
+            skipped = pipeline.check_skip_reason(compilation, args.no_check)
         if skipped:
             report["correctness"] = {"ok": None, "skipped": skipped}
         elif verdict.ok:
-            if not session.has_weights:
-                stage("load weights", session.load_weights)
+            if not compilation.has_weights:
+                stage("load weights", compilation.load_weights)
             parts = {"schedule": f"  schedule on {args.backend}: positions",
                      "hf": "  HF eager: positions"}
             bars: dict[str, Any] = {}
@@ -292,9 +292,9 @@ def run(args: argparse.Namespace) -> int:
                 progress.update(bars[part], completed=done)
 
             def correctness():
-                dec = session.decoder(args.backend, seed=args.seed, policy=args.sim_policy,
-                                      backend_options=backend_options(args.backend, full))
-                return session.check(dec, progress=on_step), dec
+                dec = compilation.decoder(args.backend, seed=args.seed, policy=args.sim_policy,
+                                          backend_options=backend_options(args.backend, full))
+                return compilation.check(dec, progress=on_step), dec
             corr, dec = stage(f"correctness vs HF eager ({args.backend}, positions 0/7/31)",
                               correctness)
             report["correctness"] = corr.to_json()
@@ -307,8 +307,8 @@ def run(args: argparse.Namespace) -> int:
             if cfg.weights not in ("none", "bf16"):
                 report["quantization"]["distance"] = stage(
                     "distance to the unquantized model (64 greedy tokens, perplexity)",
-                    lambda: quant_distance(session))
-    report["timings_s"] = {**{k: round(v, 3) for k, v in session.timings.items()}, **timings}
+                    lambda: quant_distance(compilation))
+    report["timings_s"] = {**{k: round(v, 3) for k, v in compilation.timings.items()}, **timings}
     report["ok"] = failure is None
     if failure:
         report["failure"] = failure

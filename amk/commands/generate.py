@@ -167,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
                          prefill=bool(args.prefill), return_dict_in_generate=True)
     new = res.tokens
     text = tok.decode(new, skip_special_tokens=True)
-    out = {"model": m.session.graph.name, "ranks": args.tp, "workers": m.program.workers,
+    out = {"model": m.compilation.graph.name, "ranks": args.tp, "workers": m.program.workers,
            "backend": args.backend, "config_source": config_source, "prompt": args.prompt,
            "chat": args.chat, "prompt_tokens": prompt_ids, "text": text, "tokens": new,
            "steps": res.steps, "seconds": round(res.seconds, 3),
@@ -214,5 +214,5 @@ def run(args: argparse.Namespace) -> int:
             err.print(f"[{colour}]verify: first divergence at new token {div}: amk "
                       f"{new[div] if div < len(new) else None} vs HF "
                       f"{ref[div] if div < len(ref) else None}"
-                      + (f"; {escape(out['verdict'])}" if "verdict" in out else "") + f"[/]")
+                      + (f"; {escape(out['verdict'])}" if "verdict" in out else "") + "[/]")
     return rc

@@ -158,18 +158,18 @@ def _model_trace(args: argparse.Namespace, con, ctx=None) -> dict:
 
         resolved = resolve_model(args.target, dtype="fp32" if cfg.dtype == "f32" else "bf16",
                                  device=dev if ctx is not None else None)
-        session = pipeline.Session.build(args.target, tp, cfg, cuda_target(props), resolved=resolved)
-        _check_verdict(session)
-        return gpu_trace(session, full.kernel, args.seq_len, meta=meta, ctx=ctx)
+        compilation = pipeline.Compilation.build(args.target, tp, cfg, cuda_target(props), resolved=resolved)
+        _check_verdict(compilation)
+        return gpu_trace(compilation, full.kernel, args.seq_len, meta=meta, ctx=ctx)
     from ir.program import Target
 
-    session = pipeline.Session.build(args.target, tp, cfg, Target(backend="sim"), weights=False)
-    _check_verdict(session)
-    return sim_trace(session.program, args.seq_len, meta=meta)
+    compilation = pipeline.Compilation.build(args.target, tp, cfg, Target(backend="sim"), weights=False)
+    _check_verdict(compilation)
+    return sim_trace(compilation.program, args.seq_len, meta=meta)
 
 
-def _check_verdict(session) -> None:
-    if not session.verdict.ok:
-        errs = session.verdict.errors
+def _check_verdict(compilation) -> None:
+    if not compilation.verdict.ok:
+        errs = compilation.verdict.errors
         raise AmkError(f"the schedule was rejected by the validator ({errs[0] if errs else '?'}); "
                        "nothing to trace", exit_code=1)
