@@ -32,7 +32,7 @@ def cuda_target(props):
 
 
 def measure_megakernel(model_arg, resolved, cfg, target, prompt, ref, n_tokens: int,
-                       backend_options: dict | None = None):
+                       backend_options: dict | None = None, compilation=None):
     """Lower, validate, build and time the megakernel for one config (R = 1).
 
     ``resolved``: the resolved HF model (its weights feed the kernel; the HF model itself is
@@ -40,14 +40,17 @@ def measure_megakernel(model_arg, resolved, cfg, target, prompt, ref, n_tokens: 
     ``ref``: the TokenReference; ``cfg``: the LoweringConfig. Returns (BaselineResult named
     ``amk_megakernel`` with timing, verdict and ``extra`` = logit_check, first_divergence,
     build_s), the Compilation and the executor. ``backend_options``: TritonExecutor options
-    (``num_warps``, ``blocks``: lowering.triton.blocks.kernel_options).
+    (``num_warps``, ``blocks``: lowering.triton.blocks.kernel_options). ``compilation``: an
+    earlier result's Compilation of the same ``cfg``, reused (kernel knobs differ, the
+    validated program does not).
     Raises AmkError if the validator rejects the schedule.
     """
     from amk import pipeline
     from amk.baselines import BaselineResult, judge_tokens
     from lowering.triton.graph import DecodeGraph
 
-    compilation = pipeline.Compilation.build(model_arg, 1, cfg, target, resolved=resolved)
+    if compilation is None:
+        compilation = pipeline.Compilation.build(model_arg, 1, cfg, target, resolved=resolved)
     if not compilation.verdict.ok:
         raise AmkError("the schedule was rejected by the validator: "
                        + "; ".join(f.message for f in compilation.verdict.errors[:3]), exit_code=1)

@@ -13,7 +13,10 @@ amk.baselines.hf_compiled_graph: a StaticCache decode step, torch.compile'd, rep
 CUDA graph). ``quantize_`` also switches on the inductor settings torchao recommends,
 coordinate-descent tuning among them, which makes the compile of a torchao row long; each
 run records those settings, its warm-up seconds (compile included) and Dynamo's graph
-count. Each baseline is measured ``--repeats`` times (default 2; the table shows every run's
+count; ``--torchao-inductor stock`` restores the stock settings after ``quantize_`` (row
+``torchao FMT stock``), ``both`` measures a row each way. ``--amk-variant 'NAME: --knob V'``
+adds a row ``amk FMT NAME`` per quantized format with those kernel knobs (an A/B in one
+process). Each baseline is measured ``--repeats`` times (default 2; the table shows every run's
 median). ``--rows`` picks the row kinds (amk, hf, torchao), so that one call may measure
 what another call had no time for (the inductor cache of a warm machine then shortens the
 compile). Verdicts: greedy tokens against HF generate of the model the row computes, by the
@@ -45,6 +48,7 @@ from ground.errors import AmkError, run_main  # noqa: E402
 
 FORMATS = ("int8", "fp8", "q8_0")
 ROWS = ("amk", "hf", "torchao")
+INDUCTOR_MODES = ("recommended", "stock", "both")
 NAME = "bench/quant.py"
 
 
@@ -66,6 +70,13 @@ def parser() -> argparse.ArgumentParser:
                          "compiled + graph), torchao (quantized compiled + graph); default all. A "
                          "call too short for every compile can measure some kinds, the next the rest")
     ap.add_argument("--no-baselines", action="store_true", help="amk rows only (--rows amk)")
+    ap.add_argument("--amk-variant", action="append", default=[], metavar="'NAME: --knob V ...'",
+                    help="also measure each quantized format's amk row with these kernel knobs changed "
+                         "(row 'amk FMT NAME'); repeatable")
+    ap.add_argument("--torchao-inductor", choices=INDUCTOR_MODES, default="recommended",
+                    help="the inductor settings of the torchao rows: recommended (what quantize_ switches "
+                         "on, coordinate-descent tuning among them: long compiles), stock (restored after "
+                         "quantize_), or both (a row each); default recommended")
     ap.add_argument("--json", action="store_true", help="print the result as one JSON line on stdout")
     ap.add_argument("--out", metavar="FILE", default=None, help="write the result (JSON) to FILE, atomically")
     # --weights is this script's list (q8_0: int8 with --weight-group 32); --quantize-lm-head applies to
@@ -85,6 +96,45 @@ def parse_formats(text: str) -> list[str]:
     if bad or not out or len(set(out)) != len(out):
         raise AmkError(f"--weights: expected a comma list of {', '.join(FORMATS)}, got {text!r}")
     return out
+
+
+def parse_variants(texts: list[str], base) -> list[tuple[str, object]]:
+    """The ``--amk-variant`` list as (name, KernelConfig): each ``NAME: --knob V ...`` is the
+    kernel knobs of ``base`` (a KernelConfig) with those flags applied, validated. Raises
+    AmkError naming the variant for a missing name, a repeated name, an unknown flag or a
+    value a knob does not allow."""
+    import shlex
+
+    from lowering.config import KernelConfig
+    from lowering.knobs import add_flags, given
+
+    out: list[tuple[str, object]] = []
+    for text in texts:
+        name, sep, flags = text.partition(":")
+        name = name.strip()
+        if not sep or not name or " " in name or name in {n for n, _ in out}:
+            raise AmkError(f"--amk-variant {text!r}: expected 'NAME: --knob VALUE ...' with a new one-word NAME")
+        ap = argparse.ArgumentParser(prog=f"--amk-variant {name}", add_help=False, exit_on_error=False)
+        add_flags(ap, KernelConfig)
+        try:
+            ns, rest = ap.parse_known_args(shlex.split(flags))
+        except (argparse.ArgumentError, ValueError) as err:
+            raise AmkError(f"--amk-variant {name}: {err}") from None
+        if rest:
+            raise AmkError(f"--amk-variant {name}: not a kernel knob: {' '.join(rest)}")
+        out.append((name, base.replace(**given(ns, KernelConfig)).validate(f"--amk-variant {name}")))
+    return out
+
+
+def kernel_key(fmt: str | None, kernel):
+    """The kernel knobs ``kernel`` (a KernelConfig) with those that do nothing for weight
+    format ``fmt`` at their defaults: two variants with one key build the same kernel for it
+    (an fp8 program has no int8 to convert; q8_0's grouped scales never stream through TMA)."""
+    if fmt == "fp8":
+        return kernel.replace(int8_convert=type(kernel)().int8_convert)
+    if fmt == "q8_0":
+        return kernel.replace(q_tma=False)
+    return kernel
 
 
 def parse_rows(text: str, no_baselines: bool = False) -> set[str]:
@@ -167,6 +217,9 @@ def measure(args: argparse.Namespace, formats: list[str], progress: Callable[[st
     base_args = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "quantize_lm_head"})
     full, source = run_config(base_args, GpuKey.local())  # the bf16 config; formats set per row
     progress(source)
+    variants = [(None, full.kernel), *parse_variants(getattr(args, "amk_variant", []), full.kernel)]
+    imode = getattr(args, "torchao_inductor", "recommended")
+    imodes = ["stock", "recommended"] if imode == "both" else [imode]
     dev = torch.device("cuda")
     props = torch.cuda.get_device_properties(dev)
     progress("measuring HBM bandwidth")
@@ -181,6 +234,7 @@ def measure(args: argparse.Namespace, formats: list[str], progress: Callable[[st
             "python": platform.python_version(), "torch": torch.__version__,
             "torchao": _torchao_version(), "config": full.lowering.to_json(), "kernel": full.kernel.to_json(),
             "config_source": source, "tokens": args.tokens, "repeats": args.repeats,
+            "amk_variants": {n: k.to_json() for n, k in variants if n}, "torchao_inductor": imodes,
             "rows": [k for k in ROWS if k in kinds]}
 
     def done(row_: dict) -> None:
@@ -201,39 +255,50 @@ def measure(args: argparse.Namespace, formats: list[str], progress: Callable[[st
         nbytes = quant_decode_bytes(model, fmt, qlm)
         floor = roofline_ms(nbytes, bw)
         cfg = full.lowering.replace(**weight_knobs(fmt or "none"), quantize_lm_head=qlm if fmt else False)
-        if "amk" in kinds:
-            progress(f"amk {label}: lower, validate, build, check logits, decode in a CUDA graph")
+        compilation, seen = None, []
+        for vname, kcfg in (variants if fmt else variants[:1]) if "amk" in kinds else ():
+            name = f"amk {label}" + (f" {vname}" if vname else "")
+            same = kernel_key(fmt, kcfg)
+            if same in seen:
+                progress(f"{name}: skipped, the same kernel as an earlier row for {label}")
+                continue
+            seen.append(same)
+            progress(f"{name}: lower, validate, build, check logits, decode in a CUDA graph")
+            extra = {"weight_bytes": nbytes, **({"kernel": kcfg.to_json()} if vname else {})}
             try:
                 ours, compilation, ex = measure_megakernel(args.model, resolved, cfg, cuda_target(props), prompt,
-                                                           ref, args.tokens, kernel_options(full.kernel))
-                del compilation, ex
+                                                           ref, args.tokens, kernel_options(kcfg), compilation)
+                del ex
                 _free()
-                done(row(f"amk {label}", label, [ours.to_json()], floor, ours.correct, ours.note,
-                         {"weight_bytes": nbytes, "logit_check": ours.extra.get("logit_check")}))
-            except AmkError as err:
-                done(row(f"amk {label}", label, [{"latency_ms_median": None}], floor, False,
-                         f"failed: {err}", {"weight_bytes": nbytes}))
+                done(row(name, label, [ours.to_json()], floor, ours.correct, ours.note,
+                         {**extra, "logit_check": ours.extra.get("logit_check")}))
+            except Exception as err:  # keep the row, with the reason, and go on to the next
+                done(row(name, label, [{"latency_ms_median": None}], floor, False,
+                         f"failed: {type(err).__name__}: {err}", extra))
+        del compilation
+        _free()
         if ("hf" if fmt is None else "torchao") not in kinds:
             continue
-        name = "hf bf16" if fmt is None else f"torchao {label}"
-        runs, correct, note, base = [], True, "", None
-        try:
-            base = model if fmt is None else torchao_model(model, fmt)
-            for k in range(args.repeats):
-                progress(f"{name} + torch.compile + CUDA graph, run {k + 1} of {args.repeats}")
-                r = judge(hf_compiled_graph(base, prompt.to(dev), args.tokens), ref)
-                r.extra["inductor"] = inductor_settings()
+        for mode in [None] if fmt is None else imodes:
+            name = "hf bf16" if fmt is None else f"torchao {label}" + (" stock" if mode == "stock" else "")
+            runs, correct, note, base = [], True, "", None
+            try:
+                base = model if fmt is None else torchao_model(model, fmt, stock_inductor=mode == "stock")
+                for k in range(args.repeats):
+                    progress(f"{name} + torch.compile + CUDA graph, run {k + 1} of {args.repeats}")
+                    r = judge(hf_compiled_graph(base, prompt.to(dev), args.tokens), ref)
+                    r.extra["inductor"] = inductor_settings()
+                    runs.append(r.to_json())
+                    correct, note = correct and bool(r.correct), r.note
+                    progress(f"  {r.timing.median_ms:.3f} ms/token after {r.extra['compile_s']:.0f} s of warm-up "
+                             f"({r.extra['dynamo_graphs']} Dynamo graphs)")
+            except Exception as err:  # keep the row, with the reason, rather than lose the run
+                r = BaselineResult(name, [], None, False, f"failed: {type(err).__name__}: {err}")
                 runs.append(r.to_json())
-                correct, note = correct and bool(r.correct), r.note
-                progress(f"  {r.timing.median_ms:.3f} ms/token after {r.extra['compile_s']:.0f} s of warm-up "
-                         f"({r.extra['dynamo_graphs']} Dynamo graphs)")
-        except Exception as err:  # keep the row, with the reason, rather than lose the run
-            r = BaselineResult(name, [], None, False, f"failed: {type(err).__name__}: {err}")
-            runs.append(r.to_json())
-            correct, note = False, r.note
-        done(row(name, label, runs, floor, correct, note, {"weight_bytes": nbytes}))
-        del base
-        _free()
+                correct, note = False, r.note
+            done(row(name, label, runs, floor, correct, note, {"weight_bytes": nbytes}))
+            del base
+            _free()
     return build_result(meta, bw, rows, distance)
 
 
@@ -247,16 +312,18 @@ def _free() -> None:
     torch.cuda.empty_cache()
 
 
-def torchao_model(model, fmt: str):
+def torchao_model(model, fmt: str, stock_inductor: bool = False):
     """A copy of the bf16 HF ``model`` with torchao's weight-only quantization of every
     linear layer but the LM head (int8: Int8WeightOnlyConfig, fp8: Float8WeightOnlyConfig,
     q8_0: Int8WeightOnlyConfig with PerGroup(32) granularity), the layers amk quantizes.
     ``quantize_`` also applies torchao's recommended inductor settings, process-wide
-    (torchao.quantization.utils.recommended_inductor_config_setter). Raises AmkError when
-    torchao is not installed."""
+    (torchao.quantization.utils.recommended_inductor_config_setter); ``stock_inductor``
+    restores the inductor settings of before the call. Raises AmkError when torchao is not
+    installed."""
     import copy
 
     import torch
+    import torch._inductor.config as inductor_config
 
     try:
         from torchao.quantization import Float8WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
@@ -267,8 +334,11 @@ def torchao_model(model, fmt: str):
     cfg = (Int8WeightOnlyConfig() if fmt == "int8" else Float8WeightOnlyConfig() if fmt == "fp8"
            else Int8WeightOnlyConfig(version=2, granularity=PerGroup(32)))
     head = m.get_output_embeddings()
+    saved = inductor_config.save_config()
     quantize_(m, cfg, filter_fn=lambda mod, fqn: isinstance(mod, torch.nn.Linear) and mod is not head
               and fqn.endswith("_proj"))
+    if stock_inductor:
+        inductor_config.load_config(saved)
     return m
 
 

@@ -482,15 +482,32 @@ def render_dist(rel: str, rep: dict) -> list[str]:
     return lines
 
 
+def quant_rows(rep: dict) -> list[dict]:
+    """The rows of a bench/quant.py report that the page shows: every baseline row, and of
+    the amk rows of each format (its kernel-knob variants, ``--amk-variant``) the fastest
+    correct one (the first where none is), in the report's order."""
+    best: dict[str, dict] = {}
+    for r in rep["rows"]:
+        if not r["method"].startswith("amk "):
+            continue
+        fmt, cur = r.get("weights"), best.get(r.get("weights"))
+        ms = r.get("latency_ms_median") if r.get("correct") else None
+        cur_ms = cur.get("latency_ms_median") if cur is not None and cur.get("correct") else None
+        if cur is None or (ms is not None and (cur_ms is None or ms < cur_ms)):
+            best[fmt] = r
+    keep = {id(r) for r in best.values()}
+    return [r for r in rep["rows"] if not r["method"].startswith("amk ") or id(r) in keep]
+
+
 def render_quant(reports: list[tuple[str, dict]]) -> list[str]:
-    """One table of the bench/quant.py reports ``(rel path, report)``: each row's median ms, %
-    of its roofline and verdict; then a line per report with its file, whether the run was cut
-    off, and each format's distance to the bf16 model."""
+    """One table of the bench/quant.py reports ``(rel path, report)``: each shown row's
+    (quant_rows) median ms, % of its roofline and verdict; then a line per report with its
+    file, whether the run was cut off, and each format's distance to the bf16 model."""
     lines = ["| GPU, shape | method | weights | ms/token | % of its roofline | correct |",
              "|---|---|---|---|---|---|"]
     for _, rep in reports:
         where = f"{gpu_label(rep.get('device', ''))}, {model_label(rep.get('model', '?'))}"
-        for r in rep["rows"]:
+        for r in quant_rows(rep):
             ok = "yes" if r.get("correct") else "no"
             pct = r.get("roofline_pct")
             pct_cell = "-" if pct is None else f"{pct:.1f}%"

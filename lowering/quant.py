@@ -277,14 +277,31 @@ def forced_argmax(model, tokens: list[int]) -> list[int]:
     return [int(t) for t in lg.argmax(-1)]
 
 
+def logits_perplexity(logits: torch.Tensor, tokens: list[int]) -> float:
+    """``exp(mean negative log-likelihood)`` of ``tokens[1:]`` from ``logits`` [len(tokens) - 1,
+    vocab], row i the logits after ``tokens[: i + 1]`` (fp32 log-softmax). ValueError for a
+    row count that does not match."""
+    if logits.shape[0] != len(tokens) - 1:
+        raise ValueError(f"{logits.shape[0]} rows of logits for {len(tokens) - 1} predicted tokens")
+    nll = torch.nn.functional.cross_entropy(logits.float(), torch.tensor(tokens[1:], device=logits.device))
+    return float(torch.exp(nll))
+
+
 def perplexity(model, tokens: list[int]) -> float:
     """``exp(mean negative log-likelihood)`` of ``tokens[1:]`` given their prefixes under HF
-    ``model`` (one forward, fp32 log-softmax)."""
+    ``model`` (one forward; logits_perplexity)."""
     dev = next(model.parameters()).device
     with torch.no_grad():
-        lg = model(input_ids=torch.tensor([tokens], device=dev)).logits[0, :-1].float()
-    nll = torch.nn.functional.cross_entropy(lg, torch.tensor(tokens[1:], device=dev))
-    return float(torch.exp(nll))
+        lg = model(input_ids=torch.tensor([tokens], device=dev)).logits[0, :-1]
+    return logits_perplexity(lg, tokens)
+
+
+def agreement(pred: list[int], ref: list[int]) -> tuple[float, int]:
+    """(fraction of positions where ``pred`` equals ``ref``, length of their common prefix),
+    over ``len(ref)`` positions."""
+    match = sum(int(a == b) for a, b in zip(pred, ref)) / len(ref)
+    prefix = next((i for i, (a, b) in enumerate(zip(pred, ref)) if a != b), min(len(pred), len(ref)))
+    return match, prefix
 
 
 def distance(base, quant, prompt: list[int], text: list[int], n: int = 64) -> dict:
@@ -294,10 +311,8 @@ def distance(base, quant, prompt: list[int], text: list[int], n: int = 64) -> di
     equal to ``base``'s before the first difference, of ``n``), ``ppl_base`` / ``ppl_quant``
     (perplexity on the token ids ``text``) and ``ppl_ratio`` (quant / base)."""
     ref = greedy_tokens(base, prompt, n)
-    pred = forced_argmax(quant, list(prompt) + ref)[len(prompt) - 1:-1]
-    match = sum(int(a == b) for a, b in zip(pred, ref)) / n
-    own = greedy_tokens(quant, prompt, n)
-    prefix = next((i for i, (a, b) in enumerate(zip(own, ref)) if a != b), n)
+    match, _ = agreement(forced_argmax(quant, list(prompt) + ref)[len(prompt) - 1:-1], ref)
+    _, prefix = agreement(greedy_tokens(quant, prompt, n), ref)
     pb, pq = perplexity(base, text), perplexity(quant, text)
     return {"tokens": n, "greedy_match": match, "greedy_prefix": prefix, "ppl_base": pb,
             "ppl_quant": pq, "ppl_ratio": pq / pb, "reference_tokens": ref}

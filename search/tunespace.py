@@ -55,6 +55,10 @@ KERNEL_VALUES: dict[str, tuple[Any, ...]] = {
     "ring": (0,),
     "ring_rows": (2, 4, 8),
     "ring_cols": (1024, 2048, 4096),
+    # the quantized weights' knobs act on int8 / fp8 programs only; tuned entries are bf16
+    "q_tma": (False,),
+    "q_gemv_n": (0,),
+    "int8_convert": ("magic",),
 }
 #: ``ring`` when the ring is searched (``TuneSpace(..., ring=True)``).
 RING_VALUES = (0, 4, 8, 16)
@@ -64,7 +68,7 @@ RING_VALUES = (0, 4, 8, 16)
 ORDINAL = {"num_warps", "gemv_stages", "gemv_unroll", "prefetch", "prefetch_cap", "prefetch_rows",
            "roll", "attention_block", "x_chunk", "w_preload", "maxnreg", "ring", "ring_rows", "ring_cols",
            "tile", "workers", "attn_split", "attn_kv_split", "tile_qkv", "tile_gate_up", "tile_lm_head", "tile_reduce",
-           "down_split_k"}
+           "down_split_k", "q_gemv_n"}
 
 #: The op family each knob acts on, for profile-first ordering: ``gemv`` (the weight stream),
 #: ``attention``, ``comm`` (the all-reduce and the signals) and ``schedule`` (every task).
@@ -73,7 +77,8 @@ FAMILY = {
     "num_warps": "gemv", "gemv_block": "gemv", "gemv_stages": "gemv", "gemv_unroll": "gemv",
     "prefetch": "gemv", "prefetch_cap": "gemv", "prefetch_rows": "gemv", "roll": "gemv", "x_stage": "gemv",
     "x_reuse": "gemv", "x_chunk": "gemv", "w_preload": "gemv", "gemv_tma": "gemv", "ring": "gemv",
-    "ring_rows": "gemv", "ring_cols": "gemv", "maxnreg": "gemv", "down_split_k": "gemv",
+    "ring_rows": "gemv", "ring_cols": "gemv", "maxnreg": "gemv", "down_split_k": "gemv", "q_tma": "gemv",
+    "q_gemv_n": "gemv", "int8_convert": "gemv",
     "attn_split": "attention", "attn_kv_split": "attention", "attention_block": "attention", "late_append": "attention",
     "allreduce": "comm", "tile_reduce": "comm", "fuse_reduce": "comm", "lean_release": "comm",
     "coalesce_signals": "comm",

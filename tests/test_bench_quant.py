@@ -124,3 +124,36 @@ def test_a_run_cut_off_after_a_row_leaves_that_row(tmp_path):
         bq.main(["config:tiny-llama", "--out", str(out)], measure_fn=measure)
     res = json.loads(out.read_text())
     assert res["partial"] is True and [r["method"] for r in res["rows"]] == ["amk bf16"]
+
+
+def test_amk_variants_change_kernel_knobs_only():
+    from lowering.config import KernelConfig
+
+    base = KernelConfig(gemv_block="32x256", gemv_stages=6, gemv_tma=True)
+    got = bq.parse_variants(["tma: --q-tma 1 --q-gemv-n 64", "magic:--int8-convert magic"], base)
+    assert [n for n, _ in got] == ["tma", "magic"]
+    assert got[0][1] == base.replace(q_tma=True, q_gemv_n=64) and got[1][1] == base.replace(int8_convert="magic")
+    assert bq.parse_variants([], base) == []
+
+
+@pytest.mark.parametrize("text,needle", [("--q-tma 1", "NAME"), ("a b: --q-tma 1", "NAME"),
+                                         ("t: --tile 32", "not a kernel knob"),
+                                         ("t: --int8-convert fast", "int8"),
+                                         ("t: --q-gemv-n 3", "q_gemv_n")])
+def test_amk_variant_refusals_name_the_variant(text, needle):
+    from lowering.config import KernelConfig
+
+    with pytest.raises(AmkError, match=needle):
+        bq.parse_variants([text], KernelConfig(gemv_tma=True, gemv_stages=4))
+    with pytest.raises(AmkError, match="new one-word NAME"):
+        bq.parse_variants(["v: --q-tma 0", "v: --q-tma 1"], KernelConfig())
+
+
+def test_variants_that_build_the_same_kernel_share_a_key():
+    from lowering.config import KernelConfig
+
+    base = KernelConfig(gemv_block="32x256", gemv_tma=True, gemv_stages=6)
+    cvt, tma = base.replace(int8_convert="cvt"), base.replace(q_tma=True)
+    assert bq.kernel_key("fp8", cvt) == bq.kernel_key("fp8", base) != bq.kernel_key("fp8", tma)
+    assert bq.kernel_key("q8_0", tma) == bq.kernel_key("q8_0", base) != bq.kernel_key("q8_0", cvt)
+    assert len({bq.kernel_key("int8", k) for k in (base, cvt, tma)}) == 3

@@ -29,7 +29,11 @@ DEVICE_TRITON = pytest.mark.skipif(
     # per-group scales through each K-loop form: plain, pair, unrolled, pipelined
     ("q8_0", False, "f32", {}), ("q8_0", True, "bf16", dict(gemv_n=16, gemv_k=64, gemv_unroll=2)),
     ("q8_0", True, "f32", dict(gemv_n=16, gemv_k=32, gemv_unroll=4, w_preload=64)),
-    ("q8_0", True, "bf16", dict(gemv_n=16, gemv_k=128, gemv_stages=3))])
+    ("q8_0", True, "f32", dict(gemv_n=16, gemv_k=16, gemv_unroll=2)),  # blocks inside a group
+    ("q8_0", True, "bf16", dict(gemv_n=16, gemv_k=128, gemv_stages=3)),
+    # the int8 conversion through I2F (the default avoids it); quantized GEMVs in blocks of their own rows
+    ("int8", True, "f32", dict(int8_convert="cvt")), ("q8_0", True, "bf16", dict(int8_convert="cvt")),
+    ("fp8", True, "bf16", dict(gemv_n=16, gemv_k=64, q_gemv_n=32, gemv_unroll=2))])
 def test_quantized_tiny_model_matches_sim(weights, fuse, dtype, blocks):
     from lowering.triton.runtime import Blocks
 
@@ -46,6 +50,39 @@ def test_quantized_tiny_model_matches_sim(weights, fuse, dtype, blocks):
         else:
             assert (lg - ls).abs().max() <= 0.02 * ls.abs().max()
         assert nt == ns
+
+
+@cpu_only
+@pytest.mark.parametrize("weights", ["int8", "q8_0"])
+def test_int8_magic_conversion_is_exact(weights):
+    """int8_convert magic (no I2F) gives the same fp32 logits, bit for bit, as the conversion,
+    and the kernel knobs reach the generated calls (I8_CVT, GEMV_NQ rows for quantized W)."""
+    from lowering.triton.runtime import Blocks
+
+    prog, init, _ = lowered("tiny-llama", workers=2, dtype="f32", fuse=True, **weight_knobs(weights))
+    got = {}
+    for cvt in ("cvt", "magic", "prmt"):  # prmt runs as magic under the interpreter
+        ex = TritonExecutor(prog, init, check=False, blocks=Blocks(int8_convert=cvt, q_gemv_n=32))
+        got[cvt] = run_decode(ex, TOKENS[:2])
+    for other in ("magic", "prmt"):
+        for (a, ta), (b, tb) in zip(got["cvt"], got[other]):
+            assert torch.equal(a, b) and ta == tb
+
+
+@cpu_only
+def test_quantized_gemv_calls_take_the_quantized_knobs(tmp_path):
+    """Scaled int8 GEMVs name I8_CVT, GEMV_NQ and Q_TMA; fp8 ones GEMV_NQ and Q_TMA (no
+    int8 conversion); the float GEMVs (the LM head) keep GEMV_N and GEMV_TMA; per-group
+    scales never take TMA."""
+    for weights, magic, tma in (("int8", True, True), ("fp8", False, True), ("q8_0", True, False)):
+        q, qi, _ = lowered("tiny-llama", workers=2, dtype="bf16", fuse=True, **weight_knobs(weights))
+        src = TritonExecutor(q, qi, check=False).emit_source(tmp_path / f"{weights}.py").read_text()
+        scaled = [ln for ln in src.splitlines() if "HAS_SCALE=True" in ln]
+        plain = [ln for ln in src.splitlines() if "t_gemv(" in ln and "HAS_SCALE" not in ln]
+        assert scaled and plain
+        assert all("GEMV_NQ" in ln and ("I8_CVT=I8_CVT" in ln) == magic for ln in scaled), scaled
+        assert all(("W_TMA=Q_TMA" in ln) == tma for ln in scaled), scaled
+        assert all("GEMV_N," in ln and "I8_CVT" not in ln and "W_TMA=GEMV_TMA" in ln for ln in plain), plain
 
 
 @cpu_only
@@ -66,17 +103,29 @@ def test_unquantized_variants_carry_no_scale(tmp_path):
     ("int8", dict(gemv_n=64, gemv_k=128, gemv_stages=5, gemv_tma=True)),
     ("q8_0", dict(gemv_n=16, gemv_k=128, gemv_unroll=8, x_stage=True, w_preload=1024)),
     ("q8_0", dict(gemv_n=64, gemv_k=128, gemv_stages=5, gemv_tma=True)),
+    ("int8", dict(gemv_n=32, gemv_k=256, gemv_stages=6, gemv_tma=True, q_tma=True, q_gemv_n=64)),
+    ("int8", dict(gemv_n=16, gemv_k=128, gemv_unroll=8, x_stage=True, int8_convert="cvt")),
+    ("int8", dict(gemv_n=32, gemv_k=256, gemv_stages=6, int8_convert="prmt")),
+    ("fp8", dict(gemv_n=32, gemv_k=256, gemv_stages=6, gemv_tma=True, q_tma=True)),
 ])
 def test_device_triton_compiles_quantized_gemv(tmp_path, weights, blocks):
     """Fused bf16 tiny Llama with int8 / fp8 weights at 8 warps compiles for sm_90 with the
     GPU machines' Triton: vector weight loads, no spills; with gemv_tma the quantized tiles
-    stream through register loads (TMA copies only for the float weights)."""
+    stream through register loads (TMA copies only for the float weights) unless q_tma says
+    otherwise; int8_convert magic (the default) or prmt leaves no int8 -> fp32 conversion, and
+    prmt's PTX is there."""
     from lowering.triton.runtime import Blocks
 
     prog, init, _ = lowered("tiny-llama", workers=3, dtype="bf16", fuse=True, **weight_knobs(weights))
     ex = TritonExecutor(prog, init, check=False, num_warps=8, blocks=Blocks(**blocks))
     version, rep = _device_triton_compile(ex, tmp_path)
     assert rep["vector_loads"], (version, rep)
+    if blocks.get("q_tma"):  # the quantized tiles too stream through TMA copies
+        plain = TritonExecutor(prog, init, check=False, num_warps=8, blocks=Blocks(**dict(blocks, q_tma=False)))
+        assert rep["tma_copies"] > _device_triton_compile(plain, tmp_path / "plain")[1]["tma_copies"], rep
+    if weights != "fp8":  # int8 -> fp32 conversions unless int8_convert magic
+        assert (rep["int8_to_f32"] == 0) == (blocks.get("int8_convert", "magic") != "cvt"), rep
+    assert (rep["int8_prmt"] > 0) == (blocks.get("int8_convert") == "prmt"), rep
     if rep["regs"] is not None:
         assert rep["regs"] <= 255 and rep["local_bytes"] == 0, (version, rep)
 

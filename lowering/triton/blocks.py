@@ -53,6 +53,9 @@ class Blocks:
     roll: int = 0
     lean_release: bool = True
     gemv_tma: bool = False
+    q_tma: bool = False
+    q_gemv_n: int = 0
+    int8_convert: str = "magic"
     ring: int = 0
     ring_rows: int = 4
     ring_cols: int = 2048
@@ -107,7 +110,7 @@ class Blocks:
 #: KernelConfig fields that Blocks holds under the same name.
 _SAME = ("gemv_stages", "gemv_unroll", "prefetch", "row_prefetch", "elide_waits", "coalesce_signals", "maxnreg",
          "x_stage", "x_reuse", "x_chunk", "w_preload", "prefetch_cap", "prefetch_rows", "roll", "lean_release",
-         "gemv_tma", "ring", "ring_rows", "ring_cols")
+         "gemv_tma", "q_tma", "q_gemv_n", "int8_convert", "ring", "ring_rows", "ring_cols")
 
 
 def kernel_options(kc: KernelConfig) -> dict[str, Any]:

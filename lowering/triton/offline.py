@@ -8,7 +8,7 @@ and ptxas), and its command line::
 one JSON object: shared memory, registers and spills per thread (from cuobjdump when Triton
 ships it) and which PTX features the GPU run depends on (acquire polls, the global timer,
 release signals, barriers, vector loads, the L2 evict-first weight loads and prefetches,
-the weight ring's bulk copies, the gemm op's
+the weight ring's bulk copies, the int8 weights' conversions to fp32 (``int8_to_f32``: Triton widens int8 to s16 first; ``int8_prmt``: the int8_convert prmt code), the gemm op's
 tensor-core instructions: ``wgmma`` / ``mma_sync`` counts, ...). An unreadable
 source, a bad ``--constexprs`` or the interpreter left on: one line on stderr, exit code 2.
 """
@@ -85,6 +85,8 @@ def compile_offline(source: str, constexprs: dict[str, int], arch: int = 90, num
                l2_prefetch_evict_first="cp.async.bulk.prefetch.L2.global.L2::cache_hint" in ptx,
                evict_first_loads=len(re.findall(r"ld\.global\.L1::evict_first\.L2::cache_hint", ptx)),
                tma_copies=ptx.count("cp.async.bulk.tensor"),
+               int8_to_f32=len(re.findall(r"cvt\.rn\.f32\.s(8|16)\b", ptx)),
+               int8_prmt=ptx.count("0f4B000080"),
                ring_copies=ptx.count("cp.async.bulk.shared::cluster.global"),
                ring_waits=ptx.count("mbarrier.try_wait.parity"), ring_page_loads=ptx.count("ld.shared.v4.b32 {"),
                row_prefetch="prefetch.global.L1" in ptx,
@@ -106,7 +108,7 @@ def launch_meta(source: str) -> tuple[dict, int, int | None]:
 
     b = Blocks()
     cx = dict(BLOCK=b.elementwise, GEMV_N=b.gemv_n, GEMV_K=b.gemv_k, ROPE_BLOCK=b.rope, ATT_T=b.attention_t,
-              ATT_D=b.attention_d, ATT_Q=b.attention_q, PAIR_BLOCK=b.pairs)
+              ATT_D=b.attention_d, ATT_Q=b.attention_q, PAIR_BLOCK=b.pairs, GEMV_NQ=b.gemv_n)
     warps, maxnreg = 4, None
     for line in source.splitlines():
         if line.startswith("# amk-launch: "):

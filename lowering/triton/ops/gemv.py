@@ -35,7 +35,7 @@ from ir.program import DTYPE_BYTES, QUANT_DTYPES
 from lowering.quant import Q8_0_GROUP
 from lowering.triton import layout as L
 from lowering.triton import ring as RG
-from lowering.triton.lang import aligned, device, flat_off, global_timer, l2_prefetch_bytes
+from lowering.triton.lang import INTERPRET, aligned, device, flat_off, global_timer, l2_prefetch_bytes
 from lowering.triton.lang import round_as, store_mirrored
 from lowering.triton.layout import DECODER_ARGS, GemvRoles, OpLowering, TableError, Variant, tl_dtypes
 from lowering.triton.ops.reduce import sum_rows
@@ -177,23 +177,73 @@ def _wload(p, mask):
     return v
 
 
+#: PTX of the prmt conversion, four elements a call: the packed bytes (``$4``) biased by 0x80
+#: (v + 128, unsigned), each byte placed as the lowest mantissa byte of 2^23 (selector nibbles
+#: byte k, 0x00, 0x00, 0x4B of the constant: PTX ISA "prmt"), then 2^23 + 128 (0f4B000080)
+#: subtracted: exact
+_I8_PRMT = tl.constexpr("""{
+.reg .b32 t;
+xor.b32 t, $4, 0x80808080;
+prmt.b32 $0, t, 0x4B000000, 0x7540;
+prmt.b32 $1, t, 0x4B000000, 0x7541;
+prmt.b32 $2, t, 0x4B000000, 0x7542;
+prmt.b32 $3, t, 0x4B000000, 0x7543;
+sub.f32 $0, $0, 0f4B000080;
+sub.f32 $1, $1, 0f4B000080;
+sub.f32 $2, $2, 0f4B000080;
+sub.f32 $3, $3, 0f4B000080;
+}""")
+
+
 @device
-def _gemv_wload(w, rows, rm, cols, cm, W_CONTIG: tl.constexpr, sc=None, GROUP: tl.constexpr = 0, K=0):
+def _w_f32(v, I8M: tl.constexpr = 0):
+    """Loaded weight elements ``v`` as fp32. An int8 ``v`` converts as ``I8M`` says (its
+    index in lowering.config.INT8_CONVERTS, the int8_convert knob): 0, the conversion (I2F,
+    which issues on a quarter-rate pipe: 16 a clock per SM on sm_90, CUDA C++ Programming
+    Guide, arithmetic instruction throughput); 1, the sign-extended byte added to the bit
+    pattern of 1.5 * 2^23, whose last mantissa bits it then holds (|v| < 2^22), and
+    1.5 * 2^23 subtracted; 2, four bytes at a time by _I8_PRMT (on a GPU; under the
+    interpreter as 1). Every way is exact."""
+    if I8M > 0 and v.dtype.is_int8():
+        if I8M == 2 and not INTERPRET:
+            return tl.inline_asm_elementwise(_I8_PRMT, "=f,=f,=f,=f,r", [v], dtype=tl.float32, is_pure=True,
+                                             pack=4)
+        return (v.to(tl.int32) + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0
+    return v.to(tl.float32)
+
+
+@device
+def _gemv_wload(w, rows, rm, cols, cm, W_CONTIG: tl.constexpr, sc=None, GROUP: tl.constexpr = 0, K=0,
+                I8M: tl.constexpr = 0, k0=0):
     """The fp32 weight block W[rows, cols] (zeros outside the masks; an int8 / float8e4nv W
     converted as it loads). ``GROUP`` > 0: W is int8 with one scale per GROUP columns of a
-    row, ``sc`` the flat [rows, K / GROUP] scales (f16; ir/ops.py), applied here to each
-    element (the scales of a block repeat along its columns: L1 serves the repeats)."""
+    row, ``sc`` the flat [rows, K / GROUP] scales (f16; ir/ops.py), and ``cols`` is
+    ``k0 + arange(BK)`` with ``k0`` a multiple of BK: the block's [rows, BK / GROUP] scales
+    (one a row when BK <= GROUP) are loaded once and each multiplies its GROUP columns (a
+    scale loaded per element was one scalar load per weight). ``I8M``: how an int8 W
+    converts (_w_f32)."""
     wp, w_rs, w_cs = w
     if W_CONTIG:
         p = wp + rows[:, None] * w_rs + cols[None, :]
     else:
         p = wp + rows[:, None] * w_rs + cols[None, :] * w_cs
     m = rm[:, None] & cm[None, :]
-    wv = _wload(p, m).to(tl.float32)
+    wv = _w_f32(_wload(p, m), I8M)
     if GROUP > 0:
         scp, sc_n1, sc_n2, sc_s0, sc_s1, sc_s2 = sc
-        si = rows[:, None] * (K // GROUP) + (cols // GROUP)[None, :]
-        wv *= tl.load(scp + flat_off(si, sc_n1, sc_n2, sc_s0, sc_s1, sc_s2), mask=m, other=0).to(tl.float32)
+        BN: tl.constexpr = rows.shape[0]
+        BK: tl.constexpr = cols.shape[0]
+        if BK <= GROUP:  # the block lies inside one group of each row
+            si = rows * (K // GROUP) + k0 // GROUP
+            s = tl.load(scp + flat_off(si, sc_n1, sc_n2, sc_s0, sc_s1, sc_s2), mask=rm & (rows * 0 + k0 < K), other=0)
+            wv *= s.to(tl.float32)[:, None]
+        else:
+            NG: tl.constexpr = BK // GROUP
+            g = k0 // GROUP + tl.arange(0, NG)
+            si = rows[:, None] * (K // GROUP) + g[None, :]
+            s = tl.load(scp + flat_off(si, sc_n1, sc_n2, sc_s0, sc_s1, sc_s2),
+                        mask=rm[:, None] & (g * GROUP < K)[None, :], other=0).to(tl.float32)
+            wv = tl.reshape(tl.reshape(wv, [BN, NG, GROUP]) * s[:, :, None], [BN, BK])
     return wv
 
 
@@ -221,14 +271,14 @@ def gemv_wpre(w, N, K, ok, W_CONTIG: tl.constexpr, W_ALIGN: tl.constexpr, BLOCK_
 @device
 def _kblocks_pair(acc, x, a, rstd, w, rows, rm, kb, K, PRO: tl.constexpr, X_CONTIG: tl.constexpr,
                   W_CONTIG: tl.constexpr, BLOCK_K: tl.constexpr, X_ALIGN: tl.constexpr, sc=None,
-                  GROUP: tl.constexpr = 0):
+                  GROUP: tl.constexpr = 0, I8M: tl.constexpr = 0):
     """STAGES 1, UNROLL 2: each iteration loads two K blocks, both weight loads first, so two
     blocks are in flight per CTA, with one [BLOCK_N, BLOCK_K] accumulator."""
     for k0 in range(kb, K, 2 * BLOCK_K):
         c0 = k0 + tl.arange(0, BLOCK_K)
         c1 = c0 + BLOCK_K
-        w0 = _gemv_wload(w, rows, rm, c0, c0 < K, W_CONTIG, sc, GROUP, K)
-        w1 = _gemv_wload(w, rows, rm, c1, c1 < K, W_CONTIG, sc, GROUP, K)
+        w0 = _gemv_wload(w, rows, rm, c0, c0 < K, W_CONTIG, sc, GROUP, K, I8M, k0)
+        w1 = _gemv_wload(w, rows, rm, c1, c1 < K, W_CONTIG, sc, GROUP, K, I8M, k0 + BLOCK_K)
         x0, a0 = _gemv_xload(x, a, c0, c0 < K, PRO, X_CONTIG, X_ALIGN)
         x1, a1 = _gemv_xload(x, a, c1, c1 < K, PRO, X_CONTIG, X_ALIGN)
         acc += w0 * _gemv_xfn(x[0], x0, a0, rstd, PRO)[None, :]
@@ -239,7 +289,7 @@ def _kblocks_pair(acc, x, a, rstd, w, rows, rm, kb, K, PRO: tl.constexpr, X_CONT
 @device
 def _kblocks_unrolled(acc, x, a, rstd, w, rows, rm, kb, K, PRO: tl.constexpr, X_CONTIG: tl.constexpr,
                       W_CONTIG: tl.constexpr, BLOCK_K: tl.constexpr, X_ALIGN: tl.constexpr, UNROLL: tl.constexpr,
-                      sc=None, GROUP: tl.constexpr = 0):
+                      sc=None, GROUP: tl.constexpr = 0, I8M: tl.constexpr = 0):
     """STAGES 1, UNROLL 4, 8 or 16: the loop unrolled by the compiler, straight-line code in
     which ptxas issues all UNROLL weight loads ahead of the FMAs, provided x needs no layout
     conversion (its bar.syncs would fence the loads): BLOCK_K < 32 * num_warps
@@ -247,7 +297,7 @@ def _kblocks_unrolled(acc, x, a, rstd, w, rows, rm, kb, K, PRO: tl.constexpr, X_
     for k0 in tl.range(kb, K, BLOCK_K, loop_unroll_factor=UNROLL):
         cols = k0 + tl.arange(0, BLOCK_K)
         cm = cols < K
-        wv = _gemv_wload(w, rows, rm, cols, cm, W_CONTIG, sc, GROUP, K)
+        wv = _gemv_wload(w, rows, rm, cols, cm, W_CONTIG, sc, GROUP, K, I8M, k0)
         xv, av = _gemv_xload(x, a, cols, cm, PRO, X_CONTIG, X_ALIGN)
         acc += wv * _gemv_xfn(x[0], xv, av, rstd, PRO)[None, :]
     return acc
@@ -256,7 +306,7 @@ def _kblocks_unrolled(acc, x, a, rstd, w, rows, rm, kb, K, PRO: tl.constexpr, X_
 @device
 def _kblocks_plain(acc, x, a, rstd, w, rows, rm, kb, K, PRO: tl.constexpr, X_CONTIG: tl.constexpr,
                    W_CONTIG: tl.constexpr, BLOCK_K: tl.constexpr, X_ALIGN: tl.constexpr, sc=None,
-                   GROUP: tl.constexpr = 0):
+                   GROUP: tl.constexpr = 0, I8M: tl.constexpr = 0):
     """STAGES 1: each iteration loads its W block and x block and consumes them; the next
     block's loads issue only after that (one block in flight per CTA)."""
     for k0 in range(kb, K, BLOCK_K):
@@ -264,7 +314,7 @@ def _kblocks_plain(acc, x, a, rstd, w, rows, rm, kb, K, PRO: tl.constexpr, X_CON
         cm = cols < K
         xv, av = _gemv_xload(x, a, cols, cm, PRO, X_CONTIG, X_ALIGN)
         xv = _gemv_xfn(x[0], xv, av, rstd, PRO)
-        wv = _gemv_wload(w, rows, rm, cols, cm, W_CONTIG, sc, GROUP, K)
+        wv = _gemv_wload(w, rows, rm, cols, cm, W_CONTIG, sc, GROUP, K, I8M, k0)
         acc += wv * xv[None, :]
     return acc
 
@@ -272,7 +322,7 @@ def _kblocks_plain(acc, x, a, rstd, w, rows, rm, kb, K, PRO: tl.constexpr, X_CON
 @device
 def _kblocks_pipelined(acc, x, a, rstd, w, wd, rows, rm, n0, kb, K, PRO: tl.constexpr, X_CONTIG: tl.constexpr,
                        W_CONTIG: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, W_TMA: tl.constexpr,
-                       sc=None, GROUP: tl.constexpr = 0):
+                       sc=None, GROUP: tl.constexpr = 0, I8M: tl.constexpr = 0):
     """STAGES >= 2: Triton's software pipeliner streams W (``W_TMA``: through the tensor
     descriptor ``wd``, one copy per block; rows >= N and columns >= K arrive as zeros); the
     x (and a) block for the next iteration is loaded into registers one iteration ahead."""
@@ -285,9 +335,9 @@ def _kblocks_pipelined(acc, x, a, rstd, w, wd, rows, rm, n0, kb, K, PRO: tl.cons
         xn, an = _gemv_xload(x, a, cols + BLOCK_K, (cols + BLOCK_K) < K, PRO, X_CONTIG)
         f = _gemv_xfn(x[0], xv, av, rstd, PRO)
         if W_TMA:  # one TMA copy per block; rows >= N and columns >= K arrive as zeros
-            wv = wd.load([n0, k0]).to(tl.float32)
+            wv = _w_f32(wd.load([n0, k0]), I8M)
         else:
-            wv = _gemv_wload(w, rows, rm, cols, cm, W_CONTIG, sc, GROUP, K)
+            wv = _gemv_wload(w, rows, rm, cols, cm, W_CONTIG, sc, GROUP, K, I8M, k0)
         acc += wv * f[None, :]
         xv = xn
         av = an
@@ -322,7 +372,7 @@ def gemv_stream(x, a, rstd, w, b, y, N, K, PRO: tl.constexpr, HAS_BIAS: tl.const
                 W_CONTIG: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
                 X_ALIGN: tl.constexpr, UNROLL: tl.constexpr, wpre, W_PRE: tl.constexpr, ROLL: tl.constexpr, roll_ok,
                 m1, m2, m3, MIRRORS: tl.constexpr, W_TMA: tl.constexpr, sc=None, HAS_SCALE: tl.constexpr = False,
-                GROUP: tl.constexpr = 0):
+                GROUP: tl.constexpr = 0, I8M: tl.constexpr = 0):
     """The streaming core: y[rows] = W[rows, :] @ f(x) (+ b) for every BLOCK_N rows, f the
     prologue ``PRO`` with the RMSNorm factor ``rstd`` already known; the K loop of each row
     block is one of the ``_kblocks_*`` forms (gemv_ex's STAGES / UNROLL), then
@@ -335,7 +385,8 @@ def gemv_stream(x, a, rstd, w, b, y, N, K, PRO: tl.constexpr, HAS_BIAS: tl.const
     quantized (int8 / float8e4nv, converted to fp32 as it loads) and each row's dot product
     is multiplied once by its scale ``sc[rows]`` (a flat f32 operand) before the epilogue;
     with ``GROUP`` > 0 (int8, one scale per GROUP columns of a row: ``sc`` [N, K / GROUP])
-    each weight element is scaled as it loads (_gemv_wload) instead."""
+    each weight element is scaled as it loads (_gemv_wload) instead. ``I8M``: how an int8 W
+    converts (_w_f32)."""
     tl.static_assert(GROUP == 0 or (HAS_SCALE and W_PRE == 0 and not W_TMA),
                      "per-group scales need HAS_SCALE, no W_PRE and no W_TMA")
     ROW_SCALE: tl.constexpr = HAS_SCALE and GROUP == 0
@@ -350,7 +401,7 @@ def gemv_stream(x, a, rstd, w, b, y, N, K, PRO: tl.constexpr, HAS_BIAS: tl.const
     if W_PRE > 0:
         pc = tl.arange(0, W_PRE)
         px, pa = _gemv_xload(x, a, pc, pc < K, PRO, X_CONTIG, X_ALIGN)
-        pre = tl.sum(wpre.to(tl.float32) * _gemv_xfn(x[0], px, pa, rstd, PRO)[None, :], axis=1)
+        pre = tl.sum(_w_f32(wpre, I8M) * _gemv_xfn(x[0], px, pa, rstd, PRO)[None, :], axis=1)
     for n0 in range(0, N, BLOCK_N):
         if ROLL > 0:  # a large tile keeps its own stream ahead in L2
             if roll_ok != 0:
@@ -366,16 +417,16 @@ def gemv_stream(x, a, rstd, w, b, y, N, K, PRO: tl.constexpr, HAS_BIAS: tl.const
                 kb = tl.minimum(K, W_PRE)
         if STAGES <= 1 and UNROLL == 2:
             acc = _kblocks_pair(acc, x, a, rstd, w, rows, rm, kb, K, PRO, X_CONTIG, W_CONTIG, BLOCK_K, X_ALIGN,
-                                sc, GROUP)
+                                sc, GROUP, I8M)
         elif STAGES <= 1 and UNROLL > 2:
             acc = _kblocks_unrolled(acc, x, a, rstd, w, rows, rm, kb, K, PRO, X_CONTIG, W_CONTIG, BLOCK_K, X_ALIGN,
-                                    UNROLL, sc, GROUP)
+                                    UNROLL, sc, GROUP, I8M)
         elif STAGES <= 1:
             acc = _kblocks_plain(acc, x, a, rstd, w, rows, rm, kb, K, PRO, X_CONTIG, W_CONTIG, BLOCK_K, X_ALIGN,
-                                 sc, GROUP)
+                                 sc, GROUP, I8M)
         else:
             acc = _kblocks_pipelined(acc, x, a, rstd, w, wd, rows, rm, n0, kb, K, PRO, X_CONTIG, W_CONTIG, BLOCK_K,
-                                     STAGES, W_TMA, sc, GROUP)
+                                     STAGES, W_TMA, sc, GROUP, I8M)
         out = tl.sum(acc, axis=1)
         if W_PRE > 0:
             if n0 == 0:
@@ -393,7 +444,8 @@ def gemv_ex(x, a, eps, w, b, y, N, K, PRO: tl.constexpr, HAS_BIAS: tl.constexpr,
             UNROLL: tl.constexpr = 1, XS=None, X_STAGE: tl.constexpr = False, x_ready=0, X_CHUNK: tl.constexpr = 0,
             wpre=0, W_PRE: tl.constexpr = 0, ROLL: tl.constexpr = 0,
             m1=0, m2=0, m3=0, MIRRORS: tl.constexpr = 0, r=None, KP=1, p_rs=0, W_TMA: tl.constexpr = False,
-            sc=None, HAS_SCALE: tl.constexpr = False, SCALE_GROUP: tl.constexpr = 0):
+            sc=None, HAS_SCALE: tl.constexpr = False, SCALE_GROUP: tl.constexpr = 0,
+            I8_CVT: tl.constexpr = 0):
     """y[N] = W[N, K] @ f(x)[K] (+ b), fp32 accumulation, f the prologue ``PRO`` (module
     doc): the prologue (gemv_rstd or gemv_stage), then the streaming core (gemv_stream) and
     its epilogue. ``x``, ``a`` (the prologue's second vector; x itself for PRO_PLAIN), ``b``
@@ -408,7 +460,8 @@ def gemv_ex(x, a, eps, w, b, y, N, K, PRO: tl.constexpr, HAS_BIAS: tl.constexpr,
     the megakernel's profiling stamps (vm.PROF_W). ``HAS_SCALE``: W is int8 / float8e4nv
     with per-row fp32 scales ``sc`` (a flat operand): ``y = sc * (float(W) @ f(x)) (+ b)``
     (gemv_stream; not with ``W_TMA``); ``SCALE_GROUP`` > 0: an int8 W with one scale per
-    SCALE_GROUP columns of a row (gemv_stream; not with ``W_TMA`` or ``W_PRE``). ``MIRRORS`` (0..3) with element deltas
+    SCALE_GROUP columns of a row (gemv_stream; not with ``W_TMA`` or ``W_PRE``); ``I8_CVT``: how an int8
+    W converts to fp32 (gemv_stream, _w_f32). ``MIRRORS`` (0..3) with element deltas
     ``m1`` .. ``m3``: y is also stored at ``y + m*`` (gemv_epilogue).
 
     ``X_STAGE`` (PRO_NORM / PRO_SWIGLU; ignored for PRO_PLAIN; PRO_RNORM always stages):
@@ -497,13 +550,13 @@ def gemv_ex(x, a, eps, w, b, y, N, K, PRO: tl.constexpr, HAS_BIAS: tl.constexpr,
             tl.store(PROF + 4, global_timer())
         f = (xs, 1, K, 0, 0, 1)
         gemv_stream(f, f, rstd, w, b, y, N, K, PRO_PLAIN, HAS_BIAS, True, W_CONTIG, BLOCK_N, BLOCK_K, STAGES, XA,
-                    UNROLL, wpre, W_PRE, ROLL, roll_ok, m1, m2, m3, MIRRORS, W_TMA, sc, HAS_SCALE, SCALE_GROUP)
+                    UNROLL, wpre, W_PRE, ROLL, roll_ok, m1, m2, m3, MIRRORS, W_TMA, sc, HAS_SCALE, SCALE_GROUP, I8_CVT)
     else:
         if PROFILE:
             tl.store(PROF + 4, global_timer())
         gemv_stream(x, a, rstd, w, b, y, N, K, PRO, HAS_BIAS, X_CONTIG, W_CONTIG, BLOCK_N, BLOCK_K, STAGES,
                     X_ALIGN, UNROLL, wpre, W_PRE, ROLL, roll_ok, m1, m2, m3, MIRRORS, W_TMA, sc, HAS_SCALE,
-                    SCALE_GROUP)
+                    SCALE_GROUP, I8_CVT)
     if PROFILE:
         tl.store(PROF + 5, global_timer())
 
@@ -527,7 +580,7 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
            MIRRORS: tl.constexpr = 0, W_TMA: tl.constexpr = False,
            RING: tl.constexpr = False, STREAMS=None, se=0, rbase=0, rst=None, RING_S: tl.constexpr = 1,
            RING_PR: tl.constexpr = 4, RING_PC: tl.constexpr = 2048, HAS_SCALE: tl.constexpr = False,
-           SCALE_GROUP: tl.constexpr = 0):
+           SCALE_GROUP: tl.constexpr = 0, I8_CVT: tl.constexpr = 0):
     """The row decoder of the five GEMV ops (gemv_ex; ``PRO`` the prologue, ``STAGES`` its
     weight-streaming pipeline depth, ``X_STAGE`` its f(x) staged once in the worker's
     scratch ``XS``, skipped when the row's ``FLAG_X_READY`` says an earlier task of this
@@ -553,7 +606,8 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
     arrived is reported as a timeout of wait -1 (vm.fail_page). ``HAS_SCALE``: W is quantized
     (int8 / float8e4nv) and the operand after [b] holds its per-row fp32 scales (ir/ops.py;
     gemv_ex); never on the ring. ``SCALE_GROUP`` > 0: one scale per SCALE_GROUP columns of a
-    row instead (int8; the kernel's W_PRELOAD is then not used: its columns would need them)."""
+    row instead (int8; the kernel's W_PRELOAD is then not used: its columns would need them).
+    ``I8_CVT``: how an int8 W converts to fp32 (gemv_ex)."""
     tl.static_assert(not (RING and HAS_SCALE), "the weight ring streams bf16 weights only")
     WPRE: tl.constexpr = W_PRE if SCALE_GROUP == 0 else 0
     xo, xn0, xn1, xn2, xs0, xs1, xs2 = operand(row, 0, slot)
@@ -655,7 +709,7 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
         gemv_ex(x, a, eps, w, (bp, bn1, bn2, bs0, bs1, bs2), (yp, yn1, yn2, ys0, ys1, ys2), wn1, wn2,
                 PRO, HAS_BIAS, X_CONTIG, W_CONTIG, W_ALIGN, BLOCK_N, BLOCK_K, STAGES, PROF, PROFILE, X_ALIGN,
                 UNROLL, XS, X_STAGE, x_ready, X_CHUNK, wpre, WPRE, ROLL, m1, m2, m3, MIRRORS,
-                rp, xn1, xs1, W_TMA, sc, HAS_SCALE, SCALE_GROUP)
+                rp, xn1, xs1, W_TMA, sc, HAS_SCALE, SCALE_GROUP, I8_CVT)
     return ok, status_ok(), rst
 
 
@@ -689,13 +743,17 @@ def _call(v: Variant) -> str:
     align = 16 // DTYPE_BYTES[v.dtypes[g.w]] if v.flag("aligned") else 0
     xalign = 16 // DTYPE_BYTES[v.dtypes[g.x]] if v.flag("xaligned") else 0
     scale = v.flag("scale")
-    # contiguous W with a 16-byte aligned start and row stride (a quantized W: register loads)
-    tma = v.flag("aligned") and not scale
+    # contiguous W with a 16-byte aligned start and row stride: TMA copies where the kernel
+    # knobs say (a quantized W: Q_TMA; with per-group scales: register loads)
+    tma = "False" if not v.flag("aligned") or v.flag("gscale") else "Q_TMA" if scale else "GEMV_TMA"
     group = f", SCALE_GROUP={Q8_0_GROUP}" if v.flag("gscale") else ""
+    if scale and v.dtypes[g.w] == "i8":
+        group += ", I8_CVT=I8_CVT"
+    rows = "GEMV_NQ" if scale else "GEMV_N"  # a quantized W's block rows: the q_gemv_n knob
     return (f"t_gemv({DECODER_ARGS}, {d[g.x]}, {da}, {d[g.w]}, {db}, {d[-1]}, {_PRO[v.op]}, {bias}, "
-            f"{v.flag('xcontig')}, {v.flag('contig')}, {align}, GEMV_N, GEMV_K, GEMV_STAGES, "
+            f"{v.flag('xcontig')}, {v.flag('contig')}, {align}, {rows}, GEMV_K, GEMV_STAGES, "
             f"PROF + i.to(tl.int64) * PROF_W, PROFILE, {xalign}, GEMV_UNROLL, XSW, X_STAGE, X_CHUNK, "
-            f"MIRRORS={gemv_mirrors(v)}, W_TMA={'GEMV_TMA' if tma else 'False'}, RING={v.flag('ring')}"
+            f"MIRRORS={gemv_mirrors(v)}, W_TMA={tma}, RING={v.flag('ring')}"
             + (f", HAS_SCALE=True{group})" if scale else ")"))
 
 
