@@ -189,9 +189,14 @@ def result_table(result: dict):
 
 def build_result(meta: dict, bandwidth: float, rows: list[dict], distance: dict) -> dict:
     """The JSON object of a run: ``meta`` (device, model, versions, command, config), the
-    measured bandwidth, the rows (``row``) and the per-format distance to the bf16 model."""
-    return {**meta, "hbm_bytes_per_s": bandwidth, "rows": rows, "distance": distance,
-            "ok": all(r["correct"] is not False for r in rows)}
+    measured bandwidth, the rows (``row``), the per-format distance to the bf16 model and the
+    per-format speed-ups of amk's fastest correct row (bench/report.py quant_speedups)."""
+    from report import quant_speedups
+
+    res = {**meta, "hbm_bytes_per_s": bandwidth, "rows": rows, "distance": distance,
+           "ok": all(r["correct"] is not False for r in rows)}
+    res["speedups"] = quant_speedups(res)
+    return res
 
 
 def measure(args: argparse.Namespace, formats: list[str], progress: Callable[[str], None],
@@ -389,7 +394,12 @@ def main(argv: list[str] | None = None, measure_fn: Callable | None = None) -> i
             atomic_write_text(args.out, json.dumps(finite(partial), indent=1, default=str) + "\n")
 
     result = measure_fn(args, formats, lambda s: con.print(s, markup=False, highlight=False), checkpoint)
-    Console(width=200, stderr=bool(args.json)).print(result_table(result))
+    out = Console(width=200, stderr=bool(args.json))
+    out.print(result_table(result))
+    from report import speedup_line
+
+    for sp in result.get("speedups", []):
+        out.print(speedup_line(sp), markup=False, highlight=False)
     if args.out:
         atomic_write_text(args.out, json.dumps(finite(result), indent=1, default=str) + "\n")
     if args.json:

@@ -499,10 +499,45 @@ def quant_rows(rep: dict) -> list[dict]:
     return [r for r in rep["rows"] if not r["method"].startswith("amk ") or id(r) in keep]
 
 
+def quant_speedups(rep: dict) -> list[dict]:
+    """Per quantized format of a bench/quant.py report (in the rows' order): ``amk`` (the
+    fastest correct amk row of that format, its method), ``amk_ms``, ``vs_amk_bf16`` (the
+    fastest correct amk bf16 row's ms over it) and ``vs_torchao`` (per torchao row of that
+    format: its fastest correct run's ms over it). None where a side has no correct row."""
+    def fastest(pred) -> tuple[float | None, dict | None]:
+        got = [(r["latency_ms_median"], r) for r in rep["rows"]
+               if pred(r) and r.get("correct") and r.get("latency_ms_median")]
+        return min(got, key=lambda t: t[0]) if got else (None, None)
+
+    bf16, _ = fastest(lambda r: r["method"].startswith("amk ") and r.get("weights") in (None, "bf16"))
+    out = []
+    for fmt in dict.fromkeys(r.get("weights") for r in rep["rows"]):
+        if fmt in (None, "bf16"):
+            continue
+        ms, row = fastest(lambda r: r["method"].startswith("amk ") and r.get("weights") == fmt)
+        tao = {r["method"]: r["latency_ms_median"] / ms for r in rep["rows"]
+               if ms and r["method"].startswith("torchao ") and r.get("weights") == fmt and r.get("correct")
+               and r.get("latency_ms_median")}
+        out.append({"weights": fmt, "amk": row["method"] if row else None, "amk_ms": ms,
+                    "vs_amk_bf16": bf16 / ms if ms and bf16 else None, "vs_torchao": tao})
+    return out
+
+
+def speedup_line(s: dict) -> str:
+    """One format's quant_speedups entry in words."""
+    if s["amk_ms"] is None:
+        return f"{s['weights']}: no correct amk row"
+    parts = [f"{m} {v:.2f}x" for m, v in s["vs_torchao"].items()]
+    if s["vs_amk_bf16"]:
+        parts.append(f"amk bf16 {s['vs_amk_bf16']:.2f}x")
+    return f"{s['weights']}: {s['amk']} {s['amk_ms']:.3f} ms" + (" against " + ", ".join(parts) if parts else "")
+
+
 def render_quant(reports: list[tuple[str, dict]]) -> list[str]:
     """One table of the bench/quant.py reports ``(rel path, report)``: each shown row's
     (quant_rows) median ms, % of its roofline and verdict; then a line per report with its
-    file, whether the run was cut off, and each format's distance to the bf16 model."""
+    file, whether the run was cut off, each format's distance to the bf16 model and its
+    speed-ups (quant_speedups)."""
     lines = ["| GPU, shape | method | weights | ms/token | % of its roofline | correct |",
              "|---|---|---|---|---|---|"]
     for _, rep in reports:
@@ -520,6 +555,7 @@ def render_quant(reports: list[tuple[str, dict]]) -> list[str]:
         parts += [f"{fmt} against bf16: greedy agreement {d.get('greedy_match', 0):.3f} over {d.get('tokens')} "
                   f"tokens, perplexity ratio {d.get('ppl_ratio', float('nan')):.4f}"
                   for fmt, d in sorted((rep.get("distance") or {}).items())]
+        parts += [speedup_line(sp) for sp in quant_speedups(rep)]
         lines.append(f"- `bench/results/{rel}`" + (": " + "; ".join(parts) if parts else "") + ".")
     return lines
 

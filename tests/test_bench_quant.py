@@ -94,6 +94,26 @@ def test_table_and_json_from_a_measurement(tmp_path, capsys):
     assert res["ok"] is False and res["distance"]["int8"]["greedy_match"] == 1.0
     table = bq.result_table(res)
     assert table.row_count == 6 and "% quantized roofline" in [c.header for c in table.columns]
+    # amk int8 1.1 ms against torchao int8's fastest run 1.4 and amk bf16 1.2; fp8's torchao row is wrong
+    sp = {s["weights"]: s for s in res["speedups"]}
+    assert sp["int8"]["amk"] == "amk int8" and sp["int8"]["vs_torchao"] == {"torchao int8": pytest.approx(1.4 / 1.1)}
+    assert sp["int8"]["vs_amk_bf16"] == pytest.approx(1.2 / 1.1) and sp["fp8"]["vs_torchao"] == {}
+
+
+def test_speedups_take_the_fastest_correct_amk_row():
+    import report
+
+    rows = [bq.row("amk bf16", "bf16", [{"latency_ms_median": 2.0}], 1.0, True, ""),
+            bq.row("amk int8", "int8", [{"latency_ms_median": 1.5}], 0.5, True, ""),
+            bq.row("amk int8 fast", "int8", [{"latency_ms_median": 1.0}], 0.5, False, "wrong"),
+            bq.row("amk int8 tma", "int8", [{"latency_ms_median": 1.25}], 0.5, True, ""),
+            bq.row("torchao int8", "int8", [{"latency_ms_median": 2.5}, {"latency_ms_median": 2.6}], 0.5, True, "")]
+    (sp,) = report.quant_speedups({"rows": rows})
+    assert sp == {"weights": "int8", "amk": "amk int8 tma", "amk_ms": 1.25, "vs_amk_bf16": 1.6,
+                  "vs_torchao": {"torchao int8": 2.0}}
+    assert report.speedup_line(sp) == "int8: amk int8 tma 1.250 ms against torchao int8 2.00x, amk bf16 1.60x"
+    shown = [r["method"] for r in report.quant_rows({"rows": rows})]
+    assert shown == ["amk bf16", "amk int8 tma", "torchao int8"]
 
 
 def test_unwritable_out_is_refused_before_measuring(tmp_path):
