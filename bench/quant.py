@@ -225,6 +225,9 @@ def measure(args: argparse.Namespace, formats: list[str], progress: Callable[[st
     variants = [(None, full.kernel), *parse_variants(getattr(args, "amk_variant", []), full.kernel)]
     imode = getattr(args, "torchao_inductor", "recommended")
     imodes = ["stock", "recommended"] if imode == "both" else [imode]
+    import torch._inductor.config as inductor_config
+
+    stock = inductor_config.save_config()  # before any quantize_ changes them, process-wide
     dev = torch.device("cuda")
     props = torch.cuda.get_device_properties(dev)
     progress("measuring HBM bandwidth")
@@ -288,7 +291,7 @@ def measure(args: argparse.Namespace, formats: list[str], progress: Callable[[st
             name = "hf bf16" if fmt is None else f"torchao {label}" + (" stock" if mode == "stock" else "")
             runs, correct, note, base = [], True, "", None
             try:
-                base = model if fmt is None else torchao_model(model, fmt, stock_inductor=mode == "stock")
+                base = model if fmt is None else torchao_model(model, fmt, stock if mode == "stock" else None)
                 for k in range(args.repeats):
                     progress(f"{name} + torch.compile + CUDA graph, run {k + 1} of {args.repeats}")
                     r = judge(hf_compiled_graph(base, prompt.to(dev), args.tokens), ref)
@@ -317,14 +320,14 @@ def _free() -> None:
     torch.cuda.empty_cache()
 
 
-def torchao_model(model, fmt: str, stock_inductor: bool = False):
+def torchao_model(model, fmt: str, restore: bytes | None = None):
     """A copy of the bf16 HF ``model`` with torchao's weight-only quantization of every
     linear layer but the LM head (int8: Int8WeightOnlyConfig, fp8: Float8WeightOnlyConfig,
     q8_0: Int8WeightOnlyConfig with PerGroup(32) granularity), the layers amk quantizes.
     ``quantize_`` also applies torchao's recommended inductor settings, process-wide
-    (torchao.quantization.utils.recommended_inductor_config_setter); ``stock_inductor``
-    restores the inductor settings of before the call. Raises AmkError when torchao is not
-    installed."""
+    (torchao.quantization.utils.recommended_inductor_config_setter); ``restore`` (inductor
+    settings from ``torch._inductor.config.save_config()``) is loaded back after it. Raises
+    AmkError when torchao is not installed."""
     import copy
 
     import torch
@@ -339,11 +342,10 @@ def torchao_model(model, fmt: str, stock_inductor: bool = False):
     cfg = (Int8WeightOnlyConfig() if fmt == "int8" else Float8WeightOnlyConfig() if fmt == "fp8"
            else Int8WeightOnlyConfig(version=2, granularity=PerGroup(32)))
     head = m.get_output_embeddings()
-    saved = inductor_config.save_config()
     quantize_(m, cfg, filter_fn=lambda mod, fqn: isinstance(mod, torch.nn.Linear) and mod is not head
               and fqn.endswith("_proj"))
-    if stock_inductor:
-        inductor_config.load_config(saved)
+    if restore is not None:
+        inductor_config.load_config(restore)
     return m
 
 
