@@ -36,13 +36,14 @@ every row too (``partial: true`` until the run ends).
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 from pathlib import Path
 from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if str(Path(__file__).resolve().parent) not in sys.path:  # bench/report.py, when imported by a path
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ground.errors import AmkError, run_main  # noqa: E402
 
@@ -384,28 +385,21 @@ def main(argv: list[str] | None = None, measure_fn: Callable | None = None) -> i
         measure_fn = measure
     from rich.console import Console
 
-    from amk.output import check_writable_dir, emit_json
-    from ground.files import atomic_write_text, finite
+    from amk.bench import write_result
+    from amk.output import check_writable_dir
 
     if args.out:
         check_writable_dir(Path(args.out).parent, "--out")
     con = Console(stderr=True)
-
-    def checkpoint(partial: dict) -> None:
-        if args.out:
-            atomic_write_text(args.out, json.dumps(finite(partial), indent=1, default=str) + "\n")
-
-    result = measure_fn(args, formats, lambda s: con.print(s, markup=False, highlight=False), checkpoint)
+    result = measure_fn(args, formats, lambda s: con.print(s, markup=False, highlight=False),
+                        lambda partial: write_result(args, partial, final=False))
     out = Console(width=200, stderr=bool(args.json))
     out.print(result_table(result))
     from report import speedup_line
 
     for sp in result.get("speedups", []):
         out.print(speedup_line(sp), markup=False, highlight=False)
-    if args.out:
-        atomic_write_text(args.out, json.dumps(finite(result), indent=1, default=str) + "\n")
-    if args.json:
-        emit_json(result)
+    write_result(args, result)
     return 0 if result["ok"] else 1
 
 

@@ -22,19 +22,19 @@ a row misses ``--max-ppl-ratio`` or ``--min-match``, 2 for bad input.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as `python bench/quant_distance.py` from a source checkout
-    sys.path.insert(0, str(ROOT))
+for _p in (ROOT, ROOT / "bench"):  # run as `python bench/quant_distance.py`, or imported by a path
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
 
 from ground.errors import AmkError, run_main  # noqa: E402
+from quant import parse_formats  # noqa: E402  (bench/quant.py: the same --weights list)
 
 NAME = "bench/quant_distance.py"
-FORMATS = ("int8", "fp8", "q8_0")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -57,14 +57,6 @@ def parser() -> argparse.ArgumentParser:
               skip=("weights", "weight_group"))
     add_flags(ap.add_argument_group("kernel knobs (docs/triton.md)"), KernelConfig)
     return ap
-
-
-def parse_formats(text: str) -> list[str]:
-    """The ``--weights`` list; AmkError for an unknown or repeated format or an empty list."""
-    out = [t.strip() for t in text.split(",") if t.strip()]
-    if not out or len(set(out)) != len(out) or any(t not in FORMATS for t in out):
-        raise AmkError(f"--weights: expected a comma list of {', '.join(FORMATS)}, got {text!r}")
-    return out
 
 
 def inputs(resolved, n_text: int) -> tuple[list[int], list[int], str]:
@@ -194,16 +186,15 @@ def main(argv: list[str] | None = None, measure_fn=None) -> int:
         raise AmkError("--tokens must be >= 1 and --text-tokens 0 or >= 2")
     from rich.console import Console
 
+    from amk.bench import write_result
     from amk.output import check_writable_dir
-    from ground.files import atomic_write_text, finite
 
     if args.out:
         check_writable_dir(Path(args.out).parent, "--out")
     con = Console(stderr=True)
 
     def checkpoint(partial: dict) -> None:
-        if args.out:
-            atomic_write_text(args.out, json.dumps(finite(partial), indent=1, default=str) + "\n")
+        write_result(args, partial, final=False)
 
     result = (measure_fn or measure)(args, formats, lambda s: con.print(s, markup=False, highlight=False), checkpoint)
     Console(width=200).print(table(result))

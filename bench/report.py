@@ -482,21 +482,29 @@ def render_dist(rel: str, rep: dict) -> list[str]:
     return lines
 
 
+def _fastest_correct(rows: list[dict], pred) -> dict | None:
+    """The fastest correct row of ``rows`` for which ``pred(row)`` holds, None if none."""
+    got = [r for r in rows if pred(r) and r.get("correct") and r.get("latency_ms_median")]
+    return min(got, key=lambda r: r["latency_ms_median"]) if got else None
+
+
+def _amk_of(fmt):
+    """The predicate of the amk rows of weight format ``fmt`` (None and "bf16": unquantized)."""
+    fmts = (None, "bf16") if fmt in (None, "bf16") else (fmt,)
+    return lambda r: r["method"].startswith("amk ") and r.get("weights") in fmts
+
+
 def quant_rows(rep: dict) -> list[dict]:
     """The rows of a bench/quant.py report that the page shows: every baseline row, and of
     the amk rows of each format (its kernel-knob variants, ``--amk-variant``) the fastest
     correct one (the first where none is), in the report's order."""
-    best: dict[str, dict] = {}
-    for r in rep["rows"]:
-        if not r["method"].startswith("amk "):
-            continue
-        fmt, cur = r.get("weights"), best.get(r.get("weights"))
-        ms = r.get("latency_ms_median") if r.get("correct") else None
-        cur_ms = cur.get("latency_ms_median") if cur is not None and cur.get("correct") else None
-        if cur is None or (ms is not None and (cur_ms is None or ms < cur_ms)):
-            best[fmt] = r
-    keep = {id(r) for r in best.values()}
-    return [r for r in rep["rows"] if not r["method"].startswith("amk ") or id(r) in keep]
+    rows = rep["rows"]
+    amk = [r for r in rows if r["method"].startswith("amk ")]
+    keep = set()
+    for fmt in dict.fromkeys(r.get("weights") for r in amk):
+        best = _fastest_correct(rows, _amk_of(fmt)) or next(r for r in amk if _amk_of(fmt)(r))
+        keep.add(id(best))
+    return [r for r in rows if not r["method"].startswith("amk ") or id(r) in keep]
 
 
 def quant_speedups(rep: dict) -> list[dict]:
@@ -504,22 +512,19 @@ def quant_speedups(rep: dict) -> list[dict]:
     fastest correct amk row of that format, its method), ``amk_ms``, ``vs_amk_bf16`` (the
     fastest correct amk bf16 row's ms over it) and ``vs_torchao`` (per torchao row of that
     format: its fastest correct run's ms over it). None where a side has no correct row."""
-    def fastest(pred) -> tuple[float | None, dict | None]:
-        got = [(r["latency_ms_median"], r) for r in rep["rows"]
-               if pred(r) and r.get("correct") and r.get("latency_ms_median")]
-        return min(got, key=lambda t: t[0]) if got else (None, None)
-
-    bf16, _ = fastest(lambda r: r["method"].startswith("amk ") and r.get("weights") in (None, "bf16"))
+    rows = rep["rows"]
+    bf16 = _fastest_correct(rows, _amk_of(None))
     out = []
-    for fmt in dict.fromkeys(r.get("weights") for r in rep["rows"]):
+    for fmt in dict.fromkeys(r.get("weights") for r in rows):
         if fmt in (None, "bf16"):
             continue
-        ms, row = fastest(lambda r: r["method"].startswith("amk ") and r.get("weights") == fmt)
-        tao = {r["method"]: r["latency_ms_median"] / ms for r in rep["rows"]
+        row = _fastest_correct(rows, _amk_of(fmt))
+        ms = row["latency_ms_median"] if row else None
+        tao = {r["method"]: r["latency_ms_median"] / ms for r in rows
                if ms and r["method"].startswith("torchao ") and r.get("weights") == fmt and r.get("correct")
                and r.get("latency_ms_median")}
         out.append({"weights": fmt, "amk": row["method"] if row else None, "amk_ms": ms,
-                    "vs_amk_bf16": bf16 / ms if ms and bf16 else None, "vs_torchao": tao})
+                    "vs_amk_bf16": bf16["latency_ms_median"] / ms if ms and bf16 else None, "vs_torchao": tao})
     return out
 
 
