@@ -58,7 +58,7 @@ KERNEL_VALUES: dict[str, tuple[Any, ...]] = {
     # the quantized weights' knobs act on int8 / fp8 programs only; tuned entries are bf16
     "q_tma": (False,),
     "q_gemv_n": (0,),
-    "int8_convert": ("magic",),
+    "int8_convert": ("prmt",),
 }
 #: ``ring`` when the ring is searched (``TuneSpace(..., ring=True)``).
 RING_VALUES = (0, 4, 8, 16)

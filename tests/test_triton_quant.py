@@ -105,15 +105,15 @@ def test_unquantized_variants_carry_no_scale(tmp_path):
     ("q8_0", dict(gemv_n=64, gemv_k=128, gemv_stages=5, gemv_tma=True)),
     ("int8", dict(gemv_n=32, gemv_k=256, gemv_stages=6, gemv_tma=True, q_tma=True, q_gemv_n=64)),
     ("int8", dict(gemv_n=16, gemv_k=128, gemv_unroll=8, x_stage=True, int8_convert="cvt")),
-    ("int8", dict(gemv_n=32, gemv_k=256, gemv_stages=6, int8_convert="prmt")),
+    ("int8", dict(gemv_n=32, gemv_k=256, gemv_stages=6, int8_convert="magic")),
     ("fp8", dict(gemv_n=32, gemv_k=256, gemv_stages=6, gemv_tma=True, q_tma=True)),
 ])
 def test_device_triton_compiles_quantized_gemv(tmp_path, weights, blocks):
     """Fused bf16 tiny Llama with int8 / fp8 weights at 8 warps compiles for sm_90 with the
     GPU machines' Triton: vector weight loads, no spills; with gemv_tma the quantized tiles
     stream through register loads (TMA copies only for the float weights) unless q_tma says
-    otherwise; int8_convert magic (the default) or prmt leaves no int8 -> fp32 conversion, and
-    prmt's PTX is there."""
+    otherwise; int8_convert prmt (the default) or magic leaves no int8 -> fp32 conversion, and
+    prmt's PTX is there for int8 and q8_0 weights unless another conversion is asked for."""
     from lowering.triton.runtime import Blocks
 
     prog, init, _ = lowered("tiny-llama", workers=3, dtype="bf16", fuse=True, **weight_knobs(weights))
@@ -123,9 +123,10 @@ def test_device_triton_compiles_quantized_gemv(tmp_path, weights, blocks):
     if blocks.get("q_tma"):  # the quantized tiles too stream through TMA copies
         plain = TritonExecutor(prog, init, check=False, num_warps=8, blocks=Blocks(**dict(blocks, q_tma=False)))
         assert rep["tma_copies"] > _device_triton_compile(plain, tmp_path / "plain")[1]["tma_copies"], rep
-    if weights != "fp8":  # int8 -> fp32 conversions unless int8_convert magic
-        assert (rep["int8_to_f32"] == 0) == (blocks.get("int8_convert", "magic") != "cvt"), rep
-    assert (rep["int8_prmt"] > 0) == (blocks.get("int8_convert") == "prmt"), rep
+    cvt = blocks.get("int8_convert", "prmt")
+    if weights != "fp8":  # int8 -> fp32 conversions only with int8_convert cvt
+        assert (rep["int8_to_f32"] == 0) == (cvt != "cvt"), rep
+    assert (rep["int8_prmt"] > 0) == (weights != "fp8" and cvt == "prmt"), rep
     if rep["regs"] is not None:
         assert rep["regs"] <= 255 and rep["local_bytes"] == 0, (version, rep)
 

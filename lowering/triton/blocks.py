@@ -55,7 +55,7 @@ class Blocks:
     gemv_tma: bool = False
     q_tma: bool = False
     q_gemv_n: int = 0
-    int8_convert: str = "magic"
+    int8_convert: str = "prmt"
     ring: int = 0
     ring_rows: int = 4
     ring_cols: int = 2048
