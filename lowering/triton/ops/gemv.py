@@ -237,13 +237,14 @@ def _gemv_wload(w, rows, rm, cols, cm, W_CONTIG: tl.constexpr, sc=None, GROUP: t
             si = rows * (K // GROUP) + k0 // GROUP
             s = tl.load(scp + flat_off(si, sc_n1, sc_n2, sc_s0, sc_s1, sc_s2), mask=rm & (rows * 0 + k0 < K), other=0)
             wv *= s.to(tl.float32)[:, None]
-        else:
+        else:  # a [rows, BK / GROUP, 1] load: in the view's own layout (a [rows, BK / GROUP] one
+            # took a shared-memory layout conversion and a CTA barrier every block)
             NG: tl.constexpr = BK // GROUP
             g = k0 // GROUP + tl.arange(0, NG)
-            si = rows[:, None] * (K // GROUP) + g[None, :]
+            si = rows[:, None, None] * (K // GROUP) + g[None, :, None]
             s = tl.load(scp + flat_off(si, sc_n1, sc_n2, sc_s0, sc_s1, sc_s2),
-                        mask=rm[:, None] & (g * GROUP < K)[None, :], other=0).to(tl.float32)
-            wv = tl.reshape(tl.reshape(wv, [BN, NG, GROUP]) * s[:, :, None], [BN, BK])
+                        mask=rm[:, None, None] & (g * GROUP < K)[None, :, None], other=0).to(tl.float32)
+            wv = tl.reshape(tl.reshape(wv, [BN, NG, GROUP]) * s, [BN, BK])
     return wv
 
 
