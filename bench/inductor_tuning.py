@@ -18,8 +18,9 @@ default folder)::
     python bench/inductor_tuning.py load IN.tgz      # back into the cache (--missing-ok: no file, no error)
 
 ``--out FILE`` also writes what was done as JSON (action, archive, cache folder, how many
-results), atomically: a suite's record of how much tuning a call started from. Exit code 0; 2, with one line, for a missing or unreadable archive, or one holding anything
-but ``.best_config`` files under relative paths. ``save`` writes the archive atomically.
+results), atomically: a suite's record of how much tuning a call started from. ``save``
+writes the archive atomically. Exit code 0; 2, with one line, for a missing or unreadable
+archive, or one holding anything but ``.best_config`` files under relative paths.
 """
 
 from __future__ import annotations
