@@ -227,6 +227,16 @@ def capture_graph(body) -> "torch.cuda.CUDAGraph":
     return g
 
 
+def inductor_counter_delta(before: dict, after: dict) -> dict[str, int]:
+    """What each of torch inductor's counters (``torch._dynamo.utils.counters["inductor"]``,
+    name -> count) grew by from ``before`` to ``after``, the counters that did not grow left
+    out, sorted by name. E.g. ``coordesc_tuning_bench`` (configs benchmarked by
+    coordinate-descent tuning: 0 when every kernel's tuning result came from the cache),
+    ``fxgraph_cache_hit`` / ``fxgraph_cache_miss``, ``async_compile_cache_miss``."""
+    grown = {str(k): int(v) - int(before.get(k, 0)) for k, v in after.items()}
+    return {k: n for k, n in sorted(grown.items()) if n > 0}
+
+
 def hf_compiled_graph(model, prompt_ids: torch.Tensor, n_tokens: int,
                       max_cache_len: int | None = None, mode: str | None = None) -> BaselineResult:
     """Baseline (b): a decode step over a StaticCache, compiled, in one CUDA graph.
@@ -236,9 +246,11 @@ def hf_compiled_graph(model, prompt_ids: torch.Tensor, n_tokens: int,
     ``compiled_graph_name(mode)``.
     Requires CUDA. Returns the ``n_tokens`` greedy tokens after the prompt and the per-replay
     timing of the decode steps (each replay is one whole decode step); ``extra`` holds
-    ``compile_s`` (wall seconds of the warm-up before capture, torch.compile's work included)
-    and ``dynamo_graphs`` (graphs Dynamo compiled meanwhile: more than one is a recompile or a
-    graph break), what a slow compile is diagnosed from.
+    ``compile_s`` (wall seconds of the warm-up before capture, torch.compile's work included),
+    ``dynamo_graphs`` (graphs Dynamo compiled meanwhile: more than one is a recompile or a
+    graph break) and ``inductor_counters`` (inductor_counter_delta over the warm-up: FX graph
+    cache hits and misses, kernels benchmarked by coordinate-descent tuning, ...), what a slow
+    compile is diagnosed from.
     """
     import time
 
@@ -254,11 +266,12 @@ def hf_compiled_graph(model, prompt_ids: torch.Tensor, n_tokens: int,
         st.body(compiled)
 
     with torch.no_grad():
-        graphs0, t0 = counters["stats"]["unique_graphs"], time.perf_counter()
+        graphs0, ind0, t0 = counters["stats"]["unique_graphs"], dict(counters["inductor"]), time.perf_counter()
         warm_up_on_side_stream(body)  # compiles
         torch.cuda.synchronize(dev)
         warm = {"compile_s": round(time.perf_counter() - t0, 3),
-                "dynamo_graphs": counters["stats"]["unique_graphs"] - graphs0}
+                "dynamo_graphs": counters["stats"]["unique_graphs"] - graphs0,
+                "inductor_counters": inductor_counter_delta(ind0, counters["inductor"])}
         graph = capture_graph(body)
         st.feed_prompt(graph.replay)
         # Decode: each replay consumes the previous output token (copied inside the graph).

@@ -204,6 +204,22 @@ def test_fresh_compile_turns_inductor_caches_off_inside_only():
         assert cfg.force_disable_caches == before
 
 
+def test_inductor_counter_delta_keeps_what_grew():
+    """The warm-up's inductor counters: growth only, from torch's own Counter."""
+    from torch._dynamo.utils import counters
+
+    from amk.baselines import inductor_counter_delta
+
+    before = dict(counters["inductor"])
+    counters["inductor"]["amk_test_bench"] += 3
+    counters["inductor"]["amk_test_hit"] += 1
+    try:
+        assert inductor_counter_delta(before, counters["inductor"]) == {"amk_test_bench": 3, "amk_test_hit": 1}
+        assert inductor_counter_delta(dict(counters["inductor"]), counters["inductor"]) == {}
+    finally:
+        del counters["inductor"]["amk_test_bench"], counters["inductor"]["amk_test_hit"]
+
+
 def test_baseline_runs_below_one_is_one_line():
     r = subprocess.run([sys.executable, "-m", "amk", "bench", "config:tiny-llama", "--baseline-runs", "0"],
                        capture_output=True, text=True, cwd=ROOT)
