@@ -1,7 +1,7 @@
 """Quantized GEMV weights in the Triton megakernel: int8 / float8e4nv weight tiles converted
 to fp32 in registers inside the streaming GEMV, the per-row scale applied once after the
-dot product, or (q8_0: int8 with 32-column groups) each block's f16 scale applied to each
-element as it loads. Under the interpreter against the sim (tiny Llama), and compiled
+dot product, or (q8_0: int8 with 32-column groups) each group's products summed and then
+multiplied once by its f16 scale. Under the interpreter against the sim (tiny Llama), and compiled
 offline for sm_90 with the GPU machines' Triton (AMK_DEVICE_TRITON) without spills."""
 
 from __future__ import annotations

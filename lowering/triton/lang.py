@@ -135,6 +135,22 @@ def round_as(v, DT: tl.constexpr):
     return r
 
 
+@device
+def dot_acc(av, bv, acc):
+    """``acc + av @ bv`` in fp32 (tl.dot; blocks of at least 16 x 16): bf16 / f16 blocks of
+    one dtype on the tensor cores, anything else (f32, mixed dtypes) converted to fp32 and
+    multiplied exactly (no TF32). Under the interpreter always in fp32 (its dot of bf16
+    blocks multiplies their raw bits; the products of bf16 / f16 values are exact in fp32
+    either way)."""
+    if INTERPRET:
+        acc = tl.dot(av.to(tl.float32), bv.to(tl.float32), acc, input_precision="ieee")
+    elif av.dtype == bv.dtype and av.dtype != tl.float32:
+        acc = tl.dot(av, bv, acc)
+    else:
+        acc = tl.dot(av.to(tl.float32), bv.to(tl.float32), acc, input_precision="ieee")
+    return acc
+
+
 # ---------------------------------------------------------------- inline PTX
 @device
 def global_timer():

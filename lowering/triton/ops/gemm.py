@@ -24,24 +24,9 @@ import triton.language as tl
 from ir.ops import gemm_dims
 from ir.program import DTYPE_BYTES
 from lowering.triton import layout as L
-from lowering.triton.lang import INTERPRET, aligned, device, store
+from lowering.triton.lang import aligned, device, dot_acc, store
 from lowering.triton.layout import DECODER_ARGS, OpLowering, TableError, Variant, tl_dtypes
 from lowering.triton.vm import arena_ptr, operand, status_ok
-
-
-@device
-def _dot(av, bv, acc):
-    """acc + av @ bv in fp32: bf16 / f16 blocks of one dtype on the tensor cores, anything
-    else (f32, mixed dtypes) converted to fp32 and multiplied exactly (no TF32). Under the
-    interpreter always in fp32 (its dot of bf16 blocks multiplies their raw bits; the
-    products of bf16 / f16 values are exact in fp32 either way)."""
-    if INTERPRET:
-        acc = tl.dot(av.to(tl.float32), bv.to(tl.float32), acc, input_precision="ieee")
-    elif av.dtype == bv.dtype and av.dtype != tl.float32:
-        acc = tl.dot(av, bv, acc)
-    else:
-        acc = tl.dot(av.to(tl.float32), bv.to(tl.float32), acc, input_precision="ieee")
-    return acc
 
 
 @device
@@ -75,7 +60,7 @@ def gemm(a, a_rs, a_cs, b, b_rs, b_cs, r, r_rs, r_cs, y, y_rs, y_cs, M, N, K,
                     bp = b + rk[:, None] * b_rs + rn[None, :] * b_cs
                 av = tl.load(ap, mask=mm[:, None] & km[None, :], other=0)
                 bv = tl.load(bp, mask=km[:, None] & nm[None, :], other=0)
-                acc = _dot(av, bv, acc)
+                acc = dot_acc(av, bv, acc)
             om = mm[:, None] & nm[None, :]
             if HAS_R:
                 acc += tl.load(r + rm[:, None] * r_rs + rn[None, :] * r_cs, mask=om, other=0).to(tl.float32)

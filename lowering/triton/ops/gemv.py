@@ -216,12 +216,13 @@ def _w_f32(v, I8M: tl.constexpr = 0):
 def _gemv_wload(w, rows, rm, cols, cm, W_CONTIG: tl.constexpr, sc=None, GROUP: tl.constexpr = 0, K=0,
                 I8M: tl.constexpr = 0, k0=0):
     """The fp32 weight block W[rows, cols] (zeros outside the masks; an int8 / float8e4nv W
-    converted as it loads). ``GROUP`` > 0: W is int8 with one scale per GROUP columns of a
-    row, ``sc`` the flat [rows, K / GROUP] scales (f16; ir/ops.py), and ``cols`` is
-    ``k0 + arange(BK)`` with ``k0`` a multiple of BK: the block's [rows, BK / GROUP] scales
-    (one a row when BK <= GROUP) are loaded once and each multiplies its GROUP columns (a
-    scale loaded per element was one scalar load per weight). ``I8M``: how an int8 W
-    converts (_w_f32)."""
+    converted as it loads) and, with ``GROUP`` > 0, its per-group scales, not yet applied
+    (_acc_block applies them to the groups' sums): W is int8 with one scale per GROUP
+    columns of a row, ``sc`` the flat [rows, K / GROUP] scales (f16; ir/ops.py), and
+    ``cols`` is ``k0 + arange(BK)`` with ``k0`` a multiple of BK; the block's scales come
+    back as fp32 [rows, 1] when BK <= GROUP (the block lies inside one group of each row),
+    else [rows, BK / GROUP] (_group_scales). Without groups the scales are 0 (unused).
+    ``I8M``: how an int8 W converts (_w_f32)."""
     wp, w_rs, w_cs = w
     if W_CONTIG:
         p = wp + rows[:, None] * w_rs + cols[None, :]
@@ -229,23 +230,50 @@ def _gemv_wload(w, rows, rm, cols, cm, W_CONTIG: tl.constexpr, sc=None, GROUP: t
         p = wp + rows[:, None] * w_rs + cols[None, :] * w_cs
     m = rm[:, None] & cm[None, :]
     wv = _w_f32(_wload(p, m), I8M)
+    s = 0.0
     if GROUP > 0:
-        scp, sc_n1, sc_n2, sc_s0, sc_s1, sc_s2 = sc
-        BN: tl.constexpr = rows.shape[0]
-        BK: tl.constexpr = cols.shape[0]
-        if BK <= GROUP:  # the block lies inside one group of each row
-            si = rows * (K // GROUP) + k0 // GROUP
-            s = tl.load(scp + flat_off(si, sc_n1, sc_n2, sc_s0, sc_s1, sc_s2), mask=rm & (rows * 0 + k0 < K), other=0)
-            wv *= s.to(tl.float32)[:, None]
-        else:  # a [rows, BK / GROUP, 1] load: in the view's own layout (a [rows, BK / GROUP] one
-            # took a shared-memory layout conversion and a CTA barrier every block)
-            NG: tl.constexpr = BK // GROUP
-            g = k0 // GROUP + tl.arange(0, NG)
-            si = rows[:, None, None] * (K // GROUP) + g[None, :, None]
-            s = tl.load(scp + flat_off(si, sc_n1, sc_n2, sc_s0, sc_s1, sc_s2),
-                        mask=rm[:, None, None] & (g * GROUP < K)[None, :, None], other=0).to(tl.float32)
-            wv = tl.reshape(tl.reshape(wv, [BN, NG, GROUP]) * s, [BN, BK])
-    return wv
+        s = _group_scales(sc, rows, rm, K, k0, cols.shape[0], GROUP)
+    return wv, s
+
+
+@device
+def _group_scales(sc, rows, rm, K, k0, BK: tl.constexpr, GROUP: tl.constexpr):
+    """The fp32 scales of the K block at ``k0`` (a multiple of BK) of ``rows``: [rows, 1]
+    when BK <= GROUP, else [rows, BK / GROUP], loaded as [rows, BK / GROUP, 1] and reduced
+    over the last axis, so that they arrive in the layout of _acc_block's per-group sums
+    (a plain [rows, BK / GROUP] load took a shared-memory layout conversion and a CTA
+    barrier every block)."""
+    scp, sc_n1, sc_n2, sc_s0, sc_s1, sc_s2 = sc
+    if BK <= GROUP:
+        si = rows * (K // GROUP) + k0 // GROUP
+        s = tl.load(scp + flat_off(si, sc_n1, sc_n2, sc_s0, sc_s1, sc_s2), mask=rm & (rows * 0 + k0 < K),
+                    other=0).to(tl.float32)[:, None]
+    else:
+        NG: tl.constexpr = BK // GROUP
+        g = k0 // GROUP + tl.arange(0, NG)
+        si = rows[:, None, None] * (K // GROUP) + g[None, :, None]
+        s = tl.sum(tl.load(scp + flat_off(si, sc_n1, sc_n2, sc_s0, sc_s1, sc_s2),
+                           mask=rm[:, None, None] & (g * GROUP < K)[None, :, None], other=0).to(tl.float32), axis=2)
+    return s
+
+
+@device
+def _acc_block(acc, wv, f, s, GROUP: tl.constexpr = 0):
+    """``acc`` plus one K block's products of ``wv`` [BN, BK] and ``f`` [BK] (fp32).
+    ``GROUP`` == 0: ``acc`` is [BN, BK], a multiply-add per element. ``GROUP`` > 0 (int8
+    with per-group scales ``s`` from _gemv_wload): ``acc`` is [BN, max(BK / GROUP, 1)];
+    each group's GROUP products are summed first and the sum is scaled once, a multiply a
+    group instead of a scale multiply per weight (llama.cpp's Q8_0 dot products do the
+    same)."""
+    BN: tl.constexpr = wv.shape[0]
+    BK: tl.constexpr = wv.shape[1]
+    if GROUP == 0:  # (one return: the compiler visits what follows a return in a static branch)
+        acc = acc + wv * f[None, :]
+    elif BK <= GROUP:
+        acc = acc + tl.sum(wv * f[None, :], axis=1, keep_dims=True) * s
+    else:
+        acc = acc + tl.sum(tl.reshape(wv * f[None, :], [BN, BK // GROUP, GROUP]), axis=2) * s
+    return acc
 
 
 @device
@@ -278,12 +306,12 @@ def _kblocks_pair(acc, x, a, rstd, w, rows, rm, kb, K, PRO: tl.constexpr, X_CONT
     for k0 in range(kb, K, 2 * BLOCK_K):
         c0 = k0 + tl.arange(0, BLOCK_K)
         c1 = c0 + BLOCK_K
-        w0 = _gemv_wload(w, rows, rm, c0, c0 < K, W_CONTIG, sc, GROUP, K, I8M, k0)
-        w1 = _gemv_wload(w, rows, rm, c1, c1 < K, W_CONTIG, sc, GROUP, K, I8M, k0 + BLOCK_K)
+        w0, s0 = _gemv_wload(w, rows, rm, c0, c0 < K, W_CONTIG, sc, GROUP, K, I8M, k0)
+        w1, s1 = _gemv_wload(w, rows, rm, c1, c1 < K, W_CONTIG, sc, GROUP, K, I8M, k0 + BLOCK_K)
         x0, a0 = _gemv_xload(x, a, c0, c0 < K, PRO, X_CONTIG, X_ALIGN)
         x1, a1 = _gemv_xload(x, a, c1, c1 < K, PRO, X_CONTIG, X_ALIGN)
-        acc += w0 * _gemv_xfn(x[0], x0, a0, rstd, PRO)[None, :]
-        acc += w1 * _gemv_xfn(x[0], x1, a1, rstd, PRO)[None, :]
+        acc = _acc_block(acc, w0, _gemv_xfn(x[0], x0, a0, rstd, PRO), s0, GROUP)
+        acc = _acc_block(acc, w1, _gemv_xfn(x[0], x1, a1, rstd, PRO), s1, GROUP)
     return acc
 
 
@@ -298,9 +326,9 @@ def _kblocks_unrolled(acc, x, a, rstd, w, rows, rm, kb, K, PRO: tl.constexpr, X_
     for k0 in tl.range(kb, K, BLOCK_K, loop_unroll_factor=UNROLL):
         cols = k0 + tl.arange(0, BLOCK_K)
         cm = cols < K
-        wv = _gemv_wload(w, rows, rm, cols, cm, W_CONTIG, sc, GROUP, K, I8M, k0)
+        wv, sv = _gemv_wload(w, rows, rm, cols, cm, W_CONTIG, sc, GROUP, K, I8M, k0)
         xv, av = _gemv_xload(x, a, cols, cm, PRO, X_CONTIG, X_ALIGN)
-        acc += wv * _gemv_xfn(x[0], xv, av, rstd, PRO)[None, :]
+        acc = _acc_block(acc, wv, _gemv_xfn(x[0], xv, av, rstd, PRO), sv, GROUP)
     return acc
 
 
@@ -315,8 +343,8 @@ def _kblocks_plain(acc, x, a, rstd, w, rows, rm, kb, K, PRO: tl.constexpr, X_CON
         cm = cols < K
         xv, av = _gemv_xload(x, a, cols, cm, PRO, X_CONTIG, X_ALIGN)
         xv = _gemv_xfn(x[0], xv, av, rstd, PRO)
-        wv = _gemv_wload(w, rows, rm, cols, cm, W_CONTIG, sc, GROUP, K, I8M, k0)
-        acc += wv * xv[None, :]
+        wv, sv = _gemv_wload(w, rows, rm, cols, cm, W_CONTIG, sc, GROUP, K, I8M, k0)
+        acc = _acc_block(acc, wv, xv, sv, GROUP)
     return acc
 
 
@@ -337,9 +365,10 @@ def _kblocks_pipelined(acc, x, a, rstd, w, wd, rows, rm, n0, kb, K, PRO: tl.cons
         f = _gemv_xfn(x[0], xv, av, rstd, PRO)
         if W_TMA:  # one TMA copy per block; rows >= N and columns >= K arrive as zeros
             wv = _w_f32(wd.load([n0, k0]), I8M)
+            sv = 0.0
         else:
-            wv = _gemv_wload(w, rows, rm, cols, cm, W_CONTIG, sc, GROUP, K, I8M, k0)
-        acc += wv * f[None, :]
+            wv, sv = _gemv_wload(w, rows, rm, cols, cm, W_CONTIG, sc, GROUP, K, I8M, k0)
+        acc = _acc_block(acc, wv, f, sv, GROUP)
         xv = xn
         av = an
     return acc
@@ -386,11 +415,13 @@ def gemv_stream(x, a, rstd, w, b, y, N, K, PRO: tl.constexpr, HAS_BIAS: tl.const
     quantized (int8 / float8e4nv, converted to fp32 as it loads) and each row's dot product
     is multiplied once by its scale ``sc[rows]`` (a flat f32 operand) before the epilogue;
     with ``GROUP`` > 0 (int8, one scale per GROUP columns of a row: ``sc`` [N, K / GROUP])
-    each weight element is scaled as it loads (_gemv_wload) instead. ``I8M``: how an int8 W
+    each group's products are summed and scaled once (_acc_block) instead. ``I8M``: how an int8 W
     converts (_w_f32)."""
     tl.static_assert(GROUP == 0 or (HAS_SCALE and W_PRE == 0 and not W_TMA),
                      "per-group scales need HAS_SCALE, no W_PRE and no W_TMA")
     ROW_SCALE: tl.constexpr = HAS_SCALE and GROUP == 0
+    # the accumulator's columns: one a weight column, or one a group of them (_acc_block)
+    ACC_K: tl.constexpr = BLOCK_K if GROUP == 0 else max(BLOCK_K // GROUP, 1)
     wp, w_rs, w_cs = w
     wd = None
     if W_TMA:
@@ -409,7 +440,7 @@ def gemv_stream(x, a, rstd, w, b, y, N, K, PRO: tl.constexpr, HAS_BIAS: tl.const
                 _gemv_roll(w, n0, N, K, ROLL, BLOCK_N)
         rows = n0 + tl.arange(0, BLOCK_N)
         rm = rows < N
-        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_N, ACC_K], dtype=tl.float32)
         kb = 0
         if W_PRE > 0:
             if n0 == 0:
