@@ -23,6 +23,14 @@ def _ops(ex) -> set[str]:
     return {v.op for v in ex.table.variants}
 
 
+def _assert_matches_sim(ex, prog, init, toks):
+    """The executor's logits within bf16 rounding of the sim's, the same greedy tokens."""
+    sim = SimExecutor(prog, init, check=False, policy="in_order")
+    for (lg, nt), (ls, ns) in zip(run_decode(ex, toks), run_decode(sim, toks)):
+        assert (lg - ls).abs().max() <= 0.02 * ls.abs().max()
+        assert nt == ns
+
+
 @cpu_only
 @pytest.mark.parametrize("fuse,late,kv_split,op", [
     (False, False, 1, "attention"), (True, False, 1, "rope_attention"),
@@ -36,11 +44,7 @@ def test_mma_attention_matches_sim_in_bf16(fuse, late, kv_split, op):
     ex = TritonExecutor(prog, init, check=False, blocks=Blocks(attention_mma=True))
     assert op in _ops(ex)
     assert "MMA=ATT_MMA" in ex.source and ex._launch_options()["ATT_MMA"] is True
-    sim = SimExecutor(prog, init, check=False, policy="in_order")
-    toks = (TOKENS * 4)[:12]
-    for (lg, nt), (ls, ns) in zip(run_decode(ex, toks), run_decode(sim, toks)):
-        assert (lg - ls).abs().max() <= 0.02 * ls.abs().max()
-        assert nt == ns
+    _assert_matches_sim(ex, prog, init, (TOKENS * 4)[:12])
 
 
 @cpu_only
@@ -49,11 +53,7 @@ def test_mma_attention_spans_several_position_blocks():
     the tensor-core path too (its running max and sum carried between dots)."""
     prog, init, _ = lowered("tiny-llama", workers=3, dtype="bf16", fuse=True, late_append=True, max_seq=32)
     ex = TritonExecutor(prog, init, check=False, blocks=Blocks(attention_mma=True, attention_t=16))
-    sim = SimExecutor(prog, init, check=False, policy="in_order")
-    toks = (TOKENS * 4)[:20]
-    for (lg, nt), (ls, ns) in zip(run_decode(ex, toks), run_decode(sim, toks)):
-        assert (lg - ls).abs().max() <= 0.02 * ls.abs().max()
-        assert nt == ns
+    _assert_matches_sim(ex, prog, init, (TOKENS * 4)[:20])
 
 
 @cpu_only
