@@ -150,8 +150,8 @@ def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, v
     the block t0 is reduced, so each block's load latency overlaps the previous block's
     arithmetic instead of adding up over the context (the same values, bit-identical).
     ``KV_ALIGN`` (0 or elements per 16 bytes): the caches have unit head-dim stride and
-    ``kc``, ``vc``, their head and position strides are multiples of it (the table's
-    ``kvaligned`` flag), so the loads are 16-byte vectors.
+    ``kc``, ``vc``, their head and position strides and ``D`` are multiples of it (the
+    table's ``kvaligned`` flag), so the loads are vectors of up to 16 bytes.
 
     ``PARTIAL`` (split-KV, ir/ops.py): part ``part`` of ``parts`` attends to positions
     [part * T // parts, (part + 1) * T // parts) of the T = pos + 1 only and stores, per query
@@ -220,11 +220,16 @@ def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, v
             vc_t = aligned(vc_t, KV_ALIGN)
             kc_d = 1
             vc_d = 1
+            # D restated as a multiple of KV_ALIGN (the flag says it is): with a bare run-time
+            # D the head-dim mask split every block load into 16-bit scalar loads
+            dmv = dd < aligned(D, KV_ALIGN)
+        else:
+            dmv = dm
         kb = kc + g * kc_g
         vb = vc + g * vc_g
         # V issued with K (before the score reductions' barriers): one round trip, not two
         tn = lo + tl.arange(0, BLOCK_T)
-        knext, vnext = _kv_block(kb, kc_t, kc_d, vb, vc_t, vc_d, tn, dd, (tn < TE)[:, None] & dm[None, :], KV_ALIGN)
+        knext, vnext = _kv_block(kb, kc_t, kc_d, vb, vc_t, vc_d, tn, dd, (tn < TE)[:, None] & dmv[None, :], KV_ALIGN)
         for t0 in range(lo, hi, BLOCK_T):
             t = t0 + tl.arange(0, BLOCK_T)
             tm = t < hi
@@ -243,7 +248,7 @@ def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, v
                     kt = tl.where(cur, knew[None, :], kt)
                     vt = tl.where(cur, vnew[None, :], vt)
             tn = t + BLOCK_T  # the next block's loads (all masked off after the last: no traffic)
-            knext, vnext = _kv_block(kb, kc_t, kc_d, vb, vc_t, vc_d, tn, dd, (tn < TE)[:, None] & dm[None, :],
+            knext, vnext = _kv_block(kb, kc_t, kc_d, vb, vc_t, vc_d, tn, dd, (tn < TE)[:, None] & dmv[None, :],
                                      KV_ALIGN)
             if MM:
                 sc = dot_acc(qd, tl.trans(kt), tl.zeros([QR, BLOCK_T], dtype=tl.float32)) * scale  # [QR, BT]
@@ -462,15 +467,15 @@ _call_attention_combine = plain_call("t_attention_combine", "ATT_D")
 
 
 def _flags_attention(task, dtypes, descs, slots) -> dict[str, bool]:
-    """``kvaligned``: the K and V caches ([G, T, D]) have unit head-dim stride and every row
-    starts on a 16-byte boundary, so the kernel loads them as 16-byte vectors (attention's
-    KV_ALIGN). ``partial`` (set only when on, so unsplit variants are unchanged): a split-KV
+    """``kvaligned``: the K and V caches ([G, T, D]) have unit head-dim stride, every row
+    starts on a 16-byte boundary and D is a multiple of 16 bytes, so the kernel loads them as
+    16-byte vectors (attention's KV_ALIGN). ``partial`` (set only when on, so unsplit variants are unchanged): a split-KV
     part (params parts >= 2), which stores partial records (attention's PARTIAL)."""
     ci = _kc(task)
     vec = 16 // DTYPE_BYTES[dtypes[ci]]
     flags = {"kvaligned": DTYPE_BYTES[dtypes[ci]] == DTYPE_BYTES[dtypes[ci + 1]] and all(
-        d.s[2] == 1 and d.s[1] % vec == 0 and d.s[0] % vec == 0 and L.starts_aligned(d, vec, slots)
-        for d in descs[ci:ci + 2])}
+        d.s[2] == 1 and d.s[1] % vec == 0 and d.s[0] % vec == 0 and d.n[2] % vec == 0
+        and L.starts_aligned(d, vec, slots) for d in descs[ci:ci + 2])}
     if int(task.params.get("parts", 1)) > 1:
         flags["partial"] = True
     return flags
