@@ -302,8 +302,8 @@ def measure(args: argparse.Namespace, formats: list[str], progress: Callable[[st
                     ic = r.extra.get("inductor_counters", {})
                     progress(f"  {r.timing.median_ms:.3f} ms/token after {r.extra['compile_s']:.0f} s of warm-up "
                              f"({r.extra['dynamo_graphs']} Dynamo graphs; coordinate-descent benchmarks "
-                             f"{ic.get('coordesc_tuning_bench', 0)}, FX graph cache hits {ic.get('fxgraph_cache_hit', 0)} "
-                             f"/ misses {ic.get('fxgraph_cache_miss', 0)})")
+                             f"{ic.get('coordesc_tuning_bench', 0)}, FX graph cache hits "
+                             f"{ic.get('fxgraph_cache_hit', 0)} / misses {ic.get('fxgraph_cache_miss', 0)})")
             except Exception as err:  # keep the row, with the reason, rather than lose the run
                 r = BaselineResult(name, [], None, False, f"failed: {type(err).__name__}: {err}")
                 runs.append(r.to_json())

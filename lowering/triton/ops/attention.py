@@ -176,6 +176,11 @@ def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, v
     dd = tl.arange(0, BLOCK_D)
     qm = qh < grp
     dm = dd < D
+    if KV_ALIGN > 1:  # the K/V blocks' head-dim mask, D restated as a multiple of KV_ALIGN (the
+        # flag says it is): with a bare run-time D it split every block load into 16-bit loads
+        dmv = dd < aligned(D, KV_ALIGN)
+    else:
+        dmv = dm
     if ROPE:
         half = D // 2
         lo = dd < half
@@ -220,11 +225,6 @@ def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, v
             vc_t = aligned(vc_t, KV_ALIGN)
             kc_d = 1
             vc_d = 1
-            # D restated as a multiple of KV_ALIGN (the flag says it is): with a bare run-time
-            # D the head-dim mask split every block load into 16-bit scalar loads
-            dmv = dd < aligned(D, KV_ALIGN)
-        else:
-            dmv = dm
         kb = kc + g * kc_g
         vb = vc + g * vc_g
         # V issued with K (before the score reductions' barriers): one round trip, not two
@@ -236,17 +236,13 @@ def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, v
             if MM:  # the blocks stay in the caches' dtype: tensor-core operands
                 kt = knext
                 vt = vnext
-                if KV_NEW:
-                    cur = (t == pos)[:, None]
-                    kt = tl.where(cur, knew.to(KDT)[None, :], kt)
-                    vt = tl.where(cur, vnew.to(KDT)[None, :], vt)
             else:
                 kt = knext.to(tl.float32)
                 vt = vnext.to(tl.float32)
-                if KV_NEW:
-                    cur = (t == pos)[:, None]
-                    kt = tl.where(cur, knew[None, :], kt)
-                    vt = tl.where(cur, vnew[None, :], vt)
+            if KV_NEW:  # row pos: the new key and value (already rounded to the caches' dtype)
+                cur = (t == pos)[:, None]
+                kt = tl.where(cur, knew.to(kt.dtype)[None, :], kt)
+                vt = tl.where(cur, vnew.to(vt.dtype)[None, :], vt)
             tn = t + BLOCK_T  # the next block's loads (all masked off after the last: no traffic)
             knext, vnext = _kv_block(kb, kc_t, kc_d, vb, vc_t, vc_d, tn, dd, (tn < TE)[:, None] & dmv[None, :],
                                      KV_ALIGN)
@@ -469,8 +465,9 @@ _call_attention_combine = plain_call("t_attention_combine", "ATT_D")
 def _flags_attention(task, dtypes, descs, slots) -> dict[str, bool]:
     """``kvaligned``: the K and V caches ([G, T, D]) have unit head-dim stride, every row
     starts on a 16-byte boundary and D is a multiple of 16 bytes, so the kernel loads them as
-    16-byte vectors (attention's KV_ALIGN). ``partial`` (set only when on, so unsplit variants are unchanged): a split-KV
-    part (params parts >= 2), which stores partial records (attention's PARTIAL)."""
+    16-byte vectors (attention's KV_ALIGN). ``partial`` (set only when on, so unsplit
+    variants are unchanged): a split-KV part (params parts >= 2), which stores partial
+    records (attention's PARTIAL)."""
     ci = _kc(task)
     vec = 16 // DTYPE_BYTES[dtypes[ci]]
     flags = {"kvaligned": DTYPE_BYTES[dtypes[ci]] == DTYPE_BYTES[dtypes[ci + 1]] and all(
