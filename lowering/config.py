@@ -262,10 +262,6 @@ class KernelConfig(_Knobs):
                              "added to the bits of 1.5 x 2^23, then 1.5 x 2^23 subtracted: an integer and an fp32 "
                              "add, exact; 3% faster than cvt on Llama-3.2-1B, 12% on Llama-3.1-8B with q_tma) "
                              "or cvt (the I2F conversion, a quarter-rate pipe).", choices=INT8_CONVERTS)
-    attention_mma: bool = knob(False, "Decode attention over bf16 (or f16) K/V caches runs its two products "
-                               "per position block on tensor cores (tl.dot, query rows padded to 16, the "
-                               "probabilities rounded to the cache dtype as flash attention does) instead of "
-                               "fp32 broadcasts and cross-thread reductions (a block under 16 positions keeps those).")
     ring: int = knob(0, "Weight ring: GEMV tasks whose bf16 weights no task writes stream them through S "
                      "shared-memory pages per worker, copied ahead of the tasks that use them, across "
                      "their waits.", lo=1, hi=32, zero="off", metavar="S")

@@ -79,7 +79,7 @@ FAMILY = {
     "x_reuse": "gemv", "x_chunk": "gemv", "w_preload": "gemv", "gemv_tma": "gemv", "ring": "gemv",
     "ring_rows": "gemv", "ring_cols": "gemv", "maxnreg": "gemv", "down_split_k": "gemv", "q_tma": "gemv",
     "q_gemv_n": "gemv", "int8_convert": "gemv",
-    "attn_split": "attention", "attention_mma": "attention", "attn_kv_split": "attention",
+    "attn_split": "attention", "attn_kv_split": "attention",
     "attention_block": "attention", "late_append": "attention",
     "allreduce": "comm", "tile_reduce": "comm", "fuse_reduce": "comm", "lean_release": "comm",
     "coalesce_signals": "comm",

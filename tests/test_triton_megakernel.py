@@ -854,7 +854,7 @@ def test_attention_variants_load_kv_in_16_byte_vectors():
     att = [v for v in ex.table.variants if v.op in ("attention", "rope_attention")]
     assert att and all(v.flag("kvaligned") for v in att)
 
-    assert "ATT_T, ATT_D, ATT_Q, 8, MMA=ATT_MMA)" in generate_source(ex.table, "t")
+    assert "ATT_T, ATT_D, ATT_Q, 8)" in generate_source(ex.table, "t")
 
 
 def test_w_const_flag_only_for_weights_no_task_writes():

@@ -56,7 +56,6 @@ class Blocks:
     q_tma: bool = False
     q_gemv_n: int = 0
     int8_convert: str = "prmt"
-    attention_mma: bool = False
     ring: int = 0
     ring_rows: int = 4
     ring_cols: int = 2048
@@ -111,7 +110,7 @@ class Blocks:
 #: KernelConfig fields that Blocks holds under the same name.
 _SAME = ("gemv_stages", "gemv_unroll", "prefetch", "row_prefetch", "elide_waits", "coalesce_signals", "maxnreg",
          "x_stage", "x_reuse", "x_chunk", "w_preload", "prefetch_cap", "prefetch_rows", "roll", "lean_release",
-         "gemv_tma", "q_tma", "q_gemv_n", "int8_convert", "attention_mma", "ring", "ring_rows", "ring_cols")
+         "gemv_tma", "q_tma", "q_gemv_n", "int8_convert", "ring", "ring_rows", "ring_cols")
 
 
 def kernel_options(kc: KernelConfig) -> dict[str, Any]:

@@ -49,7 +49,7 @@ def amk_megakernel(A_BF16, A_F16, A_F32, A_I32, TASKS, WAITS, SIGS, QSTART, ERR,
                    GEMV_TMA: tl.constexpr = False, RING: tl.constexpr = 0, RING_PR: tl.constexpr = 4,
                    RING_PC: tl.constexpr = 2048, GEMM_M: tl.constexpr = 64, GEMM_N: tl.constexpr = 64,
                    GEMM_K: tl.constexpr = 64, Q_TMA: tl.constexpr = False, GEMV_NQ: tl.constexpr = 16,
-                   I8_CVT: tl.constexpr = False, ATT_MMA: tl.constexpr = False):
+                   I8_CVT: tl.constexpr = False):
     PROF_W: tl.constexpr = {prof_w}
     w, i, end, err, epoch, slot, abort_ptr = worker_loop_prologue(ERR, EPOCH, QSTART, slots)
     XSW = XS + w.to(tl.int64) * xs_w  # this worker's GEMV f(x) scratch (X_STAGE)

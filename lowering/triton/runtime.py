@@ -347,7 +347,7 @@ class TritonExecutor:
             W_PRELOAD=b.w_preload, PREFETCH_CAP=b.prefetch_cap, ROLL=b.roll, LEAN_RELEASE=bool(b.lean_release),
             GEMV_TMA=bool(b.gemv_tma), RING=self.ring_pages, RING_PR=b.ring_rows, RING_PC=b.ring_cols,
             Q_TMA=bool(b.gemv_tma and b.q_tma), GEMV_NQ=b.q_gemv_n or b.gemv_n,
-            I8_CVT=INT8_CONVERTS.index(b.int8_convert), ATT_MMA=bool(b.attention_mma),
+            I8_CVT=INT8_CONVERTS.index(b.int8_convert),
         )
         kw["GEMM_M"], kw["GEMM_N"], kw["GEMM_K"] = b.gemm_blocks(self.table.dims)
         if not self.interpret:

@@ -18,7 +18,7 @@ from triton.language.extra import libdevice
 from ir.ops import OPS
 from ir.program import DTYPE_BYTES
 from lowering.triton import layout as L
-from lowering.triton.lang import INTERPRET, aligned, device, dot_acc, flat_off, round_as, store
+from lowering.triton.lang import INTERPRET, aligned, device, flat_off, round_as, store
 from lowering.triton.layout import DECODER_ARGS, OpLowering, plain_call, TableError, Variant, tl_dtypes
 from lowering.triton.vm import arena_ptr, fail_position, operand, param_f, param_i, status_ok
 
@@ -127,8 +127,7 @@ def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, v
               f, f_n1, f_n2, f_s0, f_s1, f_s2, ROPE: tl.constexpr,
               BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, KV_ALIGN: tl.constexpr = 0,
               k=None, k_n1=1, k_n2=1, k_s0=0, k_s1=0, k_s2=1, v=None, v_n1=1, v_n2=1, v_s0=0, v_s1=0, v_s2=1,
-              KV_NEW: tl.constexpr = False, PARTIAL: tl.constexpr = False, parts=1, part=0,
-              MMA: tl.constexpr = False):
+              KV_NEW: tl.constexpr = False, PARTIAL: tl.constexpr = False, parts=1, part=0):
     """Decode GQA attention over cache positions 0..pos (inclusive), fp32:
     for query head h < HQ (q is [HQ, D]) and g = h // (HQ / G):
     o[h] = softmax(q[h] . kc[g, :pos+1]^T * scale) @ vc[g, :pos+1].
@@ -155,24 +154,10 @@ def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, v
 
     ``PARTIAL`` (split-KV, ir/ops.py): part ``part`` of ``parts`` attends to positions
     [part * T // parts, (part + 1) * T // parts) of the T = pos + 1 only and stores, per query
-    head, the f32 record (acc, m, l) of head_dim + 2 elements instead of acc / l.
-
-    ``MMA`` (the kernel knob attention_mma; used where both caches hold bf16, or both f16,
-    and BLOCK_T, BLOCK_D >= 16, tl.dot's smallest block): each block's two products run on
-    tensor cores, ``tl.dot(q, K^T)`` and ``tl.dot(p, V)`` in the caches' dtype with fp32
-    accumulation, the query rows padded to 16 with zeros; the probabilities p are rounded to
-    that dtype for the second product, as flash attention does (Dao et al., 2022). Otherwise
-    the products are fp32 broadcasts over [BLOCK_Q, BLOCK_T, BLOCK_D] and reductions."""
-    KDT: tl.constexpr = kc.dtype.element_ty
-    MM: tl.constexpr = (MMA and BLOCK_T >= 16 and BLOCK_D >= 16 and KDT == vc.dtype.element_ty
-                        and (KDT == tl.bfloat16 or KDT == tl.float16))
-    if MM and BLOCK_Q < 16:  # tl.dot's rows: the query heads padded with zero rows
-        QR: tl.constexpr = 16
-    else:
-        QR: tl.constexpr = BLOCK_Q
+    head, the f32 record (acc, m, l) of head_dim + 2 elements instead of acc / l."""
     grp = HQ // G
     T = pos + 1
-    qh = tl.arange(0, QR)
+    qh = tl.arange(0, BLOCK_Q)
     dd = tl.arange(0, BLOCK_D)
     qm = qh < grp
     dm = dd < D
@@ -213,11 +198,9 @@ def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, v
             knew = round_as(kl * c + kp * s, kc.dtype.element_ty)
             vl = tl.load(v + flat_off(g * D + dd, v_n1, v_n2, v_s0, v_s1, v_s2), mask=dm, other=0).to(tl.float32)
             vnew = round_as(vl, vc.dtype.element_ty)
-        m_i = tl.full([QR], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([QR], dtype=tl.float32)
-        acc = tl.zeros([QR, BLOCK_D], dtype=tl.float32)
-        if MM:
-            qd = qv.to(KDT)  # exact: q's values are already rounded to a 16-bit dtype
+        m_i = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_Q], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_Q, BLOCK_D], dtype=tl.float32)
         if KV_ALIGN > 1:
             kc_g = aligned(kc_g, KV_ALIGN)
             kc_t = aligned(kc_t, KV_ALIGN)
@@ -233,32 +216,22 @@ def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, v
         for t0 in range(lo, hi, BLOCK_T):
             t = t0 + tl.arange(0, BLOCK_T)
             tm = t < hi
-            if MM:  # the blocks stay in the caches' dtype: tensor-core operands
-                kt = knext
-                vt = vnext
-            else:
-                kt = knext.to(tl.float32)
-                vt = vnext.to(tl.float32)
+            kt = knext.to(tl.float32)
+            vt = vnext.to(tl.float32)
             if KV_NEW:  # row pos: the new key and value (already rounded to the caches' dtype)
                 cur = (t == pos)[:, None]
-                kt = tl.where(cur, knew.to(kt.dtype)[None, :], kt)
-                vt = tl.where(cur, vnew.to(vt.dtype)[None, :], vt)
+                kt = tl.where(cur, knew[None, :], kt)
+                vt = tl.where(cur, vnew[None, :], vt)
             tn = t + BLOCK_T  # the next block's loads (all masked off after the last: no traffic)
             knext, vnext = _kv_block(kb, kc_t, kc_d, vb, vc_t, vc_d, tn, dd, (tn < TE)[:, None] & dmv[None, :],
                                      KV_ALIGN)
-            if MM:
-                sc = dot_acc(qd, tl.trans(kt), tl.zeros([QR, BLOCK_T], dtype=tl.float32)) * scale  # [QR, BT]
-            else:
-                sc = tl.sum(qv[:, None, :] * kt[None, :, :], axis=2) * scale  # [BQ, BT]
+            sc = tl.sum(qv[:, None, :] * kt[None, :, :], axis=2) * scale  # [BQ, BT]
             sc = tl.where(tm[None, :], sc, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(sc, axis=1))
             alpha = tl.exp(m_i - m_new)
             pr = tl.exp(sc - m_new[:, None])
             l_i = l_i * alpha + tl.sum(pr, axis=1)
-            if MM:
-                acc = dot_acc(pr.to(KDT), vt, acc * alpha[:, None])
-            else:
-                acc = acc * alpha[:, None] + tl.sum(pr[:, :, None] * vt[None, :, :], axis=1)
+            acc = acc * alpha[:, None] + tl.sum(pr[:, :, None] * vt[None, :, :], axis=1)
             m_i = m_new
         if PARTIAL:  # the head's record: acc[0:D], then m, then l
             ri = (g * grp + qh) * (D + 2)
@@ -360,12 +333,11 @@ def t_attention(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DQ: tl.constexpr, D
                 DVC: tl.constexpr, DP: tl.constexpr, DF: tl.constexpr, DO: tl.constexpr, ROPE: tl.constexpr,
                 BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, KV_ALIGN: tl.constexpr = 0,
                 DK: tl.constexpr = None, DV: tl.constexpr = None,
-                KV_NEW: tl.constexpr = False, PARTIAL: tl.constexpr = False, MMA: tl.constexpr = False):
+                KV_NEW: tl.constexpr = False, PARTIAL: tl.constexpr = False):
     """attention (q, kc, vc, pos, o) or, with ROPE, rope_attention (q, kc, vc, pos,
     inv_freq, o) or, with ROPE and KV_NEW, rope_attention_kv (q, k, v, kc, vc, pos, inv_freq,
     o; DK, DV: the dtypes of k and v). ``KV_ALIGN``: the table's ``kvaligned`` flag
-    (attention); ``PARTIAL``: its ``partial`` flag (a split-KV part: params parts, part);
-    ``MMA``: the kernel knob attention_mma (attention's tensor-core products)."""
+    (attention); ``PARTIAL``: its ``partial`` flag (a split-KV part: params parts, part)."""
     qo, qn0, qn1, qn2, qs0, qs1, qs2 = operand(row, 0, slot)
     if KV_NEW:
         CI: tl.constexpr = 3  # the caches follow q, k, v
@@ -407,7 +379,7 @@ def t_attention(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DQ: tl.constexpr, D
                   hq, cg, cd, param_f(row, 1), fp, fn1, fn2, fs0, fs1, fs2, ROPE,
                   BLOCK_T, BLOCK_D, BLOCK_Q, KV_ALIGN,
                   kp, kn1, kn2, ks0, ks1, ks2, vp, vn1, vn2, vs0, vs1, vs2, KV_NEW,
-                  PARTIAL, param_i(row, 2), param_i(row, 3), MMA)
+                  PARTIAL, param_i(row, 2), param_i(row, 3))
         st = status_ok()
     return st
 
@@ -448,7 +420,7 @@ def _call_attention(v: Variant) -> str:
     rope = v.op == "rope_attention"
     tail = ", None, None, False, True" if v.flag("partial") else ""
     return (f"t_attention({DECODER_ARGS}, {d[0]}, {d[1]}, {d[2]}, {d[3]}, {d[4]}, {d[5] if rope else d[4]}, "
-            f"{rope}, ATT_T, ATT_D, ATT_Q, {kva}{tail}, MMA=ATT_MMA)")
+            f"{rope}, ATT_T, ATT_D, ATT_Q, {kva}{tail})")
 
 
 def _call_attention_kv(v: Variant) -> str:  # q, k, v, kc, vc, pos, inv_freq, o
@@ -456,7 +428,7 @@ def _call_attention_kv(v: Variant) -> str:  # q, k, v, kc, vc, pos, inv_freq, o
     kva = 16 // DTYPE_BYTES[v.dtypes[3]] if v.flag("kvaligned") else 0
     tail = ", True" if v.flag("partial") else ""
     return (f"t_attention({DECODER_ARGS}, {d[0]}, {d[3]}, {d[4]}, {d[5]}, {d[6]}, {d[7]}, "
-            f"True, ATT_T, ATT_D, ATT_Q, {kva}, {d[1]}, {d[2]}, True{tail}, MMA=ATT_MMA)")
+            f"True, ATT_T, ATT_D, ATT_Q, {kva}, {d[1]}, {d[2]}, True{tail})")
 
 
 _call_attention_combine = plain_call("t_attention_combine", "ATT_D")
