@@ -31,6 +31,8 @@ DEVICE_TRITON = pytest.mark.skipif(
     ("q8_0", True, "f32", dict(gemv_n=16, gemv_k=32, gemv_unroll=4, w_preload=64)),
     ("q8_0", True, "f32", dict(gemv_n=16, gemv_k=16, gemv_unroll=2)),  # blocks inside a group
     ("q8_0", True, "bf16", dict(gemv_n=16, gemv_k=128, gemv_stages=3)),
+    ("q8_0", True, "f32", dict(gemv_n=16, gemv_k=32, gemv_stages=3)),  # pipelined, a block a group
+    ("q8_0", True, "f32", dict(gemv_n=16, gemv_k=16, gemv_stages=2)),  # pipelined, blocks inside a group
     # the int8 conversion through I2F (the default avoids it); quantized GEMVs in blocks of their own rows
     ("int8", True, "f32", dict(int8_convert="cvt")), ("q8_0", True, "bf16", dict(int8_convert="cvt")),
     ("fp8", True, "bf16", dict(gemv_n=16, gemv_k=64, q_gemv_n=32, gemv_unroll=2))])

@@ -232,27 +232,37 @@ def _gemv_wload(w, rows, rm, cols, cm, W_CONTIG: tl.constexpr, sc=None, GROUP: t
     wv = _w_f32(_wload(p, m), I8M)
     s = 0.0
     if GROUP > 0:
-        s = _group_scales(sc, rows, rm, K, k0, cols.shape[0], GROUP)
+        s = _group_scales(sc, _scale_rows(sc, rows, K, GROUP), rm, K, k0, cols.shape[0], GROUP)
     return wv, s
 
 
 @device
-def _group_scales(sc, rows, rm, K, k0, BK: tl.constexpr, GROUP: tl.constexpr):
-    """The fp32 scales of the K block at ``k0`` (a multiple of BK) of ``rows``: [rows, 1]
-    when BK <= GROUP, else [rows, BK / GROUP], loaded as [rows, BK / GROUP, 1] and reduced
-    over the last axis, so that they arrive in the layout of _acc_block's per-group sums
-    (a plain [rows, BK / GROUP] load took a shared-memory layout conversion and a CTA
-    barrier every block)."""
+def _scale_rows(sc, rows, K, GROUP: tl.constexpr):
+    """The element offset of each row's first scale in the [rows, K / GROUP] scales ``sc``,
+    computed once per row block: the table (the gscale flag) promises that a row's groups
+    lie along the view's last axis, so group g of a row is g * s2 further (no index
+    division per block)."""
+    scp, sc_n1, sc_n2, sc_s0, sc_s1, sc_s2 = sc
+    return flat_off(rows * (K // GROUP), sc_n1, sc_n2, sc_s0, sc_s1, sc_s2)
+
+
+@device
+def _group_scales(sc, srow, rm, K, k0, BK: tl.constexpr, GROUP: tl.constexpr):
+    """The fp32 scales of the K block at ``k0`` (a multiple of BK) of the rows whose first
+    scales lie at ``srow`` (_scale_rows), masked by ``rm`` and wholly masked off once ``k0``
+    >= K (a block past the end reads nothing): [rows, 1] when BK <= GROUP, else
+    [rows, BK / GROUP], loaded as [rows, BK / GROUP, 1] and reduced over the last axis, so
+    that they arrive in the layout of _acc_block's per-group sums (a plain
+    [rows, BK / GROUP] load took a shared-memory layout conversion and a CTA barrier every
+    block)."""
     scp, sc_n1, sc_n2, sc_s0, sc_s1, sc_s2 = sc
     if BK <= GROUP:
-        si = rows * (K // GROUP) + k0 // GROUP
-        s = tl.load(scp + flat_off(si, sc_n1, sc_n2, sc_s0, sc_s1, sc_s2), mask=rm & (rows * 0 + k0 < K),
+        s = tl.load(scp + srow + (k0 // GROUP) * sc_s2, mask=rm & (srow * 0 + k0 < K),
                     other=0).to(tl.float32)[:, None]
     else:
         NG: tl.constexpr = BK // GROUP
         g = k0 // GROUP + tl.arange(0, NG)
-        si = rows[:, None, None] * (K // GROUP) + g[None, :, None]
-        s = tl.sum(tl.load(scp + flat_off(si, sc_n1, sc_n2, sc_s0, sc_s1, sc_s2),
+        s = tl.sum(tl.load(scp + srow[:, None, None] + g[None, :, None] * sc_s2,
                            mask=rm[:, None, None] & (g * GROUP < K)[None, :, None], other=0).to(tl.float32), axis=2)
     return s
 
@@ -354,9 +364,15 @@ def _kblocks_pipelined(acc, x, a, rstd, w, wd, rows, rm, n0, kb, K, PRO: tl.cons
                        sc=None, GROUP: tl.constexpr = 0, I8M: tl.constexpr = 0):
     """STAGES >= 2: Triton's software pipeliner streams W (``W_TMA``: through the tensor
     descriptor ``wd``, one copy per block; rows >= N and columns >= K arrive as zeros); the
-    x (and a) block for the next iteration is loaded into registers one iteration ahead."""
+    x (and a) block for the next iteration is loaded into registers one iteration ahead, and
+    so are per-group scales (``GROUP`` > 0), which the pipeliner leaves alone: loaded in the
+    block that used them, every block waited a memory round trip for them."""
     cols = kb + tl.arange(0, BLOCK_K)
     xv, av = _gemv_xload(x, a, cols, cols < K, PRO, X_CONTIG)
+    SAHEAD: tl.constexpr = GROUP > 0 and not W_TMA
+    if SAHEAD:
+        srow = _scale_rows(sc, rows, K, GROUP)
+        snext = _group_scales(sc, srow, rm, K, kb, BLOCK_K, GROUP)
     for k0 in tl.range(kb, K, BLOCK_K, num_stages=STAGES):
         cols = k0 + tl.arange(0, BLOCK_K)
         cm = cols < K
@@ -366,6 +382,10 @@ def _kblocks_pipelined(acc, x, a, rstd, w, wd, rows, rm, n0, kb, K, PRO: tl.cons
         if W_TMA:  # one TMA copy per block; rows >= N and columns >= K arrive as zeros
             wv = _w_f32(wd.load([n0, k0]), I8M)
             sv = 0.0
+        elif SAHEAD:  # this block's scales came with the last one; the next block's go out now
+            sv = snext
+            snext = _group_scales(sc, srow, rm, K, k0 + BLOCK_K, BLOCK_K, GROUP)
+            wv, _ = _gemv_wload(w, rows, rm, cols, cm, W_CONTIG, None, 0, K, I8M, k0)
         else:
             wv, sv = _gemv_wload(w, rows, rm, cols, cm, W_CONTIG, sc, GROUP, K, I8M, k0)
         acc = _acc_block(acc, wv, f, sv, GROUP)
@@ -800,7 +820,8 @@ def _flags(task, dtypes, descs, slots) -> dict[str, bool]:
     fp8 W: its scales are the last input), ``gscale`` (only then, and only for scales per
     group of ``Q8_0_GROUP`` columns, the one group size the kernel is built for). The table
     adds ``ring`` (W streams through the worker's weight ring: table.ring_eligible). Raises
-    TableError for per-group scales of another group size."""
+    TableError for per-group scales of another group size, or whose view splits a row's
+    groups over more than its last axis."""
     g = ROLES[task.op]
     w = descs[g.w]
     esize = DTYPE_BYTES[dtypes[g.w]]
@@ -815,6 +836,10 @@ def _flags(task, dtypes, descs, slots) -> dict[str, bool]:
                 raise TableError(f"task {task.id}: the triton GEMV kernel takes one f32 scale per row or "
                                  f"one f16 scale per {Q8_0_GROUP} columns, not {ns} {dtypes[len(task.ins) - 1]} "
                                  f"scales for [{n}, {k}]")
+            sd = descs[len(task.ins) - 1]
+            if sd.n[2] % (k // Q8_0_GROUP):  # _scale_rows: a row's groups along the last axis
+                raise TableError(f"task {task.id}: the per-group scales' view {sd.n} splits a row's "
+                                 f"{k // Q8_0_GROUP} groups over more than its last axis")
             flags["gscale"] = True
         elif dtypes[len(task.ins) - 1] != "f32":
             raise TableError(f"task {task.id}: the triton GEMV kernel takes per-row scales in f32 only")
