@@ -174,6 +174,11 @@ def main(argv: list[str] | None = None) -> int:
                            "stream_us_per_page": float((r[:, 5] - r[:, 4]).sum() / pages / 1e3)}
             print("weight ring: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
                                               for k, v in out["ring"].items()))
+    att = attention_parts(ops, prof)
+    if att:
+        print(f"attention op time by part (us, mean over {att['tasks']} tasks): "
+              + ", ".join(f"{k} {v:.2f}" for k, v in att.items() if k != "tasks"))
+        out["attention_parts_us"] = att
     n_layers = built.graph.spec.layers
     out["stages"] = stage_timeline(tab, prof, args.layer if args.layer is not None else n_layers // 2)
     if args.all_layers:
@@ -211,6 +216,27 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rank {ctx.rank}: last step span {span_us:.1f} us"
               + (f"; layer spans mean {np.mean(spans):.1f} us" if spans else ""), file=sys.stderr)
     return 0
+
+
+#: The ops whose tasks stamp 7 -> 9 (ops/attention.py t_attention; vm.PROF_W).
+ATTENTION_OPS = ("attention", "rope_attention", "rope_attention_kv")
+
+
+def attention_parts(ops, prof) -> dict:
+    """Where the attention tasks' op time goes, from their stamps (vm.PROF_W): ``decode``
+    (waits done -> position read and checked, stamps 1 -> 7), ``prologue`` (-> the position
+    loop starts, 8: RoPE of q and k, the q / k / v loads, the first K / V block's loads
+    issued), ``positions`` (the loop, -> 9), ``store`` (-> op done, 6) and
+    ``barrier+signals`` (-> 2), each the mean over the tasks in us, with ``tasks`` their
+    count. Empty when no task of ``ops`` (one op name per task row) is an attention op with
+    stamps (a kernel built before these stamps, or no attention)."""
+    rows = [r for r, op in enumerate(ops) if op in ATTENTION_OPS and prof[r, 8] > 0]
+    if not rows:
+        return {}
+    a = prof[rows].astype(np.float64)
+    parts = {"decode": a[:, 7] - a[:, 1], "prologue": a[:, 8] - a[:, 7], "positions": a[:, 9] - a[:, 8],
+             "store": a[:, 6] - a[:, 9], "barrier+signals": a[:, 2] - a[:, 6]}
+    return {"tasks": len(rows), **{k: float(v.mean() / 1e3) for k, v in parts.items()}}
 
 
 def stream_share(tab, prof) -> dict:

@@ -421,6 +421,28 @@ def test_stream_share_of_the_profiling_script():
     assert share["other_share_mean"] == pytest.approx(0.55)
 
 
+def test_attention_parts_of_the_profiling_script():
+    """bench/profile_megakernel.py's attention breakdown: stamps 1 -> 7 -> 8 -> 9 -> 6 -> 2
+    of the attention tasks (position read, loop start, loop end, op done, signals done),
+    means in us; GEMV and other tasks, and attention tasks without the stamps, left out."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("profile_megakernel", ROOT / "bench" / "profile_megakernel.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    prof = np.zeros((4, 10), dtype=np.int64)
+    prof[0] = [0, 100, 9000, 0, 0, 0, 8500, 600, 2600, 8100]  # rope_attention_kv
+    prof[1] = [0, 300, 7000, 0, 0, 0, 6500, 1100, 2100, 6100]  # attention
+    prof[2] = [0, 200, 1000, 250, 300, 900, 950, 5, 5, 5]  # a GEMV on the ring: not attention
+    prof[3] = [0, 100, 900, 0, 0, 0, 800, 0, 0, 0]  # an attention task of a build without the stamps
+    parts = mod.attention_parts(["rope_attention_kv", "attention", "gemv", "attention"], prof)
+    assert parts["tasks"] == 2
+    assert parts["decode"] == pytest.approx(0.65) and parts["prologue"] == pytest.approx(1.5)
+    assert parts["positions"] == pytest.approx(4.75) and parts["store"] == pytest.approx(0.4)
+    assert parts["barrier+signals"] == pytest.approx(0.5)
+    assert mod.attention_parts(["gemv"] * 4, prof) == {}
+
+
 def test_the_stage_timeline_shows_split_kv_combines_apart():
     """bench/profile_megakernel.py's stage timeline groups a layer's split-KV parts under
     ``attn`` and their combines under ``attn.combine``, with the hand-off between them."""

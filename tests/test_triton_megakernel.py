@@ -551,20 +551,37 @@ def test_offline_compile_with_l2_prefetch_and_sys_waits(tmp_path):
         assert rep["regs"] <= 255 and rep["local_bytes"] == 0, rep
 
 
-def _device_triton_compile(ex, tmp_path) -> tuple[str, dict]:
+def _device_triton_compile(ex, tmp_path, constexprs: dict | None = None) -> tuple[str, dict]:
     """Compile ``ex``'s generated megakernel offline for sm_90 with the GPU machines' Triton
-    (AMK_DEVICE_TRITON) in a subprocess; returns (that Triton's version, the
-    megakernel.compile_offline report)."""
+    (AMK_DEVICE_TRITON) in a subprocess, ``constexprs`` over the launch's; returns (that
+    Triton's version, the megakernel.compile_offline report)."""
     src = ex.emit_source(tmp_path / "kernel.py")
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1",
                PYTHONPATH=os.pathsep.join([os.environ["AMK_DEVICE_TRITON"], str(ROOT)]))
     code = ("import sys, json, triton; from lowering.triton.offline import main; "
             "print(json.dumps({'triton': triton.__version__})); sys.exit(main(sys.argv[1:]))")
-    res = subprocess.run([sys.executable, "-c", code, str(src), "--arch", "90"], capture_output=True, text=True,
-                         env=env, cwd=ROOT, timeout=900)
+    extra = ["--constexprs", json.dumps(constexprs)] if constexprs else []
+    res = subprocess.run([sys.executable, "-c", code, str(src), "--arch", "90", *extra], capture_output=True,
+                         text=True, env=env, cwd=ROOT, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     lines = res.stdout.strip().splitlines()
     return json.loads(lines[0])["triton"], json.loads(lines[-1])
+
+
+@pytest.mark.skipif(not os.environ.get("AMK_DEVICE_TRITON"),
+                    reason="AMK_DEVICE_TRITON (a folder holding the GPU machines' Triton, .ci/run installs 3.6) unset")
+@pytest.mark.parametrize("late", [False, True])
+def test_device_triton_compiles_the_profiling_build(tmp_path, late):
+    """The profiling build (PROFILE: every task's stamps, the GEMV's and attention's own,
+    vm.PROF_W) compiles for sm_90 with the GPU machines' Triton without spills, for the
+    fused bf16 tiny Llama with rope_attention (late append) and rope_attention_kv."""
+    prog, init, _ = lowered("tiny-llama", workers=3, dtype="bf16", fuse=True, late_append=late)
+    ex = TritonExecutor(prog, init, check=False, num_warps=8)
+    assert any(v.op in ("rope_attention", "rope_attention_kv") for v in ex.table.variants)
+    version, rep = _device_triton_compile(ex, tmp_path, {"PROFILE": True})
+    assert rep["global_timer"], (version, rep)
+    if rep["regs"] is not None:
+        assert rep["regs"] <= 255 and rep["local_bytes"] == 0, (version, rep)
 
 
 @pytest.mark.skipif(not os.environ.get("AMK_DEVICE_TRITON"),
@@ -854,7 +871,7 @@ def test_attention_variants_load_kv_in_16_byte_vectors():
     att = [v for v in ex.table.variants if v.op in ("attention", "rope_attention")]
     assert att and all(v.flag("kvaligned") for v in att)
 
-    assert "ATT_T, ATT_D, ATT_Q, 8)" in generate_source(ex.table, "t")
+    assert "ATT_T, ATT_D, ATT_Q, 8, PROF=" in generate_source(ex.table, "t")
 
 
 def test_w_const_flag_only_for_weights_no_task_writes():

@@ -100,7 +100,9 @@ _KIND_ABORTED = tl.constexpr(KIND_ABORTED)
 #: Profiling stamps per task (PROFILE): 0 start, 1 waits done, 2 signals done, 3 GEMV
 #: operands decoded, 4 GEMV prologue (RMSNorm pre-pass) done, 5 GEMV stores done, 6 op done
 #: (before the barrier and signals); GEMV-only stamps stay 0 for other ops; on the weight ring
-#: (ring.gemv_ring): 7 ns waiting for pages, 8 ns issuing copies, 9 pages consumed.
+#: (ring.gemv_ring): 7 ns waiting for pages, 8 ns issuing copies, 9 pages consumed. Attention
+#: tasks (ops/attention.py t_attention; stamp 3 stays 0): 7 position read, 8 position loop
+#: starts, 9 position loop ends.
 PROF_W = 10
 
 

@@ -18,7 +18,7 @@ from triton.language.extra import libdevice
 from ir.ops import OPS
 from ir.program import DTYPE_BYTES
 from lowering.triton import layout as L
-from lowering.triton.lang import INTERPRET, aligned, device, flat_off, round_as, store
+from lowering.triton.lang import INTERPRET, aligned, device, flat_off, global_timer, round_as, store
 from lowering.triton.layout import DECODER_ARGS, OpLowering, plain_call, TableError, Variant, tl_dtypes
 from lowering.triton.vm import arena_ptr, fail_position, operand, param_f, param_i, status_ok
 
@@ -127,7 +127,8 @@ def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, v
               f, f_n1, f_n2, f_s0, f_s1, f_s2, ROPE: tl.constexpr,
               BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, KV_ALIGN: tl.constexpr = 0,
               k=None, k_n1=1, k_n2=1, k_s0=0, k_s1=0, k_s2=1, v=None, v_n1=1, v_n2=1, v_s0=0, v_s1=0, v_s2=1,
-              KV_NEW: tl.constexpr = False, PARTIAL: tl.constexpr = False, parts=1, part=0):
+              KV_NEW: tl.constexpr = False, PARTIAL: tl.constexpr = False, parts=1, part=0,
+              PROF=None, PROFILE: tl.constexpr = False):
     """Decode GQA attention over cache positions 0..pos (inclusive), fp32:
     for query head h < HQ (q is [HQ, D]) and g = h // (HQ / G):
     o[h] = softmax(q[h] . kc[g, :pos+1]^T * scale) @ vc[g, :pos+1].
@@ -154,7 +155,10 @@ def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, v
 
     ``PARTIAL`` (split-KV, ir/ops.py): part ``part`` of ``parts`` attends to positions
     [part * T // parts, (part + 1) * T // parts) of the T = pos + 1 only and stores, per query
-    head, the f32 record (acc, m, l) of head_dim + 2 elements instead of acc / l."""
+    head, the f32 record (acc, m, l) of head_dim + 2 elements instead of acc / l.
+
+    ``PROFILE``: %globaltimer at ``PROF + 8`` as the position loop starts and ``PROF + 9``
+    as it ends (the last KV head's; the megakernel's attention stamps, vm.PROF_W)."""
     grp = HQ // G
     T = pos + 1
     qh = tl.arange(0, BLOCK_Q)
@@ -213,6 +217,8 @@ def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, v
         # V issued with K (before the score reductions' barriers): one round trip, not two
         tn = lo + tl.arange(0, BLOCK_T)
         knext, vnext = _kv_block(kb, kc_t, kc_d, vb, vc_t, vc_d, tn, dd, (tn < TE)[:, None] & dmv[None, :], KV_ALIGN)
+        if PROFILE:
+            tl.store(PROF + 8, global_timer())
         for t0 in range(lo, hi, BLOCK_T):
             t = t0 + tl.arange(0, BLOCK_T)
             tm = t < hi
@@ -233,6 +239,8 @@ def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, v
             l_i = l_i * alpha + tl.sum(pr, axis=1)
             acc = acc * alpha[:, None] + tl.sum(pr[:, :, None] * vt[None, :, :], axis=1)
             m_i = m_new
+        if PROFILE:
+            tl.store(PROF + 9, global_timer())
         if PARTIAL:  # the head's record: acc[0:D], then m, then l
             ri = (g * grp + qh) * (D + 2)
             store(o + flat_off(ri[:, None] + dd[None, :], o_n1, o_n2, o_s0, o_s1, o_s2), acc, qmask)
@@ -333,11 +341,14 @@ def t_attention(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DQ: tl.constexpr, D
                 DVC: tl.constexpr, DP: tl.constexpr, DF: tl.constexpr, DO: tl.constexpr, ROPE: tl.constexpr,
                 BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, KV_ALIGN: tl.constexpr = 0,
                 DK: tl.constexpr = None, DV: tl.constexpr = None,
-                KV_NEW: tl.constexpr = False, PARTIAL: tl.constexpr = False):
+                KV_NEW: tl.constexpr = False, PARTIAL: tl.constexpr = False, PROF=None,
+                PROFILE: tl.constexpr = False):
     """attention (q, kc, vc, pos, o) or, with ROPE, rope_attention (q, kc, vc, pos,
     inv_freq, o) or, with ROPE and KV_NEW, rope_attention_kv (q, k, v, kc, vc, pos, inv_freq,
     o; DK, DV: the dtypes of k and v). ``KV_ALIGN``: the table's ``kvaligned`` flag
-    (attention); ``PARTIAL``: its ``partial`` flag (a split-KV part: params parts, part)."""
+    (attention); ``PARTIAL``: its ``partial`` flag (a split-KV part: params parts, part).
+    ``PROFILE``: %globaltimer at ``PROF + 7`` once the position operand is read and
+    range-checked, then attention's stamps 8 and 9 (vm.PROF_W)."""
     qo, qn0, qn1, qn2, qs0, qs1, qs2 = operand(row, 0, slot)
     if KV_NEW:
         CI: tl.constexpr = 3  # the caches follow q, k, v
@@ -371,6 +382,8 @@ def t_attention(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DQ: tl.constexpr, D
     if (pos < 0) | (pos >= cs):
         st = fail_position(err, pos, cs)
     else:
+        if PROFILE:  # in the branch: after the position's load has returned
+            tl.store(PROF + 7, global_timer())
         hq = (qn0 * qn1 * qn2) // cd
         attention(arena_ptr(A_BF16, A_F16, A_F32, A_I32, DQ) + qo, qn1, qn2, qs0, qs1, qs2,
                   arena_ptr(A_BF16, A_F16, A_F32, A_I32, DKC) + co, cgs, css, cds,
@@ -379,7 +392,7 @@ def t_attention(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DQ: tl.constexpr, D
                   hq, cg, cd, param_f(row, 1), fp, fn1, fn2, fs0, fs1, fs2, ROPE,
                   BLOCK_T, BLOCK_D, BLOCK_Q, KV_ALIGN,
                   kp, kn1, kn2, ks0, ks1, ks2, vp, vn1, vn2, vs0, vs1, vs2, KV_NEW,
-                  PARTIAL, param_i(row, 2), param_i(row, 3))
+                  PARTIAL, param_i(row, 2), param_i(row, 3), PROF, PROFILE)
         st = status_ok()
     return st
 
@@ -420,7 +433,7 @@ def _call_attention(v: Variant) -> str:
     rope = v.op == "rope_attention"
     tail = ", None, None, False, True" if v.flag("partial") else ""
     return (f"t_attention({DECODER_ARGS}, {d[0]}, {d[1]}, {d[2]}, {d[3]}, {d[4]}, {d[5] if rope else d[4]}, "
-            f"{rope}, ATT_T, ATT_D, ATT_Q, {kva}{tail})")
+            f"{rope}, ATT_T, ATT_D, ATT_Q, {kva}{tail}, PROF=PROF + i.to(tl.int64) * PROF_W, PROFILE=PROFILE)")
 
 
 def _call_attention_kv(v: Variant) -> str:  # q, k, v, kc, vc, pos, inv_freq, o
@@ -428,7 +441,7 @@ def _call_attention_kv(v: Variant) -> str:  # q, k, v, kc, vc, pos, inv_freq, o
     kva = 16 // DTYPE_BYTES[v.dtypes[3]] if v.flag("kvaligned") else 0
     tail = ", True" if v.flag("partial") else ""
     return (f"t_attention({DECODER_ARGS}, {d[0]}, {d[3]}, {d[4]}, {d[5]}, {d[6]}, {d[7]}, "
-            f"True, ATT_T, ATT_D, ATT_Q, {kva}, {d[1]}, {d[2]}, True{tail})")
+            f"True, ATT_T, ATT_D, ATT_Q, {kva}, {d[1]}, {d[2]}, True{tail}, PROF=PROF + i.to(tl.int64) * PROF_W, PROFILE=PROFILE)")
 
 
 _call_attention_combine = plain_call("t_attention_combine", "ATT_D")
