@@ -427,13 +427,17 @@ def _call_kv_append(v: Variant) -> str:
 _call_rope_append = plain_call("t_kv_append", "ROPE_BLOCK", ("True",))
 
 
+#: The attention calls' profiling arguments: this task row's stamps (vm.PROF_W).
+_PROF_ARGS = "PROF=PROF + i.to(tl.int64) * PROF_W, PROFILE=PROFILE"
+
+
 def _call_attention(v: Variant) -> str:
     d = tl_dtypes(v)
     kva = 16 // DTYPE_BYTES[v.dtypes[1]] if v.flag("kvaligned") else 0
     rope = v.op == "rope_attention"
     tail = ", None, None, False, True" if v.flag("partial") else ""
     return (f"t_attention({DECODER_ARGS}, {d[0]}, {d[1]}, {d[2]}, {d[3]}, {d[4]}, {d[5] if rope else d[4]}, "
-            f"{rope}, ATT_T, ATT_D, ATT_Q, {kva}{tail}, PROF=PROF + i.to(tl.int64) * PROF_W, PROFILE=PROFILE)")
+            f"{rope}, ATT_T, ATT_D, ATT_Q, {kva}{tail}, {_PROF_ARGS})")
 
 
 def _call_attention_kv(v: Variant) -> str:  # q, k, v, kc, vc, pos, inv_freq, o
@@ -441,7 +445,7 @@ def _call_attention_kv(v: Variant) -> str:  # q, k, v, kc, vc, pos, inv_freq, o
     kva = 16 // DTYPE_BYTES[v.dtypes[3]] if v.flag("kvaligned") else 0
     tail = ", True" if v.flag("partial") else ""
     return (f"t_attention({DECODER_ARGS}, {d[0]}, {d[3]}, {d[4]}, {d[5]}, {d[6]}, {d[7]}, "
-            f"True, ATT_T, ATT_D, ATT_Q, {kva}, {d[1]}, {d[2]}, True{tail}, PROF=PROF + i.to(tl.int64) * PROF_W, PROFILE=PROFILE)")
+            f"True, ATT_T, ATT_D, ATT_Q, {kva}, {d[1]}, {d[2]}, True{tail}, {_PROF_ARGS})")
 
 
 _call_attention_combine = plain_call("t_attention_combine", "ATT_D")
