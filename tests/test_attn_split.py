@@ -77,6 +77,11 @@ def test_split_attention_on_the_megakernel_matches_the_sim():
 
     prog, init, _ = lowered("tiny-llama", workers=4, dtype="bf16", fuse=True, attn_split=3)
     ex = TritonExecutor(prog, init, check=_has_validator())
+    # one query head a task: the kernel's single-head path (BLOCK_Q = 1), head lanes addressed
+    # from each head's first element
+    assert ex.table.dims["group"] == 1
+    att = [v for v in ex.table.variants if "attention" in v.op]
+    assert att and all(v.flag("headvec") for v in att)
     sim = SimExecutor(prog, init, check=False, policy="in_order")
     decodes_alike(ex, sim, TOKENS[:3], rtol=2e-2, atol=2e-2)
 

@@ -874,6 +874,32 @@ def test_attention_variants_load_kv_in_16_byte_vectors():
     assert "ATT_T, ATT_D, ATT_Q, 8, PROF=" in generate_source(ex.table, "t")
 
 
+def test_headvec_flag_needs_every_head_inside_its_views_last_axis():
+    """ops.attention ``_head_vectors``: the flag holds when q, k, v, inv_freq and o have last
+    extents that are multiples of what a head spans in each (head_dim; head_dim + 2 for a
+    split-KV record; head_dim / 2 for inv_freq), and not when one view's rows split a head."""
+    from types import SimpleNamespace as NS
+
+    from lowering.triton.ops.attention import _head_vectors
+
+    def desc(n2):
+        return NS(n=(1, 1, n2), s=(0, 0, 1))
+
+    kv = NS(op="rope_attention_kv", params={"head_dim": 8})
+    caches = [desc(8), desc(8)]
+    # q, k, v, kc, vc, pos, inv_freq, o
+    ok = [desc(32), desc(16), desc(16), *caches, desc(1), desc(4), desc(32)]
+    assert _head_vectors(kv, ok, partial=False)
+    assert not _head_vectors(kv, ok, partial=True)  # records of 10 elements in rows of 32
+    assert _head_vectors(kv, [*ok[:-1], desc(40)], partial=True)
+    for i in (0, 1, 2, 6, 7):  # any one view with rows of 12 splits a head of 8 (inv_freq: of 4 -> 6)
+        bad = list(ok)
+        bad[i] = desc(6 if i == 6 else 12)
+        assert not _head_vectors(kv, bad, partial=False), i
+    plain = NS(op="attention", params={"head_dim": 8})
+    assert _head_vectors(plain, [desc(32), *caches, desc(1), desc(32)], partial=False)
+
+
 def test_w_const_flag_only_for_weights_no_task_writes():
     """table.FLAG_W_CONST marks a GEMV row only when no task of the program writes its W
     buffer: a program in which one task copies into the gate weights loses the flag on the

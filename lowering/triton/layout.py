@@ -324,7 +324,7 @@ class Variant:
     layout flags (``flags`` is a sorted tuple of (name, bool)). Each op family names its
     flags (its ``OpLowering.flags``, lowering/triton/ops/): the GEMV family ``bias``,
     ``mirror``, ``contig``, ``xcontig``, ``aligned``, ``xaligned`` and ``ring``; attention
-    ``kvaligned``; ``reduce`` ``residual`` and ``vec``; ``copy`` / ``put`` ``vec``;
+    ``kvaligned``, ``partial`` and ``headvec``; ``reduce`` ``residual`` and ``vec``; ``copy`` / ``put`` ``vec``;
     ``gemm`` ``residual``, ``acontig``, ``bcontig``, ``aaligned`` and ``baligned``.
     """
 

@@ -122,13 +122,98 @@ def _kv_block(kb, kc_t, kc_d, vb, vc_t, vc_d, t, dd, m, KV_ALIGN: tl.constexpr):
 
 
 @device
+def _kv_take(knext, vnext, kb, kc_t, kc_d, vb, vc_t, vc_d, t, dd, dmv, TE, pos, knew, vnew,
+             KV_NEW: tl.constexpr, KV_ALIGN: tl.constexpr, BLOCK_T: tl.constexpr):
+    """The position block t's K and V (loaded one block earlier) in fp32, with row pos taken
+    from ``knew`` / ``vnew`` under KV_NEW (already rounded to the caches' dtype), and the
+    next block's loads issued (all masked off after the last block: no traffic)."""
+    kt = knext.to(tl.float32)
+    vt = vnext.to(tl.float32)
+    if KV_NEW:
+        cur = (t == pos)[:, None]
+        kt = tl.where(cur, knew[None, :], kt)
+        vt = tl.where(cur, vnew[None, :], vt)
+    tn = t + BLOCK_T
+    knext, vnext = _kv_block(kb, kc_t, kc_d, vb, vc_t, vc_d, tn, dd, (tn < TE)[:, None] & dmv[None, :], KV_ALIGN)
+    return kt, vt, knext, vnext
+
+
+@device
+def _head_off(i0, n1, n2, s0, s1, s2, d, HEADVEC: tl.constexpr):
+    """Element offsets of the flat indices ``i0 + d`` (the lanes d of one head, or of one
+    split-KV record, starting at flat index i0) in a region as ``flat_off``'s. ``HEADVEC``
+    (the table's ``headvec`` flag: the region's last extent is a multiple of the head's
+    length and i0 of it, so a head never crosses that axis): the head's first offset plus d
+    strides, one division per head instead of one per lane."""
+    if HEADVEC:
+        off = flat_off(i0, n1, n2, s0, s1, s2) + d * s2
+    else:
+        off = flat_off(i0 + d, n1, n2, s0, s1, s2)
+    return off
+
+
+@device
+def _rope_lanes(f, f_n1, f_n2, f_s0, f_s1, f_s2, dd, dm, D, pos, HEADVEC: tl.constexpr = False):
+    """RoPE over a [D] head vector as lanes: each lane's rotate-half partner ``pd`` and the
+    cos / signed sin it takes, so rope(x)[d] = x[d] * c[d] + x[pd[d]] * s[d] (HF
+    apply_rotary_pos_emb). ``HEADVEC``: as ``_head_off``, for inv_freq's D/2 elements."""
+    half = D // 2
+    lo = dd < half
+    pd = tl.where(lo, dd + half, dd - half)
+    j = tl.where(lo, dd, dd - half)
+    fr = tl.load(f + _head_off(0, f_n1, f_n2, f_s0, f_s1, f_s2, j, HEADVEC), mask=dm, other=0)
+    c, s = _cos_sin(pos.to(tl.float32) * fr.to(tl.float32))
+    return pd, c, tl.where(lo, -s, s)
+
+
+@device
+def _positions(pos, KV_NEW: tl.constexpr, PARTIAL: tl.constexpr, parts, part):
+    """The positions [lo, hi) a task attends to (all of 0..pos, or split-KV part ``part`` of
+    ``parts``) and TE: the cache rows below it read from the caches (row pos comes from k and
+    v with KV_NEW)."""
+    T = pos + 1
+    if KV_NEW:
+        TC = pos
+    else:
+        TC = T
+    if PARTIAL:
+        lo = (part * T) // parts
+        hi = ((part + 1) * T) // parts
+    else:
+        lo = pos * 0
+        hi = T
+    return lo, hi, tl.minimum(TC, hi)
+
+
+@device
+def _kv_new(k, k_n1, k_n2, k_s0, k_s1, k_s2, v, v_n1, v_n2, v_s0, v_s1, v_s2, g, D, dd, dm, pd, c, s,
+            KT: tl.constexpr, VT: tl.constexpr, HEADVEC: tl.constexpr, KV_NEW: tl.constexpr):
+    """With KV_NEW, KV head g's key at the current position, rope(k[g*D:(g+1)*D]) rounded to
+    the K cache's dtype KT, and its value v[g*D:(g+1)*D] rounded to VT: what rope_append
+    stores in row pos (else None, None). ``HEADVEC``: as ``_head_off``."""
+    if KV_NEW:
+        kl = tl.load(k + _head_off(g * D, k_n1, k_n2, k_s0, k_s1, k_s2, dd, HEADVEC), mask=dm,
+                     other=0).to(tl.float32)
+        kp = tl.load(k + _head_off(g * D, k_n1, k_n2, k_s0, k_s1, k_s2, pd, HEADVEC), mask=dm,
+                     other=0).to(tl.float32)
+        vl = tl.load(v + _head_off(g * D, v_n1, v_n2, v_s0, v_s1, v_s2, dd, HEADVEC), mask=dm,
+                     other=0).to(tl.float32)
+        knew = round_as(kl * c + kp * s, KT)
+        vnew = round_as(vl, VT)
+    else:
+        knew = None
+        vnew = None
+    return knew, vnew
+
+
+@device
 def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, vc_t, vc_d, pos,
               o, o_n1, o_n2, o_s0, o_s1, o_s2, HQ, G, D, scale,
               f, f_n1, f_n2, f_s0, f_s1, f_s2, ROPE: tl.constexpr,
               BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, KV_ALIGN: tl.constexpr = 0,
               k=None, k_n1=1, k_n2=1, k_s0=0, k_s1=0, k_s2=1, v=None, v_n1=1, v_n2=1, v_s0=0, v_s1=0, v_s2=1,
               KV_NEW: tl.constexpr = False, PARTIAL: tl.constexpr = False, parts=1, part=0,
-              PROF=None, PROFILE: tl.constexpr = False):
+              PROF=None, PROFILE: tl.constexpr = False, HEADVEC: tl.constexpr = False):
     """Decode GQA attention over cache positions 0..pos (inclusive), fp32:
     for query head h < HQ (q is [HQ, D]) and g = h // (HQ / G):
     o[h] = softmax(q[h] . kc[g, :pos+1]^T * scale) @ vc[g, :pos+1].
@@ -142,52 +227,74 @@ def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, v
     rounded to the V cache's dtype (what rope_append stores in row pos); the caches are
     read at positions 0 .. pos-1 only.
 
-    The HQ/G query heads of one kv head are processed together (the cache is read once per
-    kv head), with an online softmax (running max and sum) over BLOCK_T positions at a time.
-    Requires D <= BLOCK_D and HQ/G <= BLOCK_Q; ``pos`` is range-checked by the caller.
+    Requires D <= BLOCK_D and HQ/G <= BLOCK_Q; ``pos`` is range-checked by the caller. With
+    BLOCK_Q = 1 (one query head per KV head: the tasks of ``attn_split``, or an MHA model)
+    the heads run ``_attention_1q``. Otherwise the HQ/G query heads of one KV head are
+    processed together (the cache is read once per KV head) with an online softmax (running
+    max and sum) over BLOCK_T positions at a time, in [Q, T, D] products.
 
     The K and V blocks of positions t0 + BLOCK_T .. are loaded (in the cache dtype) before
     the block t0 is reduced, so each block's load latency overlaps the previous block's
-    arithmetic instead of adding up over the context (the same values, bit-identical).
-    ``KV_ALIGN`` (0 or elements per 16 bytes): the caches have unit head-dim stride and
-    ``kc``, ``vc``, their head and position strides and ``D`` are multiples of it (the
-    table's ``kvaligned`` flag), so the loads are vectors of up to 16 bytes.
+    arithmetic instead of adding up over the context. ``KV_ALIGN`` (0 or elements per 16
+    bytes): the caches have unit head-dim stride and ``kc``, ``vc``, their head and position
+    strides and ``D`` are multiples of it (the table's ``kvaligned`` flag), so the loads are
+    vectors of up to 16 bytes.
 
     ``PARTIAL`` (split-KV, ir/ops.py): part ``part`` of ``parts`` attends to positions
     [part * T // parts, (part + 1) * T // parts) of the T = pos + 1 only and stores, per query
     head, the f32 record (acc, m, l) of head_dim + 2 elements instead of acc / l.
 
+    ``HEADVEC`` (the table's ``headvec`` flag): q, k, v, inv_freq and o address a head's lanes
+    from its first element (``_head_off``).
+
     ``PROFILE``: %globaltimer at ``PROF + 8`` as the position loop starts and ``PROF + 9``
     as it ends (the last KV head's; the megakernel's attention stamps, vm.PROF_W)."""
-    grp = HQ // G
-    T = pos + 1
-    qh = tl.arange(0, BLOCK_Q)
     dd = tl.arange(0, BLOCK_D)
-    qm = qh < grp
     dm = dd < D
     if KV_ALIGN > 1:  # the K/V blocks' head-dim mask, D restated as a multiple of KV_ALIGN (the
         # flag says it is): with a bare run-time D it split every block load into 16-bit loads
         dmv = dd < aligned(D, KV_ALIGN)
+        kc_g = aligned(kc_g, KV_ALIGN)
+        kc_t = aligned(kc_t, KV_ALIGN)
+        vc_g = aligned(vc_g, KV_ALIGN)
+        vc_t = aligned(vc_t, KV_ALIGN)
+        kc_d = 1
+        vc_d = 1
     else:
         dmv = dm
     if ROPE:
-        half = D // 2
-        lo = dd < half
-        pd = tl.where(lo, dd + half, dd - half)  # the rotate-half partner of each lane
-        c, s = rope_cs(f, f_n1, f_n2, f_s0, f_s1, f_s2, tl.where(lo, dd, dd - half), dm, pos.to(tl.float32))
-        s = tl.where(lo, -s, s)
-    if KV_NEW:
-        TC = pos  # cache rows read; row pos comes from k and v
+        pd, c, s = _rope_lanes(f, f_n1, f_n2, f_s0, f_s1, f_s2, dd, dm, D, pos, HEADVEC)
+    else:  # unused
+        pd = dd
+        c = dd.to(tl.float32)
+        s = c
+    lo, hi, TE = _positions(pos, KV_NEW, PARTIAL, parts, part)
+    if BLOCK_Q == 1:
+        for g in range(0, G):
+            _attention_1q(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc + g * kc_g, kc_t, kc_d, vc + g * vc_g, vc_t, vc_d,
+                          pos, o, o_n1, o_n2, o_s0, o_s1, o_s2, g, D, scale, ROPE, BLOCK_T, KV_ALIGN,
+                          k, k_n1, k_n2, k_s0, k_s1, k_s2, v, v_n1, v_n2, v_s0, v_s1, v_s2, KV_NEW, PARTIAL,
+                          dd, dm, dmv, pd, c, s, lo, hi, TE, PROF, PROFILE, HEADVEC)
     else:
-        TC = T
-    if PARTIAL:
-        lo = (part * T) // parts
-        hi = ((part + 1) * T) // parts
-        TE = tl.minimum(TC, hi)  # cache rows this part reads: [lo, TE)
-    else:
-        lo = 0
-        hi = T
-        TE = TC
+        _attention_group(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, vc_t, vc_d,
+                         pos, o, o_n1, o_n2, o_s0, o_s1, o_s2, HQ, G, D, scale, ROPE, BLOCK_T, BLOCK_Q,
+                         KV_ALIGN, k, k_n1, k_n2, k_s0, k_s1, k_s2, v, v_n1, v_n2, v_s0, v_s1, v_s2, KV_NEW,
+                         PARTIAL, dd, dm, dmv, pd, c, s, lo, hi, TE, PROF, PROFILE, HEADVEC)
+
+
+@device
+def _attention_group(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, vc_t, vc_d, pos,
+                     o, o_n1, o_n2, o_s0, o_s1, o_s2, HQ, G, D, scale, ROPE: tl.constexpr,
+                     BLOCK_T: tl.constexpr, BLOCK_Q: tl.constexpr, KV_ALIGN: tl.constexpr,
+                     k, k_n1, k_n2, k_s0, k_s1, k_s2, v, v_n1, v_n2, v_s0, v_s1, v_s2,
+                     KV_NEW: tl.constexpr, PARTIAL: tl.constexpr, dd, dm, dmv, pd, c, s, lo, hi, TE,
+                     PROF, PROFILE: tl.constexpr, HEADVEC: tl.constexpr):
+    """``attention`` for HQ/G <= BLOCK_Q query heads per KV head, each KV head's heads
+    together: [Q, T, D] scores and value sums with one running max and sum per query head.
+    ``dd`` .. ``TE``: attention's head-dim lanes and masks, RoPE lanes and positions."""
+    grp = HQ // G
+    qh = tl.arange(0, BLOCK_Q)
+    qm = qh < grp
     for g in range(0, G):
         qi = (g * grp + qh)[:, None] * D + dd[None, :]
         qmask = qm[:, None] & dm[None, :]
@@ -196,22 +303,11 @@ def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, v
             qpi = (g * grp + qh)[:, None] * D + pd[None, :]
             qp = tl.load(q + flat_off(qpi, q_n1, q_n2, q_s0, q_s1, q_s2), mask=qmask, other=0).to(tl.float32)
             qv = round_as(qv * c[None, :] + qp * s[None, :], q.dtype.element_ty)
-        if KV_NEW:
-            kl = tl.load(k + flat_off(g * D + dd, k_n1, k_n2, k_s0, k_s1, k_s2), mask=dm, other=0).to(tl.float32)
-            kp = tl.load(k + flat_off(g * D + pd, k_n1, k_n2, k_s0, k_s1, k_s2), mask=dm, other=0).to(tl.float32)
-            knew = round_as(kl * c + kp * s, kc.dtype.element_ty)
-            vl = tl.load(v + flat_off(g * D + dd, v_n1, v_n2, v_s0, v_s1, v_s2), mask=dm, other=0).to(tl.float32)
-            vnew = round_as(vl, vc.dtype.element_ty)
+        knew, vnew = _kv_new(k, k_n1, k_n2, k_s0, k_s1, k_s2, v, v_n1, v_n2, v_s0, v_s1, v_s2, g, D, dd, dm,
+                             pd, c, s, kc.dtype.element_ty, vc.dtype.element_ty, HEADVEC, KV_NEW)
         m_i = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_Q], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_Q, BLOCK_D], dtype=tl.float32)
-        if KV_ALIGN > 1:
-            kc_g = aligned(kc_g, KV_ALIGN)
-            kc_t = aligned(kc_t, KV_ALIGN)
-            vc_g = aligned(vc_g, KV_ALIGN)
-            vc_t = aligned(vc_t, KV_ALIGN)
-            kc_d = 1
-            vc_d = 1
+        acc = tl.zeros([BLOCK_Q, dd.shape[0]], dtype=tl.float32)
         kb = kc + g * kc_g
         vb = vc + g * vc_g
         # V issued with K (before the score reductions' barriers): one round trip, not two
@@ -222,15 +318,8 @@ def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, v
         for t0 in range(lo, hi, BLOCK_T):
             t = t0 + tl.arange(0, BLOCK_T)
             tm = t < hi
-            kt = knext.to(tl.float32)
-            vt = vnext.to(tl.float32)
-            if KV_NEW:  # row pos: the new key and value (already rounded to the caches' dtype)
-                cur = (t == pos)[:, None]
-                kt = tl.where(cur, knew[None, :], kt)
-                vt = tl.where(cur, vnew[None, :], vt)
-            tn = t + BLOCK_T  # the next block's loads (all masked off after the last: no traffic)
-            knext, vnext = _kv_block(kb, kc_t, kc_d, vb, vc_t, vc_d, tn, dd, (tn < TE)[:, None] & dmv[None, :],
-                                     KV_ALIGN)
+            kt, vt, knext, vnext = _kv_take(knext, vnext, kb, kc_t, kc_d, vb, vc_t, vc_d, t, dd, dmv, TE, pos,
+                                            knew, vnew, KV_NEW, KV_ALIGN, BLOCK_T)
             sc = tl.sum(qv[:, None, :] * kt[None, :, :], axis=2) * scale  # [BQ, BT]
             sc = tl.where(tm[None, :], sc, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(sc, axis=1))
@@ -249,6 +338,68 @@ def attention(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, vc_g, v
         else:
             out = acc / l_i[:, None]
             store(o + flat_off(qi, o_n1, o_n2, o_s0, o_s1, o_s2), out, qmask)
+
+
+@device
+def _attention_1q(q, q_n1, q_n2, q_s0, q_s1, q_s2, kb, kc_t, kc_d, vb, vc_t, vc_d, pos,
+                  o, o_n1, o_n2, o_s0, o_s1, o_s2, g, D, scale, ROPE: tl.constexpr,
+                  BLOCK_T: tl.constexpr, KV_ALIGN: tl.constexpr,
+                  k, k_n1, k_n2, k_s0, k_s1, k_s2, v, v_n1, v_n2, v_s0, v_s1, v_s2,
+                  KV_NEW: tl.constexpr, PARTIAL: tl.constexpr, dd, dm, dmv, pd, c, s, lo, hi, TE,
+                  PROF, PROFILE: tl.constexpr, HEADVEC: tl.constexpr):
+    """``attention`` of query head g over KV head g (kb, vb: its cache rows) when each KV head
+    has one query head. ``dd`` .. ``TE``: attention's head-dim lanes and masks, RoPE lanes and
+    positions.
+
+    Each of the BLOCK_T position slots of a [BLOCK_T, D] block keeps its own running max, sum
+    and [D] accumulator (slot i sees positions lo + i, lo + i + BLOCK_T, ...), so a block
+    costs one dot product per row (a reduction inside a warp) and element-wise updates: no
+    layout conversion and no CTA barrier in the position loop, where the [Q, T, D] form
+    moves its scores, softmax and value sums between layouts through shared memory. The
+    slots are merged once at the end as split-KV parts are (attention_combine):
+    m = max_i m_i, w_i = exp(m_i - m), l = sum_i w_i l_i, acc = sum_i w_i acc_i (Dao et al.,
+    "Flash-Decoding for long-context inference", 2023, inside one CTA). fp32; the sums are
+    reassociated against the sequential online softmax, equal to rounding."""
+    qv = tl.load(q + _head_off(g * D, q_n1, q_n2, q_s0, q_s1, q_s2, dd, HEADVEC), mask=dm, other=0).to(tl.float32)
+    if ROPE:
+        qp = tl.load(q + _head_off(g * D, q_n1, q_n2, q_s0, q_s1, q_s2, pd, HEADVEC), mask=dm,
+                     other=0).to(tl.float32)
+        qv = round_as(qv * c + qp * s, q.dtype.element_ty)
+    knew, vnew = _kv_new(k, k_n1, k_n2, k_s0, k_s1, k_s2, v, v_n1, v_n2, v_s0, v_s1, v_s2, g, D, dd, dm,
+                         pd, c, s, kb.dtype.element_ty, vb.dtype.element_ty, HEADVEC, KV_NEW)
+    m_s = tl.full([BLOCK_T], float("-inf"), dtype=tl.float32)
+    l_s = tl.zeros([BLOCK_T], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_T, dd.shape[0]], dtype=tl.float32)
+    tn = lo + tl.arange(0, BLOCK_T)
+    knext, vnext = _kv_block(kb, kc_t, kc_d, vb, vc_t, vc_d, tn, dd, (tn < TE)[:, None] & dmv[None, :], KV_ALIGN)
+    if PROFILE:
+        tl.store(PROF + 8, global_timer())
+    for t0 in range(lo, hi, BLOCK_T):
+        t = t0 + tl.arange(0, BLOCK_T)
+        kt, vt, knext, vnext = _kv_take(knext, vnext, kb, kc_t, kc_d, vb, vc_t, vc_d, t, dd, dmv, TE, pos,
+                                        knew, vnew, KV_NEW, KV_ALIGN, BLOCK_T)
+        sc = tl.where(t < hi, tl.sum(kt * qv[None, :], axis=1) * scale, float("-inf"))
+        m_new = tl.maximum(m_s, sc)
+        m_ok = tl.where(m_new == float("-inf"), 0.0, m_new)  # a slot with no position yet: no NaN
+        alpha = tl.exp(m_s - m_ok)
+        pr = tl.exp(sc - m_ok)
+        l_s = l_s * alpha + pr
+        acc = acc * alpha[:, None] + pr[:, None] * vt
+        m_s = m_new
+    if PROFILE:
+        tl.store(PROF + 9, global_timer())
+    m_h = tl.max(m_s, axis=0)
+    w = tl.exp(m_s - tl.where(m_h == float("-inf"), 0.0, m_h))  # an empty part: every w is 0
+    l_h = tl.sum(w * l_s, axis=0)
+    acc_h = tl.sum(acc * w[:, None], axis=0)
+    if PARTIAL:  # the head's record: acc[0:D], then m, then l
+        ri = g * (D + 2)
+        store(o + _head_off(ri, o_n1, o_n2, o_s0, o_s1, o_s2, dd, HEADVEC), acc_h, dm)
+        store(o + flat_off(ri + D, o_n1, o_n2, o_s0, o_s1, o_s2), m_h, None)
+        store(o + flat_off(ri + D + 1, o_n1, o_n2, o_s0, o_s1, o_s2), l_h, None)
+    else:
+        store(o + _head_off(g * D, o_n1, o_n2, o_s0, o_s1, o_s2, dd, HEADVEC), acc_h / l_h, dm)
+
 
 
 #: Most split-KV parts attention_combine merges (its BLOCK_P; lowering.config caps
@@ -342,11 +493,12 @@ def t_attention(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DQ: tl.constexpr, D
                 BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, KV_ALIGN: tl.constexpr = 0,
                 DK: tl.constexpr = None, DV: tl.constexpr = None,
                 KV_NEW: tl.constexpr = False, PARTIAL: tl.constexpr = False, PROF=None,
-                PROFILE: tl.constexpr = False):
+                PROFILE: tl.constexpr = False, HEADVEC: tl.constexpr = False):
     """attention (q, kc, vc, pos, o) or, with ROPE, rope_attention (q, kc, vc, pos,
     inv_freq, o) or, with ROPE and KV_NEW, rope_attention_kv (q, k, v, kc, vc, pos, inv_freq,
     o; DK, DV: the dtypes of k and v). ``KV_ALIGN``: the table's ``kvaligned`` flag
     (attention); ``PARTIAL``: its ``partial`` flag (a split-KV part: params parts, part).
+    ``HEADVEC``: the table's ``headvec`` flag (attention's).
     ``PROFILE``: %globaltimer at ``PROF + 7`` once the position operand is read and
     range-checked, then attention's stamps 8 and 9 (vm.PROF_W)."""
     qo, qn0, qn1, qn2, qs0, qs1, qs2 = operand(row, 0, slot)
@@ -392,7 +544,7 @@ def t_attention(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DQ: tl.constexpr, D
                   hq, cg, cd, param_f(row, 1), fp, fn1, fn2, fs0, fs1, fs2, ROPE,
                   BLOCK_T, BLOCK_D, BLOCK_Q, KV_ALIGN,
                   kp, kn1, kn2, ks0, ks1, ks2, vp, vn1, vn2, vs0, vs1, vs2, KV_NEW,
-                  PARTIAL, param_i(row, 2), param_i(row, 3), PROF, PROFILE)
+                  PARTIAL, param_i(row, 2), param_i(row, 3), PROF, PROFILE, HEADVEC)
         st = status_ok()
     return st
 
@@ -431,13 +583,19 @@ _call_rope_append = plain_call("t_kv_append", "ROPE_BLOCK", ("True",))
 _PROF_ARGS = "PROF=PROF + i.to(tl.int64) * PROF_W, PROFILE=PROFILE"
 
 
+def _headvec_arg(v: Variant) -> str:
+    """The HEADVEC argument of an attention call (only when the flag is on: the other
+    variants' calls stay as they were)."""
+    return ", HEADVEC=True" if v.flag("headvec") else ""
+
+
 def _call_attention(v: Variant) -> str:
     d = tl_dtypes(v)
     kva = 16 // DTYPE_BYTES[v.dtypes[1]] if v.flag("kvaligned") else 0
     rope = v.op == "rope_attention"
     tail = ", None, None, False, True" if v.flag("partial") else ""
     return (f"t_attention({DECODER_ARGS}, {d[0]}, {d[1]}, {d[2]}, {d[3]}, {d[4]}, {d[5] if rope else d[4]}, "
-            f"{rope}, ATT_T, ATT_D, ATT_Q, {kva}{tail}, {_PROF_ARGS})")
+            f"{rope}, ATT_T, ATT_D, ATT_Q, {kva}{tail}, {_PROF_ARGS}{_headvec_arg(v)})")
 
 
 def _call_attention_kv(v: Variant) -> str:  # q, k, v, kc, vc, pos, inv_freq, o
@@ -445,7 +603,7 @@ def _call_attention_kv(v: Variant) -> str:  # q, k, v, kc, vc, pos, inv_freq, o
     kva = 16 // DTYPE_BYTES[v.dtypes[3]] if v.flag("kvaligned") else 0
     tail = ", True" if v.flag("partial") else ""
     return (f"t_attention({DECODER_ARGS}, {d[0]}, {d[3]}, {d[4]}, {d[5]}, {d[6]}, {d[7]}, "
-            f"True, ATT_T, ATT_D, ATT_Q, {kva}, {d[1]}, {d[2]}, True{tail}, {_PROF_ARGS})")
+            f"True, ATT_T, ATT_D, ATT_Q, {kva}, {d[1]}, {d[2]}, True{tail}, {_PROF_ARGS}{_headvec_arg(v)})")
 
 
 _call_attention_combine = plain_call("t_attention_combine", "ATT_D")
@@ -456,15 +614,34 @@ def _flags_attention(task, dtypes, descs, slots) -> dict[str, bool]:
     starts on a 16-byte boundary and D is a multiple of 16 bytes, so the kernel loads them as
     16-byte vectors (attention's KV_ALIGN). ``partial`` (set only when on, so unsplit
     variants are unchanged): a split-KV part (params parts >= 2), which stores partial
-    records (attention's PARTIAL)."""
+    records (attention's PARTIAL). ``headvec`` (set only when on): ``_head_vectors``
+    (attention's HEADVEC)."""
     ci = _kc(task)
     vec = 16 // DTYPE_BYTES[dtypes[ci]]
     flags = {"kvaligned": DTYPE_BYTES[dtypes[ci]] == DTYPE_BYTES[dtypes[ci + 1]] and all(
         d.s[2] == 1 and d.s[1] % vec == 0 and d.s[0] % vec == 0 and d.n[2] % vec == 0
         and L.starts_aligned(d, vec, slots) for d in descs[ci:ci + 2])}
-    if int(task.params.get("parts", 1)) > 1:
+    partial = int(task.params.get("parts", 1)) > 1
+    if partial:
         flags["partial"] = True
+    if _head_vectors(task, descs, partial):
+        flags["headvec"] = True
     return flags
+
+
+def _head_vectors(task, descs, partial: bool) -> bool:
+    """Whether q, the current k and v, inv_freq and o never split a head over their views'
+    last axis: each view's last extent a multiple of the length the kernel indexes it by
+    (head_dim; head_dim + 2 for a split-KV part's records; head_dim / 2 for inv_freq), so a
+    head's lanes are its first element plus unit steps of that axis's stride (_head_off)."""
+    hd = int(task.params["head_dim"])
+    n = len(descs)
+    lens = {0: hd, n - 1: hd + 2 if partial else hd}
+    if task.op != "attention":
+        lens[n - 2] = hd // 2
+    if task.op == "rope_attention_kv":
+        lens[1] = lens[2] = hd
+    return all(descs[i].n[2] % ln == 0 for i, ln in lens.items())
 
 
 def _check(task, descs, where) -> None:
