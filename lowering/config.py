@@ -124,8 +124,9 @@ class LoweringConfig(_Knobs):
                                   "copy of the embedding table's rows).",
                                   needs=(one_of("weights", ("int8", "fp8")),))
     weight_group: int = knob(0, "K elements per scale of int8 weights: 0 = one f32 scale per output row; 32 = "
-                             "one f16 scale per 32 columns of a row with ggml's Q8_0 math (GGUF's Q8_0 blocks: "
-                             "a Q8_0 checkpoint keeps its own weights and scales).", choices=(0, 32),
+                             "one scale per 32 columns of a row with ggml's Q8_0 math (GGUF's Q8_0 blocks, "
+                             "their f16 scales stored as f32: a Q8_0 checkpoint keeps its own weights and "
+                             "scales).", choices=(0, 32),
                              needs=(one_of("weights", ("int8",)),))
     fuse: bool = knob(False, "Emit the fused ops: RMSNorm into the following GEMVs (norm_gemv), RoPE into "
                       "the KV append and attention (rope_append, rope_attention), SiLU x up into the down "

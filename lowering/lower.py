@@ -329,8 +329,9 @@ class _Lowerer:
                            f"which cuts its blocks of {g} columns (another --tp, or for the MLP a --tile that "
                            f"is a multiple of {g}, splits on block boundaries)")
         wb = self.weight(name, rank, qweight_key(self.qdt, key, g), shape, (rows, cols), dtype=self.qdt)
-        # f16, as GGUF stores them (each is an f16 value: quant.quantize_groups)
-        self.scales[wb] = self.e.buffer(f"s.{name}.r{rank}", "weight", "f16", (shape[0], shape[1] // g), rank,
+        # f16 values (GGUF's, quant.quantize_groups) stored as f32: 4-byte scales stream with
+        # the weights through the GEMV's pipelined copies (ops/gemv.py _kblocks_pipelined)
+        self.scales[wb] = self.e.buffer(f"s.{name}.r{rank}", "weight", "f32", (shape[0], shape[1] // g), rank,
                                         WeightSource(scale_key(self.qdt, key, g), (rows, (cols[0] // g, cols[1] // g))))
         return wb
 

@@ -26,7 +26,7 @@ tensor is computed from the whole tensor, then sliced, so a row-parallel split a
 the whole rows' scales); its scales are the derived tensor ``amk.scale.<ir dtype>:<key>``, f32
 ``[N]``, sliced with the weight's rows. A group-quantized weight's source is the derived
 ``amk.qweight.<ir dtype>/<group>:<key>`` and its scales ``amk.scale.<ir dtype>/<group>:<key>``,
-``[N, K / group]`` (f16 values, stored as f16 by the lowering), sliced with the weight's rows
+``[N, K / group]`` (f16 values, stored as f32 by the lowering), sliced with the weight's rows
 and (a split along K, on group boundaries) its columns. ``dequantize`` gives
 ``scale * float(q)``, the weights of the torch reference model of a quantized schedule.
 """
@@ -185,7 +185,7 @@ def decode_bytes(model, fmt: str | None, quantize_lm_head: bool = False) -> int:
     """Weight bytes one batch-1 decode step of HF ``model`` reads
     (ground.timing.decode_weight_bytes) when the decoder layers' linear weights (and, with
     ``quantize_lm_head``, the LM head) are stored at 1 byte per element plus one f32 scale
-    per row (``q8_0``: one f16 scale per 32 elements), as a schedule lowered with
+    per row (``q8_0``: one scale per 32 elements, an f16 value stored as f32), as a schedule lowered with
     ``weights=fmt`` stores them; ``fmt`` None / ``none`` / ``bf16``: unquantized. The
     roofline of a quantized run."""
     from ground.timing import decode_weight_bytes
@@ -199,7 +199,7 @@ def decode_bytes(model, fmt: str | None, quantize_lm_head: bool = False) -> int:
         mods.append(model.get_output_embeddings())
     for m in mods:
         w = m.weight
-        scale_bytes = 2 * (w.numel() // GROUP[fmt]) if GROUP[fmt] else 4 * w.shape[0]
+        scale_bytes = 4 * (w.numel() // GROUP[fmt] if GROUP[fmt] else w.shape[0])
         total -= w.numel() * (w.element_size() - 1) - scale_bytes
     return total
 
@@ -244,7 +244,7 @@ def summary(weights: str, quantize_lm_head: bool, program) -> dict:
             "gemv_weights": IR_DTYPE[weights] if q else "unquantized",
             "lm_head": "quantized" if q and quantize_lm_head else "unquantized",
             "embedding": "unquantized",
-            "scale": (f"f16 per {GROUP[weights]} elements of a row" if q and GROUP[weights]
+            "scale": (f"f32 (an f16 value) per {GROUP[weights]} elements of a row" if q and GROUP[weights]
                       else "f32 per output row" if q else None),
             "weight_bytes": {"total": total, "quantized": qb, "scales": sb}}
 

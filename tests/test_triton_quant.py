@@ -1,8 +1,9 @@
 """Quantized GEMV weights in the Triton megakernel: int8 / float8e4nv weight tiles converted
 to fp32 in registers inside the streaming GEMV, the per-row scale applied once after the
 dot product, or (q8_0: int8 with 32-column groups) each group's products summed and then
-multiplied once by its f16 scale. Under the interpreter against the sim (tiny Llama), and compiled
-offline for sm_90 with the GPU machines' Triton (AMK_DEVICE_TRITON) without spills."""
+multiplied once by its scale (an f16 value, stored as f32 by the lowering). Under the
+interpreter against the sim (tiny Llama), and compiled offline for sm_90 with the GPU
+machines' Triton (AMK_DEVICE_TRITON) without spills."""
 
 from __future__ import annotations
 
@@ -51,6 +52,31 @@ def test_quantized_tiny_model_matches_sim(weights, fuse, dtype, blocks):
             torch.testing.assert_close(lg, ls, rtol=1e-4, atol=2e-5)
         else:
             assert (lg - ls).abs().max() <= 0.02 * ls.abs().max()
+        assert nt == ns
+
+
+@cpu_only
+@pytest.mark.parametrize("blocks", [{}, dict(gemv_n=16, gemv_k=128, gemv_stages=3)])
+def test_f16_group_scales_match_sim(blocks):
+    """The lowering stores q8_0's scales as f32, so the pipelined K loop streams them with
+    the weights; a schedule whose group scales are f16 (GGUF's own width, e.g. written by
+    hand) still runs: its variants carry ``gscale16`` (the kernel reads them from the f16
+    arena, one block ahead in the pipelined loop) and decode as the sim does."""
+    import dataclasses
+
+    from lowering.triton.runtime import Blocks
+
+    prog, init, _ = lowered("tiny-llama", workers=2, dtype="bf16", fuse=True, **weight_knobs("q8_0"))
+    scales = {b.name for b in prog.buffers if b.kind == "weight" and b.name.startswith("s.") and len(b.shape) == 2}
+    assert scales and all(b.dtype == "f32" for b in prog.buffers if b.name in scales)
+    p16 = prog.copy()
+    p16.buffers = [dataclasses.replace(b, dtype="f16") if b.name in scales else b for b in p16.buffers]
+    ex = TritonExecutor(p16, init, check=False, **({"blocks": Blocks(**blocks)} if blocks else {}))
+    grouped = [v for v in ex.table.variants if v.flag("gscale")]
+    assert grouped and all(v.flag("gscale16") and "f16" in v.dtypes for v in grouped)
+    sim = SimExecutor(prog, init, check=False, policy="in_order")
+    for (lg, nt), (ls, ns) in zip(run_decode(ex, TOKENS[:3]), run_decode(sim, TOKENS[:3])):
+        assert (lg - ls).abs().max() <= 0.02 * ls.abs().max()
         assert nt == ns
 
 

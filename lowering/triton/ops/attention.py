@@ -190,7 +190,8 @@ def _kv_new(k, k_n1, k_n2, k_s0, k_s1, k_s2, v, v_n1, v_n2, v_s0, v_s1, v_s2, g,
             KT: tl.constexpr, VT: tl.constexpr, HEADVEC: tl.constexpr, KV_NEW: tl.constexpr):
     """With KV_NEW, KV head g's key at the current position, rope(k[g*D:(g+1)*D]) rounded to
     the K cache's dtype KT, and its value v[g*D:(g+1)*D] rounded to VT: what rope_append
-    stores in row pos (else None, None). ``HEADVEC``: as ``_head_off``."""
+    stores in row pos (else ``c`` twice, unused: a typed value that the compiler drops).
+    ``HEADVEC``: as ``_head_off``."""
     if KV_NEW:
         kl = tl.load(k + _head_off(g * D, k_n1, k_n2, k_s0, k_s1, k_s2, dd, HEADVEC), mask=dm,
                      other=0).to(tl.float32)
@@ -201,8 +202,8 @@ def _kv_new(k, k_n1, k_n2, k_s0, k_s1, k_s2, v, v_n1, v_n2, v_s0, v_s1, v_s2, g,
         knew = round_as(kl * c + kp * s, KT)
         vnew = round_as(vl, VT)
     else:
-        knew = None
-        vnew = None
+        knew = c
+        vnew = c
     return knew, vnew
 
 

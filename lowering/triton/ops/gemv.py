@@ -364,14 +364,19 @@ def _kblocks_pipelined(acc, x, a, rstd, w, wd, rows, rm, n0, kb, K, PRO: tl.cons
                        sc=None, GROUP: tl.constexpr = 0, I8M: tl.constexpr = 0):
     """STAGES >= 2: Triton's software pipeliner streams W (``W_TMA``: through the tensor
     descriptor ``wd``, one copy per block; rows >= N and columns >= K arrive as zeros); the
-    x (and a) block for the next iteration is loaded into registers one iteration ahead, and
-    so are per-group scales (``GROUP`` > 0), which the pipeliner leaves alone: loaded in the
-    block that used them, every block waited a memory round trip for them."""
+    x (and a) block for the next iteration is loaded into registers one iteration ahead.
+    Per-group scales (``GROUP`` > 0) of 4 bytes (f32, as the lowering stores them) are loaded
+    in the block that uses them, so the pipeliner streams them with W, STAGES - 1 blocks
+    ahead (``SPIPE``); 2-byte ones (f16), which it leaves alone (a copy moves at least 4
+    bytes a thread), are loaded one block ahead into registers instead (``SAHEAD``): loaded
+    in the block that used them, every block waited a memory round trip for them."""
     cols = kb + tl.arange(0, BLOCK_K)
     xv, av = _gemv_xload(x, a, cols, cols < K, PRO, X_CONTIG)
-    SAHEAD: tl.constexpr = GROUP > 0 and not W_TMA
-    if SAHEAD:
+    SPIPE: tl.constexpr = GROUP > 0 and not W_TMA and sc[0].dtype.element_ty.primitive_bitwidth >= 32
+    SAHEAD: tl.constexpr = GROUP > 0 and not W_TMA and not SPIPE
+    if SPIPE or SAHEAD:
         srow = _scale_rows(sc, rows, K, GROUP)
+    if SAHEAD:
         snext = _group_scales(sc, srow, rm, K, kb, BLOCK_K, GROUP)
     for k0 in tl.range(kb, K, BLOCK_K, num_stages=STAGES):
         cols = k0 + tl.arange(0, BLOCK_K)
@@ -382,6 +387,9 @@ def _kblocks_pipelined(acc, x, a, rstd, w, wd, rows, rm, n0, kb, K, PRO: tl.cons
         if W_TMA:  # one TMA copy per block; rows >= N and columns >= K arrive as zeros
             wv = _w_f32(wd.load([n0, k0]), I8M)
             sv = 0.0
+        elif SPIPE:  # this block's scales, a load the pipeliner turns into copies ahead with W's
+            sv = _group_scales(sc, srow, rm, K, k0, BLOCK_K, GROUP)
+            wv, _ = _gemv_wload(w, rows, rm, cols, cm, W_CONTIG, None, 0, K, I8M, k0)
         elif SAHEAD:  # this block's scales came with the last one; the next block's go out now
             sv = snext
             snext = _group_scales(sc, srow, rm, K, k0 + BLOCK_K, BLOCK_K, GROUP)
@@ -632,7 +640,7 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
            MIRRORS: tl.constexpr = 0, W_TMA: tl.constexpr = False,
            RING: tl.constexpr = False, STREAMS=None, se=0, rbase=0, rst=None, RING_S: tl.constexpr = 1,
            RING_PR: tl.constexpr = 4, RING_PC: tl.constexpr = 2048, HAS_SCALE: tl.constexpr = False,
-           SCALE_GROUP: tl.constexpr = 0, I8_CVT: tl.constexpr = 0):
+           SCALE_GROUP: tl.constexpr = 0, I8_CVT: tl.constexpr = 0, SCALE_F16: tl.constexpr = False):
     """The row decoder of the five GEMV ops (gemv_ex; ``PRO`` the prologue, ``STAGES`` its
     weight-streaming pipeline depth, ``X_STAGE`` its f(x) staged once in the worker's
     scratch ``XS``, skipped when the row's ``FLAG_X_READY`` says an earlier task of this
@@ -658,8 +666,8 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
     arrived is reported as a timeout of wait -1 (vm.fail_page). ``HAS_SCALE``: W is quantized
     (int8 / float8e4nv) and the operand after [b] holds its per-row fp32 scales (ir/ops.py;
     gemv_ex); never on the ring. ``SCALE_GROUP`` > 0: one scale per SCALE_GROUP columns of a
-    row instead (int8; the kernel's W_PRELOAD is then not used: its columns would need them).
-    ``I8_CVT``: how an int8 W converts to fp32 (gemv_ex)."""
+    row instead (int8; the kernel's W_PRELOAD is then not used: its columns would need them),
+    fp32 or, with ``SCALE_F16``, f16. ``I8_CVT``: how an int8 W converts to fp32 (gemv_ex)."""
     tl.static_assert(not (RING and HAS_SCALE), "the weight ring streams bf16 weights only")
     WPRE: tl.constexpr = W_PRE if SCALE_GROUP == 0 else 0
     xo, xn0, xn1, xn2, xs0, xs1, xs2 = operand(row, 0, slot)
@@ -697,7 +705,7 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
         bn1, bn2, bs0, bs1, bs2 = yn1, yn2, ys0, ys1, ys2
     if HAS_SCALE:
         so, sn0, sn1, sn2, ss0, ss1, ss2 = operand(row, SI, slot)
-        if SCALE_GROUP > 0:  # per-group scales are f16 (table: the gscale flag)
+        if SCALE_F16:  # per-group scales in f16 (the gscale16 flag); else f32, as per-row ones
             sc = (A_F16 + so, sn1, sn2, ss0, ss1, ss2)
         else:
             sc = (A_F32 + so, sn1, sn2, ss0, ss1, ss2)
@@ -799,6 +807,8 @@ def _call(v: Variant) -> str:
     # knobs say (a quantized W: Q_TMA; with per-group scales: register loads)
     tma = "False" if not v.flag("aligned") or v.flag("gscale") else "Q_TMA" if scale else "GEMV_TMA"
     group = f", SCALE_GROUP={Q8_0_GROUP}" if v.flag("gscale") else ""
+    if v.flag("gscale16"):
+        group += ", SCALE_F16=True"
     if scale and v.dtypes[g.w] == "i8":
         group += ", I8_CVT=I8_CVT"
     rows = "GEMV_NQ" if scale else "GEMV_N"  # a quantized W's block rows: the q_gemv_n knob
@@ -818,7 +828,8 @@ def _flags(task, dtypes, descs, slots) -> dict[str, bool]:
     ``xaligned`` (also x, and a, have unit stride and a 16-byte-aligned start for every
     slot: x is read with wide loads and no stride arithmetic), ``scale`` (only for an int8 /
     fp8 W: its scales are the last input), ``gscale`` (only then, and only for scales per
-    group of ``Q8_0_GROUP`` columns, the one group size the kernel is built for). The table
+    group of ``Q8_0_GROUP`` columns, the one group size the kernel is built for; f32, or f16
+    with ``gscale16``: the lowering stores f32, hand-written schedules may hold f16). The table
     adds ``ring`` (W streams through the worker's weight ring: table.ring_eligible). Raises
     TableError for per-group scales of another group size, or whose view splits a row's
     groups over more than its last axis."""
@@ -832,15 +843,17 @@ def _flags(task, dtypes, descs, slots) -> dict[str, bool]:
         flags["scale"] = True
         n, k, ns = descs[len(task.ins)].numel, w.n[2], descs[len(task.ins) - 1].numel
         if len(task.ins[-1].ranges) == 2:  # one scale per group of columns: [N, K / G] (ir/ops.py)
-            if ns * Q8_0_GROUP != n * k or dtypes[len(task.ins) - 1] != "f16":
+            if ns * Q8_0_GROUP != n * k or dtypes[len(task.ins) - 1] not in ("f16", "f32"):
                 raise TableError(f"task {task.id}: the triton GEMV kernel takes one f32 scale per row or "
-                                 f"one f16 scale per {Q8_0_GROUP} columns, not {ns} {dtypes[len(task.ins) - 1]} "
-                                 f"scales for [{n}, {k}]")
+                                 f"one f16 / f32 scale per {Q8_0_GROUP} columns, not {ns} "
+                                 f"{dtypes[len(task.ins) - 1]} scales for [{n}, {k}]")
             sd = descs[len(task.ins) - 1]
             if sd.n[2] % (k // Q8_0_GROUP):  # _scale_rows: a row's groups along the last axis
                 raise TableError(f"task {task.id}: the per-group scales' view {sd.n} splits a row's "
                                  f"{k // Q8_0_GROUP} groups over more than its last axis")
             flags["gscale"] = True
+            if dtypes[len(task.ins) - 1] == "f16":
+                flags["gscale16"] = True
         elif dtypes[len(task.ins) - 1] != "f32":
             raise TableError(f"task {task.id}: the triton GEMV kernel takes per-row scales in f32 only")
     flags["mirror"] = len(task.outs) > 1  # y also stored to peers (gemv_mirrors)
