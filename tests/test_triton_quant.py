@@ -57,10 +57,10 @@ def test_quantized_tiny_model_matches_sim(weights, fuse, dtype, blocks):
 
 @cpu_only
 @pytest.mark.parametrize("blocks", [{}, dict(gemv_n=16, gemv_k=128, gemv_stages=3)])
-def test_f16_group_scales_match_sim(blocks):
+def test_f16_group_scales_match_sim(blocks, tmp_path):
     """The lowering stores q8_0's scales as f32, so the pipelined K loop streams them with
     the weights; a schedule whose group scales are f16 (GGUF's own width, e.g. written by
-    hand) still runs: its variants carry ``gscale16`` (the kernel reads them from the f16
+    hand) still runs: its calls name the f16 scale dtype (the kernel reads them from the f16
     arena, one block ahead in the pipelined loop) and decode as the sim does."""
     import dataclasses
 
@@ -73,7 +73,9 @@ def test_f16_group_scales_match_sim(blocks):
     p16.buffers = [dataclasses.replace(b, dtype="f16") if b.name in scales else b for b in p16.buffers]
     ex = TritonExecutor(p16, init, check=False, **({"blocks": Blocks(**blocks)} if blocks else {}))
     grouped = [v for v in ex.table.variants if v.flag("gscale")]
-    assert grouped and all(v.flag("gscale16") and "f16" in v.dtypes for v in grouped)
+    assert grouped and all("f16" in v.dtypes for v in grouped)
+    calls = [ln for ln in ex.emit_source(tmp_path / "k.py").read_text().splitlines() if "SCALE_GROUP=32" in ln]
+    assert calls and all("DS=tl.float16" in ln for ln in calls), calls
     sim = SimExecutor(prog, init, check=False, policy="in_order")
     for (lg, nt), (ls, ns) in zip(run_decode(ex, TOKENS[:3]), run_decode(sim, TOKENS[:3])):
         assert (lg - ls).abs().max() <= 0.02 * ls.abs().max()

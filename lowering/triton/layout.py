@@ -323,8 +323,8 @@ class Variant:
     """One branch of the kernel's opcode dispatch: an op with concrete operand dtypes and
     layout flags (``flags`` is a sorted tuple of (name, bool)). Each op family names its
     flags (its ``OpLowering.flags``, lowering/triton/ops/): the GEMV family ``bias``,
-    ``mirror``, ``contig``, ``xcontig``, ``aligned``, ``xaligned``, ``scale``, ``gscale``,
-    ``gscale16`` and ``ring``; attention ``kvaligned``, ``partial`` and ``headvec``; ``reduce``
+    ``mirror``, ``contig``, ``xcontig``, ``aligned``, ``xaligned``, ``scale``, ``gscale`` and
+    ``ring``; attention ``kvaligned``, ``partial`` and ``headvec``; ``reduce``
     ``residual`` and ``vec``; ``copy`` / ``put`` ``vec``; ``gemm`` ``residual``, ``acontig``,
     ``bcontig``, ``aaligned`` and ``baligned``.
     """

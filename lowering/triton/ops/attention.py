@@ -122,6 +122,18 @@ def _kv_block(kb, kc_t, kc_d, vb, vc_t, vc_d, t, dd, m, KV_ALIGN: tl.constexpr):
 
 
 @device
+def _kv_start(kb, kc_t, kc_d, vb, vc_t, vc_d, lo, dd, dmv, TE, KV_ALIGN: tl.constexpr, BLOCK_T: tl.constexpr,
+              PROF, PROFILE: tl.constexpr):
+    """The loads of the first position block (K with V: one round trip, not two), then the
+    profiling stamp ``PROF + 8`` as the position loop starts."""
+    tn = lo + tl.arange(0, BLOCK_T)
+    knext, vnext = _kv_block(kb, kc_t, kc_d, vb, vc_t, vc_d, tn, dd, (tn < TE)[:, None] & dmv[None, :], KV_ALIGN)
+    if PROFILE:
+        tl.store(PROF + 8, global_timer())
+    return knext, vnext
+
+
+@device
 def _kv_take(knext, vnext, kb, kc_t, kc_d, vb, vc_t, vc_d, t, dd, dmv, TE, pos, knew, vnew,
              KV_NEW: tl.constexpr, KV_ALIGN: tl.constexpr, BLOCK_T: tl.constexpr):
     """The position block t's K and V (loaded one block earlier) in fp32, with row pos taken
@@ -311,11 +323,7 @@ def _attention_group(q, q_n1, q_n2, q_s0, q_s1, q_s2, kc, kc_g, kc_t, kc_d, vc, 
         acc = tl.zeros([BLOCK_Q, dd.shape[0]], dtype=tl.float32)
         kb = kc + g * kc_g
         vb = vc + g * vc_g
-        # V issued with K (before the score reductions' barriers): one round trip, not two
-        tn = lo + tl.arange(0, BLOCK_T)
-        knext, vnext = _kv_block(kb, kc_t, kc_d, vb, vc_t, vc_d, tn, dd, (tn < TE)[:, None] & dmv[None, :], KV_ALIGN)
-        if PROFILE:
-            tl.store(PROF + 8, global_timer())
+        knext, vnext = _kv_start(kb, kc_t, kc_d, vb, vc_t, vc_d, lo, dd, dmv, TE, KV_ALIGN, BLOCK_T, PROF, PROFILE)
         for t0 in range(lo, hi, BLOCK_T):
             t = t0 + tl.arange(0, BLOCK_T)
             tm = t < hi
@@ -371,10 +379,7 @@ def _attention_1q(q, q_n1, q_n2, q_s0, q_s1, q_s2, kb, kc_t, kc_d, vb, vc_t, vc_
     m_s = tl.full([BLOCK_T], float("-inf"), dtype=tl.float32)
     l_s = tl.zeros([BLOCK_T], dtype=tl.float32)
     acc = tl.zeros([BLOCK_T, dd.shape[0]], dtype=tl.float32)
-    tn = lo + tl.arange(0, BLOCK_T)
-    knext, vnext = _kv_block(kb, kc_t, kc_d, vb, vc_t, vc_d, tn, dd, (tn < TE)[:, None] & dmv[None, :], KV_ALIGN)
-    if PROFILE:
-        tl.store(PROF + 8, global_timer())
+    knext, vnext = _kv_start(kb, kc_t, kc_d, vb, vc_t, vc_d, lo, dd, dmv, TE, KV_ALIGN, BLOCK_T, PROF, PROFILE)
     for t0 in range(lo, hi, BLOCK_T):
         t = t0 + tl.arange(0, BLOCK_T)
         kt, vt, knext, vnext = _kv_take(knext, vnext, kb, kc_t, kc_d, vb, vc_t, vc_d, t, dd, dmv, TE, pos,

@@ -640,7 +640,7 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
            MIRRORS: tl.constexpr = 0, W_TMA: tl.constexpr = False,
            RING: tl.constexpr = False, STREAMS=None, se=0, rbase=0, rst=None, RING_S: tl.constexpr = 1,
            RING_PR: tl.constexpr = 4, RING_PC: tl.constexpr = 2048, HAS_SCALE: tl.constexpr = False,
-           SCALE_GROUP: tl.constexpr = 0, I8_CVT: tl.constexpr = 0, SCALE_F16: tl.constexpr = False):
+           SCALE_GROUP: tl.constexpr = 0, I8_CVT: tl.constexpr = 0, DS: tl.constexpr = tl.float32):
     """The row decoder of the five GEMV ops (gemv_ex; ``PRO`` the prologue, ``STAGES`` its
     weight-streaming pipeline depth, ``X_STAGE`` its f(x) staged once in the worker's
     scratch ``XS``, skipped when the row's ``FLAG_X_READY`` says an earlier task of this
@@ -666,8 +666,9 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
     arrived is reported as a timeout of wait -1 (vm.fail_page). ``HAS_SCALE``: W is quantized
     (int8 / float8e4nv) and the operand after [b] holds its per-row fp32 scales (ir/ops.py;
     gemv_ex); never on the ring. ``SCALE_GROUP`` > 0: one scale per SCALE_GROUP columns of a
-    row instead (int8; the kernel's W_PRELOAD is then not used: its columns would need them),
-    fp32 or, with ``SCALE_F16``, f16. ``I8_CVT``: how an int8 W converts to fp32 (gemv_ex)."""
+    row instead (int8; the kernel's W_PRELOAD is then not used: its columns would need them).
+    ``DS``: the scales' dtype (fp32; per-group ones may be f16). ``I8_CVT``: how an int8 W
+    converts to fp32 (gemv_ex)."""
     tl.static_assert(not (RING and HAS_SCALE), "the weight ring streams bf16 weights only")
     WPRE: tl.constexpr = W_PRE if SCALE_GROUP == 0 else 0
     xo, xn0, xn1, xn2, xs0, xs1, xs2 = operand(row, 0, slot)
@@ -705,10 +706,7 @@ def t_gemv(A_BF16, A_F16, A_F32, A_I32, row, slot, err, DX: tl.constexpr, DA: tl
         bn1, bn2, bs0, bs1, bs2 = yn1, yn2, ys0, ys1, ys2
     if HAS_SCALE:
         so, sn0, sn1, sn2, ss0, ss1, ss2 = operand(row, SI, slot)
-        if SCALE_F16:  # per-group scales in f16 (the gscale16 flag); else f32, as per-row ones
-            sc = (A_F16 + so, sn1, sn2, ss0, ss1, ss2)
-        else:
-            sc = (A_F32 + so, sn1, sn2, ss0, ss1, ss2)
+        sc = (arena_ptr(A_BF16, A_F16, A_F32, A_I32, DS) + so, sn1, sn2, ss0, ss1, ss2)
     else:
         sc = None
     m1 = yo * 0
@@ -807,8 +805,8 @@ def _call(v: Variant) -> str:
     # knobs say (a quantized W: Q_TMA; with per-group scales: register loads)
     tma = "False" if not v.flag("aligned") or v.flag("gscale") else "Q_TMA" if scale else "GEMV_TMA"
     group = f", SCALE_GROUP={Q8_0_GROUP}" if v.flag("gscale") else ""
-    if v.flag("gscale16"):
-        group += ", SCALE_F16=True"
+    if scale:  # the last input, after W and its bias / residual
+        group += f", DS={d[g.w + 1 + bias]}"
     if scale and v.dtypes[g.w] == "i8":
         group += ", I8_CVT=I8_CVT"
     rows = "GEMV_NQ" if scale else "GEMV_N"  # a quantized W's block rows: the q_gemv_n knob
@@ -829,7 +827,7 @@ def _flags(task, dtypes, descs, slots) -> dict[str, bool]:
     slot: x is read with wide loads and no stride arithmetic), ``scale`` (only for an int8 /
     fp8 W: its scales are the last input), ``gscale`` (only then, and only for scales per
     group of ``Q8_0_GROUP`` columns, the one group size the kernel is built for; f32, or f16
-    with ``gscale16``: the lowering stores f32, hand-written schedules may hold f16). The table
+    in a hand-written schedule: the lowering stores f32). The table
     adds ``ring`` (W streams through the worker's weight ring: table.ring_eligible). Raises
     TableError for per-group scales of another group size, or whose view splits a row's
     groups over more than its last axis."""
@@ -852,8 +850,6 @@ def _flags(task, dtypes, descs, slots) -> dict[str, bool]:
                 raise TableError(f"task {task.id}: the per-group scales' view {sd.n} splits a row's "
                                  f"{k // Q8_0_GROUP} groups over more than its last axis")
             flags["gscale"] = True
-            if dtypes[len(task.ins) - 1] == "f16":
-                flags["gscale16"] = True
         elif dtypes[len(task.ins) - 1] != "f32":
             raise TableError(f"task {task.id}: the triton GEMV kernel takes per-row scales in f32 only")
     flags["mirror"] = len(task.outs) > 1  # y also stored to peers (gemv_mirrors)
