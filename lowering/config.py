@@ -44,9 +44,6 @@ DTYPES = ("f32", "bf16")
 WEIGHT_FORMATS = ("none", "bf16", "int8", "fp8")
 #: int8 -> fp32 conversions of the GEMV (KernelConfig.int8_convert); the index is the kernel's I8_CVT
 INT8_CONVERTS = ("cvt", "magic", "prmt")
-#: L2 eviction priorities of the task-ahead weight prefetch (KernelConfig.prefetch_policy); the
-#: index is the kernel's L2_POLICY (PTX ISA "createpolicy": its primary priorities)
-L2_POLICIES = ("evict_first", "evict_normal", "evict_last")
 
 
 class _Knobs:
@@ -228,10 +225,6 @@ class KernelConfig(_Knobs):
     prefetch_cap: int = knob(0, "The task-ahead L2 prefetch covers at most a tile's first BYTES.",
                              lo=16, multiple=16, zero="the whole tile", metavar="BYTES",
                              needs=(positive("prefetch"),))
-    prefetch_policy: str = knob("evict_first", "L2 eviction priority of the task-ahead prefetch's lines: "
-                                "evict_first (the weight loads' own: a prefetched line may leave L2 before "
-                                "its task reads it), evict_normal (it outlives the evict-first weight "
-                                "stream) or evict_last.", choices=L2_POLICIES, needs=(positive("prefetch"),))
     prefetch_rows: int = knob(0, "The task-ahead L2 prefetch covers at most a tile's first N weight rows "
                               "(unlike prefetch_cap it keeps a wide tile's whole first row block).",
                               lo=1, zero="no limit", metavar="N", needs=(positive("prefetch"),))

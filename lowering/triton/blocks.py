@@ -50,7 +50,6 @@ class Blocks:
     w_preload: int = 0
     prefetch_cap: int = 0
     prefetch_rows: int = 0
-    prefetch_policy: str = "evict_first"
     roll: int = 0
     lean_release: bool = True
     gemv_tma: bool = False
@@ -110,8 +109,7 @@ class Blocks:
 
 #: KernelConfig fields that Blocks holds under the same name.
 _SAME = ("gemv_stages", "gemv_unroll", "prefetch", "row_prefetch", "elide_waits", "coalesce_signals", "maxnreg",
-         "x_stage", "x_reuse", "x_chunk", "w_preload", "prefetch_cap", "prefetch_rows", "prefetch_policy", "roll",
-         "lean_release",
+         "x_stage", "x_reuse", "x_chunk", "w_preload", "prefetch_cap", "prefetch_rows", "roll", "lean_release",
          "gemv_tma", "q_tma", "q_gemv_n", "int8_convert", "ring", "ring_rows", "ring_cols")
 
 

@@ -49,7 +49,7 @@ def amk_megakernel(A_BF16, A_F16, A_F32, A_I32, TASKS, WAITS, SIGS, QSTART, ERR,
                    GEMV_TMA: tl.constexpr = False, RING: tl.constexpr = 0, RING_PR: tl.constexpr = 4,
                    RING_PC: tl.constexpr = 2048, GEMM_M: tl.constexpr = 64, GEMM_N: tl.constexpr = 64,
                    GEMM_K: tl.constexpr = 64, Q_TMA: tl.constexpr = False, GEMV_NQ: tl.constexpr = 16,
-                   I8_CVT: tl.constexpr = False, L2_POLICY: tl.constexpr = 0):
+                   I8_CVT: tl.constexpr = False):
     PROF_W: tl.constexpr = {prof_w}
     w, i, end, err, epoch, slot, abort_ptr = worker_loop_prologue(ERR, EPOCH, QSTART, slots)
     XSW = XS + w.to(tl.int64) * xs_w  # this worker's GEMV f(x) scratch (X_STAGE)
@@ -68,7 +68,7 @@ def amk_megakernel(A_BF16, A_F16, A_F32, A_I32, TASKS, WAITS, SIGS, QSTART, ERR,
     if PREFETCH > 0:  # the first PREFETCH tasks' weight tiles; then task i + PREFETCH at task i
         for d in tl.static_range(PREFETCH):
             if i + d < end:
-                l2_prefetch(A_I32, TASKS + (i + d).to(tl.int64) * {row}, False, PREFETCH_CAP, L2_POLICY)
+                l2_prefetch(A_I32, TASKS + (i + d).to(tl.int64) * {row}, False, PREFETCH_CAP)
     while (i < end) & (ok != 0):
         row = TASKS + i.to(tl.int64) * {row}
         if ROW_PREFETCH:  # the next task's table row into L1 while this task runs
@@ -80,7 +80,7 @@ def amk_megakernel(A_BF16, A_F16, A_F32, A_I32, TASKS, WAITS, SIGS, QSTART, ERR,
         if RING > 0:  # top the ring up before this task's waits: weights wait on nothing
             rst = RG.ring_issue(A_I32, STREAMS, se, rbase, rst, RING, RING_PR, RING_PC)
         if PREFETCH > 0:  # task i + PREFETCH's tile, its range in this row (table.prefetch_ahead)
-            l2_prefetch(A_I32, row, True, PREFETCH_CAP, L2_POLICY)
+            l2_prefetch(A_I32, row, True, PREFETCH_CAP)
         st = tl.full([], 0, dtype=tl.int32)
 {dispatch}
         if ok != 0:

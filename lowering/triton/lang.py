@@ -159,39 +159,20 @@ def global_timer():
                                      is_pure=False, pack=1)
 
 
-def _l2_prefetch_asm(priority: str) -> str:
-    """Thread 0's bulk L2 prefetch of [$1, $1 + $2) with lines of L2 eviction ``priority``."""
-    return ("{ .reg .pred %pf_p; .reg .u32 %pf_t; .reg .b64 %pf_c; mov.u32 %pf_t, %tid.x; setp.eq.u32 %pf_p, %pf_t, 0; "
-            f"createpolicy.fractional.L2::{priority}.b64 %pf_c, 1.0; "
-            "@%pf_p cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], $2, %pf_c; mov.u32 $0, 0; }")
-
-
-_PF_FIRST = tl.constexpr(_l2_prefetch_asm("evict_first"))
-_PF_NORMAL = tl.constexpr(_l2_prefetch_asm("evict_normal"))
-_PF_LAST = tl.constexpr(_l2_prefetch_asm("evict_last"))
-
-
 @device
-def l2_prefetch_bytes(p, n, POLICY: tl.constexpr = 0):
+def l2_prefetch_bytes(p, n):
     """Start an L2 prefetch of the ``n`` bytes at ``p`` (both multiples of 16; nothing when
     n <= 0): one ``cp.async.bulk.prefetch.L2.global`` (sm_90, PTX ISA
-    "cp.async.bulk.prefetch") issued by thread 0, its lines marked with the L2 eviction
-    priority ``POLICY`` (an index into lowering.config.L2_POLICIES; PTX ISA "createpolicy"):
-    0 evict-first, the weight loads' own (ops/gemv.py ``_wload``: weights are read once a
-    step), 1 evict-normal (the line outlives the evict-first stream until its task reads
-    it), 2 evict-last. A hint with no effect on memory contents. A no-op under the
-    interpreter."""
+    "cp.async.bulk.prefetch") issued by thread 0, with an L2 evict-first cache policy (its
+    callers prefetch weights, read once a step: ops/gemv.py ``_wload``). A hint with no
+    effect on memory contents. A no-op under the interpreter."""
     if not INTERPRET:
         if n > 0:
-            if POLICY == 1:
-                tl.inline_asm_elementwise(_PF_NORMAL, "=r,l,r", [p, n.to(tl.int32)], dtype=tl.int32,
-                                          is_pure=False, pack=1)
-            elif POLICY == 2:
-                tl.inline_asm_elementwise(_PF_LAST, "=r,l,r", [p, n.to(tl.int32)], dtype=tl.int32,
-                                          is_pure=False, pack=1)
-            else:
-                tl.inline_asm_elementwise(_PF_FIRST, "=r,l,r", [p, n.to(tl.int32)], dtype=tl.int32,
-                                          is_pure=False, pack=1)
+            tl.inline_asm_elementwise(
+                "{ .reg .pred %pf_p; .reg .u32 %pf_t; .reg .b64 %pf_c; mov.u32 %pf_t, %tid.x; setp.eq.u32 %pf_p, %pf_t, 0; "
+                "createpolicy.fractional.L2::evict_first.b64 %pf_c, 1.0; "
+                "@%pf_p cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], $2, %pf_c; mov.u32 $0, 0; }",
+                "=r,l,r", [p, n.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @device

@@ -83,7 +83,6 @@ def compile_offline(source: str, constexprs: dict[str, int], arch: int = 90, num
                acquire_polls_sys="ld.acquire.sys.global.b32" in ptx,
                l2_prefetch="cp.async.bulk.prefetch.L2" in ptx, async_copy="cp.async" in ptx,
                l2_prefetch_evict_first="cp.async.bulk.prefetch.L2.global.L2::cache_hint" in ptx,
-               l2_prefetch_policies=sorted(set(re.findall(r"createpolicy\.fractional\.L2::(\w+)", ptx))),
                evict_first_loads=len(re.findall(r"ld\.global\.L1::evict_first\.L2::cache_hint", ptx)),
                tma_copies=ptx.count("cp.async.bulk.tensor"),
                int8_to_f32=len(re.findall(r"cvt\.rn\.f32\.s(8|16)\b", ptx)),

@@ -43,7 +43,7 @@ from typing import Any, Callable
 import torch
 
 from ir.program import FLOAT_DTYPES, Buffer, ScheduleProgram
-from lowering.config import INT8_CONVERTS, L2_POLICIES
+from lowering.config import INT8_CONVERTS
 from lowering.executors import StepThroughput, check_steps
 from lowering.triton import table as T
 from lowering.triton import vm as VM
@@ -347,7 +347,7 @@ class TritonExecutor:
             W_PRELOAD=b.w_preload, PREFETCH_CAP=b.prefetch_cap, ROLL=b.roll, LEAN_RELEASE=bool(b.lean_release),
             GEMV_TMA=bool(b.gemv_tma), RING=self.ring_pages, RING_PR=b.ring_rows, RING_PC=b.ring_cols,
             Q_TMA=bool(b.gemv_tma and b.q_tma), GEMV_NQ=b.q_gemv_n or b.gemv_n,
-            I8_CVT=INT8_CONVERTS.index(b.int8_convert), L2_POLICY=L2_POLICIES.index(b.prefetch_policy),
+            I8_CVT=INT8_CONVERTS.index(b.int8_convert),
         )
         kw["GEMM_M"], kw["GEMM_N"], kw["GEMM_K"] = b.gemm_blocks(self.table.dims)
         if not self.interpret:

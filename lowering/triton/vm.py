@@ -128,7 +128,7 @@ def poll_load(p, SYS: tl.constexpr):
 
 
 @device
-def l2_prefetch(A_I32, row, AHEAD: tl.constexpr = False, CAP: tl.constexpr = 0, POLICY: tl.constexpr = 0):
+def l2_prefetch(A_I32, row, AHEAD: tl.constexpr = False, CAP: tl.constexpr = 0):
     """Start an L2 prefetch of the weight tile of the task at ``row`` (table fields F_PFO /
     F_PFN), or with ``AHEAD`` of the later task whose range table.prefetch_ahead copied into
     this row (F_APFO / F_APFN: loaded in the same round trip as the row's header instead of
@@ -139,8 +139,7 @@ def l2_prefetch(A_I32, row, AHEAD: tl.constexpr = False, CAP: tl.constexpr = 0, 
     streaming with waits and other tasks; the GEMV then reads its tile from L2. ``CAP``
     (bytes, a multiple of 16; 0 = none): prefetch at most the tile's first CAP bytes (a
     large tile's rest comes from its own rolling prefetch, ops/gemv.py ``ROLL``, instead of
-    flooding L2 a whole task ahead). ``POLICY``: the lines' L2 eviction priority
-    (lang.l2_prefetch_bytes; the prefetch_policy knob). A no-op under the interpreter."""
+    flooding L2 a whole task ahead). A no-op under the interpreter."""
     if not INTERPRET:
         if AHEAD:
             n = tl.load(row + _F_APFN).to(tl.int32)
@@ -150,7 +149,7 @@ def l2_prefetch(A_I32, row, AHEAD: tl.constexpr = False, CAP: tl.constexpr = 0, 
             o = tl.load(row + _F_PFO)
         if CAP > 0:
             n = tl.minimum(n, CAP)
-        l2_prefetch_bytes(A_I32 + o, n, POLICY)
+        l2_prefetch_bytes(A_I32 + o, n)
 
 
 @device
