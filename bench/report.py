@@ -65,6 +65,8 @@ BASELINE_NAMES = {
     "amk_megakernel_tp1": "amk megakernel on 1 GPU",
 }
 MODE_NAME = re.compile(r"^(hf_(?:tp_)?compiled_graph)\[(.+)\]$")
+# a repeated run of one baseline mode in a call (amk bench --baseline-runs N): "<name> #<k>"
+RUN_SUFFIX = re.compile(r" #\d+$")
 MODEL_NAMES = {"llama-3.2-1b": "Llama-3.2-1B", "llama-3.1-8b": "Llama-3.1-8B",
                "smollm2-135m": "SmolLM2-135M", "smollm2-360m": "SmolLM2-360M",
                "smollm2-1.7b": "SmolLM2-1.7B", "qwen2.5-0.5b": "Qwen2.5-0.5B"}
@@ -280,6 +282,7 @@ def fmt_verdict(row: dict, logits: dict | None = None) -> str:
 
 
 def baseline_label(name: str) -> str:
+    name = RUN_SUFFIX.sub("", name)
     m = MODE_NAME.match(name)
     if m:
         base = BASELINE_NAMES[m.group(1)].replace("(default)", f"`{m.group(2)}`")
@@ -287,16 +290,28 @@ def baseline_label(name: str) -> str:
     return BASELINE_NAMES.get(name, f"`{name}`")
 
 
-def fastest_baselines(baselines: list[dict]) -> list[tuple[dict, int]]:
-    """Each baseline mode once, in first-run order: its fastest timed run and its run count."""
+def fastest_baselines(baselines: list[dict]) -> list[tuple[dict, list[dict]]]:
+    """Each baseline mode once, in first-run order: its fastest timed run and all its timed
+    runs (a mode's runs after the first are named ``<name> #<k>``)."""
     runs: dict[str, list[dict]] = {}
     for b in baselines:
-        runs.setdefault(b.get("name", "?"), []).append(b)
+        runs.setdefault(RUN_SUFFIX.sub("", b.get("name", "?")), []).append(b)
     out = []
     for rs in runs.values():
         timed = [b for b in rs if b.get("latency_ms_median") is not None]
-        out.append((min(timed, key=lambda b: b["latency_ms_median"]) if timed else rs[0], len(timed)))
+        out.append((min(timed, key=lambda b: b["latency_ms_median"]) if timed else rs[0], timed))
     return out
+
+
+def runs_mark(best: dict, timed: list[dict]) -> str:
+    """The label suffix of a baseline mode's row: ONCE for one run; for several, the count and
+    the other runs' medians (the bimodal autotuner shows there)."""
+    if len(timed) == 1:
+        return ONCE
+    if not timed:
+        return ""
+    others = [fmt_ms(b["latency_ms_median"]) for b in timed if b is not best]
+    return f" (fastest of {len(timed)} runs; the other{'s' if len(others) > 1 else ''} {', '.join(others)})"
 
 
 def display_command(res: Result, results: Path) -> str:
@@ -391,9 +406,8 @@ def render_result(res: Result, results: Path) -> list[str]:
              "|---|---|---|---|---|",
              f"| **amk megakernel** | **{fmt_timing(d)}** | {fmt_pct(d)} | "
              f"{fmt_verdict(d, d.get('logit_check'))} | |"]
-    for b, n in fastest_baselines(d.get("baselines") or []):
-        mark = ONCE if n == 1 else f" (fastest of {n} runs)" if n > 1 else ""
-        lines.append(f"| {baseline_label(b.get('name', '?'))}{mark} | {fmt_timing(b)} | {fmt_pct(b)} | "
+    for b, timed in fastest_baselines(d.get("baselines") or []):
+        lines.append(f"| {baseline_label(b.get('name', '?'))}{runs_mark(b, timed)} | {fmt_timing(b)} | {fmt_pct(b)} | "
                      f"{fmt_verdict(b)} | {res.vs(b)} |")
     if not d.get("baselines"):
         why = ("`--no-baselines`" if "--no-baselines" in d["command"].split()
@@ -421,10 +435,10 @@ def summary(groups: dict[tuple, list[Result]], keys: list[tuple]) -> list[str]:
         cell, vs = "none in this call", ""
         if with_hf:
             ref = max(with_hf, key=lambda r: (r.date, r.rel))
-            b, n = min(((b, n) for b, n in fastest_baselines(ref.data["baselines"])
-                        if b.get("name", "").startswith("hf_") and b.get("latency_ms_median") is not None),
-                       key=lambda bn: bn[0]["latency_ms_median"])
-            cell = f"{fmt_ms(b['latency_ms_median'])}{ONCE if n == 1 else ''} ({baseline_label(b['name'])})"
+            b, timed = min(((b, t) for b, t in fastest_baselines(ref.data["baselines"])
+                            if b.get("name", "").startswith("hf_") and b.get("latency_ms_median") is not None),
+                           key=lambda bt: bt[0]["latency_ms_median"])
+            cell = f"{fmt_ms(b['latency_ms_median'])}{ONCE if len(timed) == 1 else ''} ({baseline_label(b['name'])})"
             vs = ref.vs(b)
             if ref is not res:
                 cell += f", beside {fmt_ms(ref.data['latency_ms_median'])} ms in `{ref.rel}`"

@@ -67,7 +67,10 @@ def _bl(name, ms, correct=True):
 def test_fastest_run_per_mode_and_once_mark(tmp_path):
     res = tmp_path / "results"
     (res / "h100").mkdir(parents=True)
-    data = _result([_bl("hf_compiled_graph", 2.0), _bl("hf_eager", 10.0), _bl("hf_compiled_graph", 1.5)])
+    data = _result([_bl("hf_compiled_graph", 2.0), _bl("hf_eager", 10.0), _bl("hf_compiled_graph #2", 1.5),
+                    _bl("hf_compiled_graph[max-autotune-no-cudagraphs]", 1.9),
+                    _bl("hf_compiled_graph[max-autotune-no-cudagraphs] #2", 2.5),
+                    _bl("hf_compiled_graph[max-autotune-no-cudagraphs] #3", 1.7)])
     (res / "h100" / "llama-3.2-1b-tp1.json").write_text(json.dumps(data))
     (res / "h100" / "comm_r2.json").write_text(json.dumps({"bench": "comm"}))  # not a bench result
     out = tmp_path / "page.md"
@@ -75,8 +78,13 @@ def test_fastest_run_per_mode_and_once_mark(tmp_path):
     assert r.returncode == 0, r.stderr
     page = out.read_text()
     rows = [line for line in page.splitlines() if line.startswith("| torch.compile (default)")]
-    assert rows == ["| torch.compile (default) + CUDA graph (fastest of 2 runs) | 1.500 (1.500-1.500) | "
-                    "not recorded | yes | 1.50x |"]
+    # a mode's repeated runs ("<name> #<k>", amk bench --baseline-runs) make one row: the fastest
+    assert rows == ["| torch.compile (default) + CUDA graph (fastest of 2 runs; the other 2.000) | "
+                    "1.500 (1.500-1.500) | not recorded | yes | 1.50x |"]
+    assert ("| torch.compile `max-autotune-no-cudagraphs` + CUDA graph (fastest of 3 runs; the others "
+            "1.900, 2.500) | 1.700 (1.700-1.700) |") in page
+    assert "#2" not in page and "#3" not in page
+    assert "| 1.500 (torch.compile (default) + CUDA graph) | 1.50x |" in page  # the summary's cell
     assert "| HF eager (DynamicCache)¹ | 10.000" in page
     assert "recorded 2026-01-02 at commit 0123456" in page
     assert "--out bench/results/h100/llama-3.2-1b-tp1.json" not in page  # results dir is tmp
