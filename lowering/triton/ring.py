@@ -221,12 +221,27 @@ def _bf16_hi(v):
 
 
 @device
-def _page_dot(rbase, slot, wp, w_rs, r0, c0, x0, x1, x2, x3, x4, x5, x6, x7, N, K,
+def _x_slice(xs, c0, K, vv):
+    """The staged f(x) for lane j of a page whose first column is ``c0``: eight [PC // 8]
+    fp32 vectors, x_m[j] = xs[c0 + 8j + m] (0 at and past column K)."""
+    xc = xs + c0 + 8 * vv
+    xm = (c0 + 8 * vv) < K
+    return (tl.load(xc, mask=xm, other=0), tl.load(xc + 1, mask=xm, other=0),
+            tl.load(xc + 2, mask=xm, other=0), tl.load(xc + 3, mask=xm, other=0),
+            tl.load(xc + 4, mask=xm, other=0), tl.load(xc + 5, mask=xm, other=0),
+            tl.load(xc + 6, mask=xm, other=0), tl.load(xc + 7, mask=xm, other=0))
+
+
+@device
+def _page_fma(acc, rbase, slot, wp, w_rs, r0, c0, x0, x1, x2, x3, x4, x5, x6, x7, N, K,
               S: tl.constexpr, PR: tl.constexpr, PC: tl.constexpr):
-    """[PR, PC // 8] fp32 partial sums of one page: lane (r, j) holds
-    sum_{m<8} W[r0 + r, c0 + 8j + m] * x_m[j] with x_m[j] = xs[c0 + 8j + m] (0 outside the
-    tile). On the GPU W comes from the page in shared memory (16-byte ``ld.shared.v4``, 8 bf16
-    each); under the interpreter from W in global memory (``wp``, row stride ``w_rs``)."""
+    """``acc`` ([PR, PC // 8] fp32) plus one page's products: lane (r, j) adds
+    sum_{m<8} W[r0 + r, c0 + 8j + m] * x_m[j] (x_slice's x_m, 0 past column K). On the GPU W
+    comes from the page in shared memory (16-byte ``ld.shared.v4``, 8 bf16 each), one fused
+    multiply-add per weight into ``acc``; a lane outside the page reads the page's first
+    vector instead, which adds nothing to a stored row (its x is 0 past column K, and rows
+    past N are never stored). Under the interpreter W comes from global memory (``wp``, row
+    stride ``w_rs``), masked to 0 outside the tile."""
     VC: tl.constexpr = PC // 8
     rr = tl.arange(0, PR)
     vv = tl.arange(0, VC)
@@ -242,6 +257,7 @@ def _page_dot(rbase, slot, wp, w_rs, r0, c0, x0, x1, x2, x3, x4, x5, x6, x7, N, 
         d += tl.load(wb + 5, mask=m, other=0).to(tl.float32) * x5[None, :]
         d += tl.load(wb + 6, mask=m, other=0).to(tl.float32) * x6[None, :]
         d += tl.load(wb + 7, mask=m, other=0).to(tl.float32) * x7[None, :]
+        acc += d
     else:
         PAGE: tl.constexpr = PR * PC * 2
         page = smem_addr(rbase + slot * PAGE)
@@ -251,12 +267,15 @@ def _page_dot(rbase, slot, wp, w_rs, r0, c0, x0, x1, x2, x3, x4, x5, x6, x7, N, 
         w0, w1, w2, w3 = tl.inline_asm_elementwise(_LDS4, "=r,=r,=r,=r,r", [addr],
                                                    dtype=(tl.int32, tl.int32, tl.int32, tl.int32),
                                                    is_pure=False, pack=1)
-        d = _bf16_lo(w0) * x0[None, :] + _bf16_hi(w0) * x1[None, :]
-        d += _bf16_lo(w1) * x2[None, :] + _bf16_hi(w1) * x3[None, :]
-        d += _bf16_lo(w2) * x4[None, :] + _bf16_hi(w2) * x5[None, :]
-        d += _bf16_lo(w3) * x6[None, :] + _bf16_hi(w3) * x7[None, :]
-        d = tl.where(m, d, 0.0)
-    return d
+        acc += _bf16_lo(w0) * x0[None, :]
+        acc += _bf16_hi(w0) * x1[None, :]
+        acc += _bf16_lo(w1) * x2[None, :]
+        acc += _bf16_hi(w1) * x3[None, :]
+        acc += _bf16_lo(w2) * x4[None, :]
+        acc += _bf16_hi(w2) * x5[None, :]
+        acc += _bf16_lo(w3) * x6[None, :]
+        acc += _bf16_hi(w3) * x7[None, :]
+    return acc
 
 
 @device
@@ -265,8 +284,9 @@ def gemv_ring(xs, wp, w_rs, b, b_n1, b_n2, b_s0, b_s1, b_s2, y, y_n1, y_n2, y_s0
               A_I32, STREAMS, se, rbase, st, timeout, S: tl.constexpr, PR: tl.constexpr, PC: tl.constexpr,
               PROF=None, PROFILE: tl.constexpr = False):
     """y[N] = W[N, K] @ xs[K] (+ b), W bf16 streamed through the ring, xs the staged f(x)
-    (fp32), fp32 accumulation. Pages are consumed in ``page_order``; each page's xs slice is
-    loaded before its wait, and after each page one CTA barrier (which also decides, for
+    (fp32), fp32 accumulation. Pages are consumed in ``page_order``; xs's slice for a page is
+    loaded once per tile when K <= PC (every page shares it), else before each page's wait;
+    after each page one CTA barrier (which also decides, for
     every thread alike, whether a page timed out) frees its slot and the ring is topped up
     (ring_issue). The epilogue is ops/gemv.py gemv_epilogue's: ``b`` (HAS_BIAS) added, y stored rounded to
     its dtype, and at ``y + m1`` .. ``m3`` (MIRRORS, peer copies of y).
@@ -280,6 +300,9 @@ def gemv_ring(xs, wp, w_rs, b, b_n1, b_n2, b_s0, b_s1, b_s2, y, y_n1, y_n2, y_s0
         ln = tl.arange(0, 256)
         tl.inline_asm_elementwise(_PREFETCH_L1, "=r,l,r", [xs + ln * 32, (ln * 32 < K).to(tl.int32)],
                                   dtype=tl.int32, is_pure=False, pack=1)
+    # one page's slice of x serves every page of the tile when K <= PC (one column page a
+    # row block): loaded once, before the first page's wait
+    x0, x1, x2, x3, x4, x5, x6, x7 = _x_slice(xs, K * 0, K, vv)
     bad = tl.full([], 0, dtype=tl.int32)
     r0 = N * 0
     t_wait = tl.full([], 0, dtype=tl.int64)
@@ -293,16 +316,8 @@ def gemv_ring(xs, wp, w_rs, b, b_n1, b_n2, b_s0, b_s1, b_s2, y, y_n1, y_n2, y_s0
         acc = tl.zeros([PR, VC], dtype=tl.float32)
         c0 = K * 0
         while (c0 < K) & (bad == 0):
-            xc = xs + c0 + 8 * vv
-            xm = (c0 + 8 * vv) < K
-            x0 = tl.load(xc, mask=xm, other=0)
-            x1 = tl.load(xc + 1, mask=xm, other=0)
-            x2 = tl.load(xc + 2, mask=xm, other=0)
-            x3 = tl.load(xc + 3, mask=xm, other=0)
-            x4 = tl.load(xc + 4, mask=xm, other=0)
-            x5 = tl.load(xc + 5, mask=xm, other=0)
-            x6 = tl.load(xc + 6, mask=xm, other=0)
-            x7 = tl.load(xc + 7, mask=xm, other=0)
+            if K > PC:  # several column pages a row block: this page's slice of x
+                x0, x1, x2, x3, x4, x5, x6, x7 = _x_slice(xs, c0, K, vv)
             pc = st[0]
             if INTERPRET:
                 arrived = tl.full([], 1, dtype=tl.int32)
@@ -312,7 +327,7 @@ def gemv_ring(xs, wp, w_rs, b, b_n1, b_n2, b_s0, b_s1, b_s2, y, y_n1, y_n2, y_s0
                 arrived = _page_arrived(rbase, pc, timeout, S, PAGE)
                 if PROFILE:
                     t_wait += global_timer() - t0
-            acc += _page_dot(rbase, pc % S, wp, w_rs, r0, c0, x0, x1, x2, x3, x4, x5, x6, x7, N, K, S, PR, PC)
+            acc = _page_fma(acc, rbase, pc % S, wp, w_rs, r0, c0, x0, x1, x2, x3, x4, x5, x6, x7, N, K, S, PR, PC)
             bad = _cta_any(1 - arrived)  # the barrier: every thread has read the page
             if bad == 0:
                 st = (pc + 1, st[1], st[2], st[3], st[4], st[5], st[6], st[7], st[8], st[9], st[10])
