@@ -93,10 +93,16 @@ def test_variant_specs_round_trip_and_refuse():
     assert G.parse_variant("ws:32x256:3:m128").maxnreg == 128
     nc = G.parse_variant("ws:32x256:6:nocompute")
     assert not nc.compute and G.parse_variant(nc.spec()) == nc and nc.label().endswith(":nocompute")
+    ny = G.parse_variant("ws:64x256:3:w8:nocopy")
+    assert not ny.copy and ny.compute and not ny.checked and G.parse_variant(ny.spec()) == ny
+    assert ny.label().endswith(":nocopy") and v.checked and not nc.checked
     for spec, msg in [("ws:32x512:4", "at most 256 rows and 256 columns"), ("ws:64x256:16", "exceeds 200 KiB"),
                       ("tma:32x256", "unknown variant kind 'tma'"), ("ws:32", "expected KIND:RxC"),
                       ("pipe:24x256", "powers of two"),
-                      ("pipe:32x256:4:nocompute", "nocompute needs a warp-specialised")]:
+                      ("pipe:32x256:4:nocompute", "nocompute needs a warp-specialised"),
+                      ("pipe:32x256:4:nocopy", "nocopy needs the TMA loader"),
+                      ("wscp:32x256:4:nocopy", "nocopy needs the TMA loader"),
+                      ("ws:32x256:4:nocompute:nocopy", "nocopy needs the TMA loader")]:
         with pytest.raises(AmkError, match=msg):
             G.parse_variant(spec)
 
@@ -141,6 +147,7 @@ def test_script_refuses_without_a_gpu(tmp_path):
 #: Variants compiled offline: (spec, warp-specialised, TMA copies, cp.async copies, acquire polls).
 OFFLINE = [("ws:32x256:6:w4", True, True, False, False), ("ws:64x256:3:w8", True, True, False, False),
            ("ws:32x256:6:w4:nocompute", True, True, False, False),
+           ("ws:64x256:3:w8:nocopy", True, True, False, False),
            ("wscp:32x256:6:w4", True, False, True, False), ("pipe:32x256:6:w4", False, True, False, False),
            ("sync:32x256:w4", False, False, False, False), ("ws:32x256:6:w4:dep", True, True, False, True),
            ("pipe:32x256:6:w4:dep", False, True, False, True), ("ws:32x256:3:w4:m128", True, True, False, False)]
@@ -201,6 +208,22 @@ def test_gpu_every_variant_matches_torch(tmp_path):
     assert all("error" not in row and row["gbs"] > 0 for row in res["rows"]), res["rows"]
     for row in res["rows"]:  # every row computed is checked; the stream-only row says it is not
         assert row["rel_err"] <= 1e-4 if "nocompute" not in row["variant"] else "output not computed" in row["note"]
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_gpu_nocopy_reads_resident_pages(tmp_path):
+    """On a Hopper GPU, the consumer-only variant runs to the end (its loader marks pages
+    ready without copying, so no page wait can hang), says its output is not checked, and
+    the streaming variant beside it is checked against torch."""
+    out = tmp_path / "r.json"
+    r = _run("--layers", "1", "--reps", "3", "--isolate", "60", "--no-torch",
+             "--variants", "ws:64x256:3:w8,ws:64x256:3:w8:nocopy", "--out", str(out), timeout=600)
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    rows = {row["variant"]: row for row in json.loads(out.read_text())["rows"]}
+    streaming, resident = rows["ws:64x256:S3:w8:l1"], rows["ws:64x256:S3:w8:l1:nocopy"]
+    assert "error" not in streaming and streaming["rel_err"] <= 1e-4, streaming
+    assert "error" not in resident and resident["gbs"] > 0 and "not checked" in resident["note"], resident
 
 
 def test_isolated_child_measures_one_variant_with_the_parents_shape():

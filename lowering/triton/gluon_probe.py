@@ -29,7 +29,10 @@ Pieces:
     followed by its multiply-adds (what a register GEMV without unrolling does).
 
 * ``nocompute`` (``ws``, ``wscp``): the compute warps release each page unread, the weight
-  stream's own ceiling; ``maxnreg``: the launch's register cap (128: two CTAs an SM).
+  stream's own ceiling; ``nocopy`` (``ws``): the loader copies only the ring's first S pages
+  and then marks each page ready without copying, so the compute warps re-read pages that
+  are already in shared memory: the consumer's own ceiling (what a worker gains from pages
+  that landed during a wait); ``maxnreg``: the launch's register cap (128: two CTAs an SM).
 * ``DEP`` (v2): each task's first page waits, before it reads its activation vector, until the
   previous matrix's tiles have all been stored (per-matrix completion counters in global
   memory, acquire polls, one release add per tile). Only the compute warps wait; in ``ws`` the
@@ -202,7 +205,9 @@ class Variant:
     warps ``loader_warps`` and registers ``loader_regs`` (``ws``, ``wscp``), ``dep`` (v2
     completion-counter waits), ``x_f32`` (activation vectors in fp32, else bf16), ``compute``
     (False: ``ws``/``wscp`` compute warps release every page unread, no multiply-adds: the
-    weight stream's own ceiling, output not computed), ``maxnreg`` (registers per thread
+    weight stream's own ceiling, output not computed), ``copy`` (False: ``ws``'s loader copies
+    only the first ``stages`` pages, then marks pages ready without copying: the compute
+    warps' own ceiling on resident pages, output not checked), ``maxnreg`` (registers per thread
     for the launch, None: Triton's choice; 128 lets two 8-warp CTAs share an SM)."""
 
     kind: str = "ws"
@@ -215,6 +220,7 @@ class Variant:
     dep: bool = False
     x_f32: bool = False
     compute: bool = True
+    copy: bool = True
     maxnreg: int | None = None
 
     def label(self) -> str:
@@ -225,7 +231,7 @@ class Variant:
         if self.kind in ("ws", "wscp"):
             s += f":l{self.loader_warps}"
         s += f":m{self.maxnreg}" if self.maxnreg else ""
-        s += (":dep" if self.dep else "") + ("" if self.compute else ":nocompute")
+        s += (":dep" if self.dep else "") + ("" if self.compute else ":nocompute") + ("" if self.copy else ":nocopy")
         return s + (":xf32" if self.x_f32 else "")
 
     def spec(self) -> str:
@@ -234,7 +240,13 @@ class Variant:
         if self.kind != "sync":
             s += f":{self.stages}"
         s += f":w{self.warps}:l{self.loader_warps}:r{self.loader_regs}" + (f":m{self.maxnreg}" if self.maxnreg else "")
-        return s + (":dep" if self.dep else "") + ("" if self.compute else ":nocompute")
+        return (s + (":dep" if self.dep else "") + ("" if self.compute else ":nocompute")
+                + ("" if self.copy else ":nocopy"))
+
+    @property
+    def checked(self) -> bool:
+        """Whether the variant computes y from the given weights (so torch can check it)."""
+        return self.compute and self.copy
 
     @property
     def page_bytes(self) -> int:
@@ -258,6 +270,9 @@ class Variant:
                            "of shared memory")
         if not self.compute and self.kind not in ("ws", "wscp"):
             raise AmkError(f"nocompute needs a warp-specialised kind (ws, wscp), not {self.kind}")
+        if not self.copy and (self.kind != "ws" or not self.compute):
+            raise AmkError(f"nocopy needs the TMA loader (ws) and the compute warps (not nocompute), "
+                           f"got {self.kind}{'' if self.compute else ' with nocompute'}")
         if self.maxnreg is not None and not 24 <= self.maxnreg <= 255:
             raise AmkError(f"register cap {self.maxnreg}: 24..255 per thread")
         if self.loader_warps not in (1, 2, 4):
@@ -265,7 +280,7 @@ class Variant:
 
 
 def parse_variant(spec: str, warps: int = 4, dep: bool = False, x_f32: bool = False) -> Variant:
-    """``KIND:RxC[:S][:wN][:lN][:rN][:mN][:dep][:nocompute]`` (e.g. ``ws:32x256:6:w4:l1``,
+    """``KIND:RxC[:S][:wN][:lN][:rN][:mN][:dep][:nocompute][:nocopy]`` (e.g. ``ws:32x256:6:w4:l1``,
     ``sync:64x256:w8``; S ring pages, N compute warps, loader warps and registers, the launch's
     register cap) into a checked
     Variant; ``warps``, ``dep``, ``x_f32`` are the defaults for parts the spec leaves out.
@@ -288,10 +303,12 @@ def parse_variant(spec: str, warps: int = 4, dep: bool = False, x_f32: bool = Fa
                 kw["dep"] = True
             elif p == "nocompute":
                 kw["compute"] = False
+            elif p == "nocopy":
+                kw["copy"] = False
             else:
                 kw["stages"] = int(p.lstrip("S"))
     except (IndexError, ValueError):
-        raise AmkError(f"variant {spec!r}: expected KIND:RxC[:S][:wN][:lN][:rN][:mN][:dep][:nocompute], "
+        raise AmkError(f"variant {spec!r}: expected KIND:RxC[:S][:wN][:lN][:rN][:mN][:dep][:nocompute][:nocopy], "
                        "e.g. ws:32x256:6:w4") from None
     v = Variant(**kw)
     try:
@@ -398,9 +415,11 @@ def _build_kernels() -> dict:
             _signal(T, t, CTR, DEP)
 
     @gluon.jit
-    def _load_tma(T, lo, hi, d0, d1, pages, ready, empty, R: gl.constexpr, BK: gl.constexpr, S: gl.constexpr):
+    def _load_tma(T, lo, hi, d0, d1, pages, ready, empty, R: gl.constexpr, BK: gl.constexpr, S: gl.constexpr,
+                  COPY: gl.constexpr):
         # the loader partition (1 warp): copy pages of the CTA's whole task list into the ring,
-        # waiting for nothing but a free page
+        # waiting for nothing but a free page (without COPY: only the first S pages; later
+        # pages are marked ready as they are, so the compute warps re-read resident pages)
         i = 0
         for t in range(lo, hi):
             arena = gl.load(T + t * 8 + 0)
@@ -411,11 +430,14 @@ def _build_kernels() -> dict:
                 for kb in range(0, K // BK):
                     s = i % S
                     mbarrier.wait(empty.index(s), ((i // S) & 1) ^ 1)
-                    mbarrier.expect(ready.index(s), R * BK * 2)
-                    if arena == 0:
-                        tma.async_copy_global_to_shared(d0, [row0 + rb, kb * BK], ready.index(s), pages.index(s))
+                    if COPY or i < S:
+                        mbarrier.expect(ready.index(s), R * BK * 2)
+                        if arena == 0:
+                            tma.async_copy_global_to_shared(d0, [row0 + rb, kb * BK], ready.index(s), pages.index(s))
+                        else:
+                            tma.async_copy_global_to_shared(d1, [row0 + rb, kb * BK], ready.index(s), pages.index(s))
                     else:
-                        tma.async_copy_global_to_shared(d1, [row0 + rb, kb * BK], ready.index(s), pages.index(s))
+                        mbarrier.arrive(ready.index(s), count=1)
                     i += 1
 
     @gluon.jit
@@ -448,7 +470,8 @@ def _build_kernels() -> dict:
     @gluon.jit(do_not_specialize=["epoch"])  # a new epoch per launch: no recompiles
     def _gemv_ws(T, TSTART, X, Y, TILES, CTR, epoch, d0, d1,
                  R: gl.constexpr, BK: gl.constexpr, S: gl.constexpr, TC: gl.constexpr,
-                 DEP: gl.constexpr, LREGS: gl.constexpr, COMPUTE: gl.constexpr, num_warps: gl.constexpr):
+                 DEP: gl.constexpr, LREGS: gl.constexpr, COMPUTE: gl.constexpr, COPY: gl.constexpr,
+                 num_warps: gl.constexpr):
         BL: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TC, TC], [num_warps, 1], [1, 0])
         pid = gl.program_id(0)
         lo = gl.load(TSTART + pid)
@@ -462,7 +485,7 @@ def _build_kernels() -> dict:
         fence_async_shared()
         gl.warp_specialize([
             (_compute, (T, lo, hi, X, Y, TILES, CTR, epoch, pages, ready, empty, R, BK, S, BL, DEP, COMPUTE)),
-            (_load_tma, (T, lo, hi, d0, d1, pages, ready, empty, R, BK, S)),
+            (_load_tma, (T, lo, hi, d0, d1, pages, ready, empty, R, BK, S, COPY)),
         ], [1], [LREGS])
 
     @gluon.jit(do_not_specialize=["epoch"])  # a new epoch per launch: no recompiles
@@ -589,6 +612,8 @@ def launch_args(v: Variant) -> tuple[dict, dict]:
     if v.kind in ("ws", "wscp"):
         cx["LREGS"] = v.loader_regs
         cx["COMPUTE"] = v.compute
+    if v.kind == "ws":
+        cx["COPY"] = v.copy
     if v.kind == "wscp":
         cx["LW"] = v.loader_warps
     return cx, dict(num_warps=v.warps, **({"maxnreg": v.maxnreg} if v.maxnreg else {}))
