@@ -23,8 +23,6 @@ import math
 from dataclasses import dataclass
 from typing import Iterable
 
-import torch
-
 from ground.errors import AmkError
 
 
@@ -71,6 +69,8 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """The logits after temperature, top-k and top-p (masked entries ``-inf``): fp32 [vocab].
 
     ``logits``: [vocab], any float dtype and device (the result is on the same device)."""
+    import torch  # here, not at import: the CLI checks sampling flags before loading torch
+
     x = logits.reshape(-1).float() / float(params.temperature)
     if params.top_k is not None and params.top_k < x.numel():
         kth = torch.topk(x, params.top_k).values[-1]
@@ -88,6 +88,8 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
     """One token drawn from ``logits`` ([vocab]) under ``params`` with ``generator`` (a CPU
     ``torch.Generator``; one ``torch.multinomial`` draw). Returns the token id."""
+    import torch
+
     probs = torch.softmax(warp(logits.cpu(), params), dim=-1)
     return int(torch.multinomial(probs, 1, generator=generator)[0])
 
@@ -98,6 +100,8 @@ class Sampler:
     token, as ranks in separate processes do)."""
 
     def __init__(self, params: SamplingParams, seed: int, ranks: Iterable[int]):
+        import torch
+
         self.params = params.check()
         self.seed = int(seed)
         self.generators = {int(r): torch.Generator(device="cpu").manual_seed(self.seed) for r in ranks}

@@ -62,9 +62,11 @@ def five_heads(tmp_path_factory) -> Path:
 
 
 # -- item: arguments are checked before heavy work ---------------------------------------------
-def test_tp_0_is_refused_before_torch_is_imported():
+@pytest.mark.parametrize("argv", [["compile", "config:tiny-llama", "--tp", "0"],
+                                  ["generate", "config:tiny-llama", "--prompt", "hi", "--tp", "0"]])
+def test_tp_0_is_refused_before_torch_is_imported(argv):
     code = ("import sys\nfrom amk.cli import main\n"
-            "rc = main(['compile', 'config:tiny-llama', '--tp', '0'])\n"
+            f"rc = main({argv!r})\n"
             "print(rc, 'torch' in sys.modules, 'transformers' in sys.modules)\n")
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                        env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=60)
